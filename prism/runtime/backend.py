@@ -1,0 +1,293 @@
+"""The prism process group: one backend for every mode, substituted for every group the program makes.
+
+Each call is recorded in the rank's PrismTrace (op, group, per-group sequence, peer, tag, bytes, dtype,
+shape, work id) and handed to the mode's transport for the data movement. Its `Work` records the wait.
+Every method is hidden from Dynamo: `torch.compile` of a DDP model must not trace into the backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Work
+
+from prism import schemas
+from prism.runtime.recorder import Recorder
+from prism.runtime.transport import Transport
+
+_work_ids = itertools.count()
+_nodynamo = torch.compiler.disable
+
+
+def _flat(tensors) -> list[torch.Tensor]:
+    out = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+        else:
+            out.extend(_flat(t))
+    return out
+
+
+def _called_by_torch_blocking_api() -> bool:
+    """Whether the wait comes from torch's own synchronous call (`dist.all_reduce(t)` waits at once)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith("eval_frame.py"):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.endswith("distributed_c10d.py")
+
+
+def _describe(tensors) -> tuple[int, str | None, str | None, torch.device]:
+    flat = _flat(tensors)
+    if not flat:
+        return 0, None, None, torch.device("cpu")
+    first = flat[0]
+    nbytes = sum(t.numel() * t.element_size() for t in flat)
+    shape = "x".join(map(str, first.shape)) or "scalar"
+    return nbytes, str(first.dtype).removeprefix("torch."), shape, first.device
+
+
+class PrismWork(Work):
+    """Wraps the transport's work; records when the program waits on it."""
+
+    def __init__(self, inner: list[Work], recorder: Recorder | None, work_ids: list[int], op: str,
+                 group: str) -> None:
+        super().__init__()
+        self._inner, self._rec, self._ids, self._op, self._group = inner, recorder, work_ids, op, group
+
+    @_nodynamo
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        rec = self._rec
+        sync = rec is not None and _called_by_torch_blocking_api()
+        for inner, wid in zip(self._inner, self._ids):
+            if rec is None:
+                inner.wait()
+                continue
+            rec.waited(wid, sync)
+            start = rec.begin()
+            inner.wait()
+            rec.end(start, schemas.KIND_WAIT, self._op, group=self._group, work_id=wid)
+        return True
+
+    @_nodynamo
+    def get_future(self) -> torch.futures.Future:
+        if len(self._inner) == 1:
+            return self._inner[0].get_future()
+        return torch.futures.collect_all([w.get_future() for w in self._inner])
+
+    @_nodynamo
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._inner)
+
+    @_nodynamo
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._inner)
+
+    @_nodynamo
+    def exception(self):
+        for w in self._inner:
+            if w.exception() is not None:
+                return w.exception()
+        return None
+
+    @_nodynamo
+    def result(self) -> list[torch.Tensor]:
+        return [t for w in self._inner for t in w.result()]
+
+    @_nodynamo
+    def synchronize(self) -> None:
+        for w in self._inner:
+            w.synchronize()
+
+
+class PrismProcessGroup(dist.ProcessGroup):
+    """A process group whose calls are recorded and carried by a `Transport`."""
+
+    def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_name: str,
+                 desc: str | None, transport: Transport, recorder: Recorder | None) -> None:
+        super().__init__(group_rank, group_size)
+        self._global_ranks = global_ranks
+        self._name = group_name
+        self._desc = desc
+        self._transport = transport
+        self._rec = recorder
+        self._seq = 0  # per-group sequence number of collectives
+        self._coalesced: list[tuple[Work, int]] | None = None
+
+    # -- identity --------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return "prism"
+
+    def name(self) -> str:
+        return "prism"
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc or ""
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc or ""
+
+    # -- the one path every op takes -------------------------------------------------------------------
+    def _issue(self, op: str, kind: str, method: str, tensors, args: tuple, peer: int = -1,
+               tag: int = 0) -> Work:
+        nbytes, dtype, shape, device = _describe(tensors)
+        rec = self._rec
+        wid = next(_work_ids)
+        if kind == schemas.KIND_COLLECTIVE:
+            gseq = self._seq
+            self._seq += 1
+        else:
+            gseq = -1
+        if rec is not None:
+            start = rec.begin()
+        inner = self._transport.call(method, device, *args)
+        if rec is not None:
+            rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
+                    dtype=dtype, shape=shape, work_id=wid)
+            if kind == schemas.KIND_COLLECTIVE:  # gloo's p2p works have no future
+                inner.get_future().add_done_callback(lambda _f, wid=wid: rec.completed(wid))
+        if self._coalesced is not None:
+            self._coalesced.append((inner, wid))
+        return PrismWork([inner], rec, [wid], op, self._name)
+
+    def _root(self, opts) -> int:
+        return self._global_ranks[opts.rootRank]
+
+    # -- collectives -----------------------------------------------------------------------------------
+    @_nodynamo
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._issue("all_reduce", schemas.KIND_COLLECTIVE, "allreduce", tensors, (tensors, opts))
+
+    @_nodynamo
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        return self._issue("all_reduce_coalesced", schemas.KIND_COLLECTIVE, "allreduce_coalesced", tensors,
+                           (tensors, opts))
+
+    @_nodynamo
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._issue("all_gather", schemas.KIND_COLLECTIVE, "allgather", input_tensors,
+                           (output_tensors, input_tensors, opts))
+
+    @_nodynamo
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._issue("all_gather_into_tensor", schemas.KIND_COLLECTIVE, "all_gather_single", [input],
+                           (output, input, opts))
+
+    _allgather_base = all_gather_single
+
+    @_nodynamo
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._combine("all_gather_into_tensor", "all_gather_single", list(zip(outputs, inputs)), opts)
+
+    @_nodynamo
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._issue("reduce_scatter", schemas.KIND_COLLECTIVE, "reduce_scatter", input_tensors,
+                           (output_tensors, input_tensors, opts))
+
+    @_nodynamo
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._issue("reduce_scatter_tensor", schemas.KIND_COLLECTIVE, "reduce_scatter_single", [input],
+                           (output, input, opts))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    @_nodynamo
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        return self._combine("reduce_scatter_tensor", "reduce_scatter_single", list(zip(outputs, inputs)), opts)
+
+    def _combine(self, op: str, method: str, pairs, opts) -> Work:
+        """A coalesced op as one recorded op per tensor pair, waited together."""
+        works = [self._issue(op, schemas.KIND_COLLECTIVE, method, [i], (o, i, opts)) for o, i in pairs]
+        return PrismWork([w._inner[0] for w in works], self._rec, [w._ids[0] for w in works], op, self._name)
+
+    @_nodynamo
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._issue("all_to_all_single", schemas.KIND_COLLECTIVE, "alltoall_base", [input],
+                           (output, input, output_split_sizes, input_split_sizes, opts))
+
+    all_to_all_single = alltoall_base
+
+    @_nodynamo
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        return self._issue("all_to_all", schemas.KIND_COLLECTIVE, "alltoall", input_tensors,
+                           (output_tensors, input_tensors, opts))
+
+    @_nodynamo
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._issue("broadcast", schemas.KIND_COLLECTIVE, "broadcast", tensors, (tensors, opts),
+                           peer=self._root(opts))
+
+    @_nodynamo
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        return self._issue("reduce", schemas.KIND_COLLECTIVE, "reduce", tensors, (tensors, opts),
+                           peer=self._root(opts))
+
+    @_nodynamo
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        return self._issue("gather", schemas.KIND_COLLECTIVE, "gather", input_tensors,
+                           (output_tensors, input_tensors, opts), peer=self._root(opts))
+
+    @_nodynamo
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        return self._issue("scatter", schemas.KIND_COLLECTIVE, "scatter", output_tensors,
+                           (output_tensors, input_tensors, opts), peer=self._root(opts))
+
+    @_nodynamo
+    def barrier(self, opts=None):
+        opts = opts or dist.BarrierOptions()
+        return self._issue("barrier", schemas.KIND_COLLECTIVE, "barrier", [], (opts,))
+
+    # -- point to point ----------------------------------------------------------------------------------
+    @_nodynamo
+    def send(self, tensors, dstRank, tag):
+        return self._issue("send", schemas.KIND_SEND, "send", tensors, (tensors, dstRank, tag),
+                           peer=self._global_ranks[dstRank], tag=tag)
+
+    @_nodynamo
+    def recv(self, tensors, srcRank, tag):
+        return self._issue("recv", schemas.KIND_RECV, "recv", tensors, (tensors, srcRank, tag),
+                           peer=self._global_ranks[srcRank], tag=tag)
+
+    # -- coalescing (batch_isend_irecv, coalescing manager) ---------------------------------------------
+    @_nodynamo
+    def _start_coalescing(self, device):
+        self._coalesced = []
+        self._transport.start_coalescing(device)
+
+    @_nodynamo
+    def _end_coalescing(self, device):
+        issued, self._coalesced = self._coalesced or [], None
+        self._transport.end_coalescing(device)
+        return PrismWork([w for w, _ in issued], self._rec, [i for _, i in issued], "coalesced", self._name)

@@ -1,0 +1,96 @@
+"""Substitutes prism's backend for every process group a program creates, without touching its code.
+
+`install(mode, out_dir)` registers the `prism` backend and wraps
+`torch.distributed.distributed_c10d._new_process_group_helper`, through which `init_process_group`,
+`new_group` and DeviceMesh all create their groups: whatever backend the program asked for ("gloo",
+"nccl", "cpu:gloo,cuda:nccl", none), the group is made by prism's creator, which remembers what was asked
+for so that the `real` transport can use it. The rank's `Recorder` and the global markers come with it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from prism.runtime import markers
+from prism.runtime.backend import PrismProcessGroup
+from prism.runtime.recorder import Recorder
+from prism.runtime.transport import RealTransport
+
+MODES = ("real",)  # capture, slice and emulate arrive with their transports
+
+_state: dict = {"installed": False, "recorder": None, "asked": [], "mode": None}
+
+
+def recorder() -> Recorder | None:
+    return _state["recorder"]
+
+
+def _ensure_recorder() -> Recorder | None:
+    if _state["recorder"] is None and _state["out"] is not None:
+        rank = int(os.environ.get("RANK", "0"))
+        device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
+        rec = Recorder(rank, _state["out"], device=device)
+        _state["recorder"] = rec
+        _state["hooks"] = markers.install(rec)
+    return _state["recorder"]
+
+
+def _create(dist_opts, backend_options) -> PrismProcessGroup:
+    asked, desc = _state["asked"][-1] if _state["asked"] else ("gloo", None)
+    members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
+    name = str(dist_opts.group_id)
+    transport = RealTransport(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
+        want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,
+    )
+    rec = _ensure_recorder()
+    if rec is not None:
+        rec.add_group(name, desc, members, asked)
+    return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec)
+
+
+def install(mode: str, out_dir: str | Path | None) -> None:
+    """Route every process group through prism's backend in `mode`, recording to `out_dir` (or not)."""
+    if mode not in MODES:
+        raise ValueError(f"PRISM_MODE={mode!r} is not a mode of this prism (modes: {', '.join(MODES)})")
+    if _state["installed"]:
+        return
+    _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
+    dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
+    original = c10d._new_process_group_helper
+
+    def helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs):
+        desc = kwargs.get("group_desc")
+        if desc is None and len(args) >= 5:
+            desc = args[4]
+        asked = str(backend).lower()
+        if not global_ranks_in_group:  # the default group: later groups inherit what it asked for
+            _state["default_asked"] = asked
+        elif asked in ("prism", "undefined"):
+            asked = _state.get("default_asked", asked)
+        _state["asked"].append((asked, desc))
+        try:
+            return original(group_size, group_rank, global_ranks_in_group, "prism", store, group_name,
+                            *args, **kwargs)
+        finally:
+            _state["asked"].pop()
+
+    c10d._new_process_group_helper = helper
+    atexit.register(finish)
+
+
+def install_from_env() -> None:
+    install(os.environ["PRISM_MODE"], os.environ.get("PRISM_OUT") or None)
+
+
+def finish() -> None:
+    """Publish the rank's trace (called at exit; safe to call twice)."""
+    rec = _state["recorder"]
+    if rec is not None:
+        rec.close()

@@ -1,0 +1,214 @@
+"""`prism launch`: a torchrun-compatible launcher that runs W ranks forked from a warm zygote.
+
+    prism launch --nproc W [--mode real|off] [--out DIR] [--pin] (SCRIPT | -m MODULE) [ARGS...]
+
+Everything a user can get wrong is checked here, before any rank starts (exit code 2). With `--out`, the
+ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
+failed run leaves no partial artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SITE_DIR = Path(__file__).parent / "site"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+MODES = ("real", "off")
+
+
+class LaunchError(Exception):
+    """A mistake in what the user asked for: printed as one message, exit code 2."""
+
+
+@dataclass
+class LaunchSpec:
+    nproc: int
+    script: str | None = None
+    module: str | None = None
+    args: list[str] = field(default_factory=list)
+    mode: str = "real"
+    out: Path | None = None
+    pin: bool = False
+    master_port: int = 0
+
+
+def parse(argv: list[str]) -> LaunchSpec:
+    """Split `argv` at the program (SCRIPT or -m MODULE): options before it are prism's."""
+    split = None
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "-m" or tok == "--module":
+            split = i
+            break
+        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port"):
+            i += 2
+            continue
+        if not tok.startswith("-"):
+            split = i
+            break
+        i += 1
+    parser = argparse.ArgumentParser(prog="prism launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", "--nproc-per-node", type=int, required=True, help="number of ranks W")
+    parser.add_argument("--mode", default="real", choices=MODES,
+                        help="real: record PrismTrace over the real backend; off: no interception")
+    parser.add_argument("--out", type=Path, help="job folder: the trace goes to OUT/raw")
+    parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
+    parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
+    if split is None:
+        parser.parse_args(argv)
+        raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
+                          "(e.g. prism launch --nproc 2 -m prism.workloads.moe_gpt)")
+    opts = parser.parse_args(argv[:split])
+    rest = argv[split:]
+    spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
+                      master_port=opts.master_port)
+    if rest[0] in ("-m", "--module"):
+        if len(rest) < 2:
+            raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
+        spec.module, spec.args = rest[1], rest[2:]
+    else:
+        spec.script, spec.args = rest[0], rest[1:]
+    return spec
+
+
+def validate(spec: LaunchSpec) -> None:
+    """Raise LaunchError naming the cause and the fix."""
+    if spec.nproc < 1:
+        raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    if spec.script is not None:
+        if not Path(spec.script).is_file():
+            raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
+    elif _find_module(spec.module) is None:
+        raise LaunchError(f"module not found: {spec.module} (is it installed, or in the current "
+                          f"folder {os.getcwd()}?)")
+    if spec.out is not None:
+        try:
+            spec.out.mkdir(parents=True, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=spec.out, prefix=".prism-write-test-")
+            probe.close()
+        except OSError as exc:
+            raise LaunchError(f"--out {spec.out} is not writable ({exc.strerror}); choose another folder")
+    _check_known_workload(spec)
+
+
+def _find_module(name: str):
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    finally:
+        sys.path.pop(0)
+
+
+def _check_known_workload(spec: LaunchSpec) -> None:
+    """The reference workload's layout is checked before any rank starts."""
+    if spec.module != "prism.workloads.moe_gpt":
+        return
+    from prism.workloads import moe_gpt
+
+    problem = moe_gpt.check_layout(spec.args, spec.nproc)
+    if problem:
+        raise LaunchError(problem)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Run the job; returns the exit code (0: every rank succeeded)."""
+    validate(spec)
+    run_id = uuid.uuid4().hex[:12]
+    status_dir = Path(tempfile.mkdtemp(prefix=f"prism-{run_id}-"))
+    staging = None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    if spec.mode == "off":
+        env.pop("PRISM_MODE", None)
+        env.pop("PRISM_OUT", None)
+    else:
+        env["PRISM_MODE"] = spec.mode
+        env.pop("PRISM_OUT", None)
+        if spec.out is not None:
+            staging = spec.out / f".raw.tmp-{run_id}"
+            staging.mkdir(parents=True)
+            env["PRISM_OUT"] = str(staging.resolve())
+    zspec = {
+        "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
+        "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
+        "run_id": run_id, "status_dir": str(status_dir),
+    }
+    spec_file = status_dir / "spec.json"
+    spec_file.write_text(json.dumps(zspec))
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.zygote", str(spec_file)], env=env)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(status_dir, ignore_errors=True)
+    if staging is not None:
+        if code == 0:
+            _publish(staging, spec, run_id, started)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+    return code
+
+
+def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float) -> None:
+    import torch
+
+    meta = {
+        "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
+        "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
+        "pin": spec.pin, "run_id": run_id, "started": started, "wall_s": time.time() - started,
+        "torch_version": torch.__version__, "schema_version": "1",
+    }
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    final = spec.out / "raw"
+    if final.exists():
+        trash = spec.out / f".raw.old-{run_id}"
+        final.rename(trash)
+        staging.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(final)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        spec = parse(argv)
+        return launch(spec)
+    except LaunchError as exc:
+        print(f"prism launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

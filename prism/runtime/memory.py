@@ -1,0 +1,33 @@
+"""What a rank's memory use is, measured honestly.
+
+CUDA: the caching allocator's statistics (`memory_allocated`, `max_memory_allocated`): exactly the tensor
+memory the program holds on the device. CPU: PyTorch keeps no allocator statistics for host tensors, so
+prism records the process's resident set size (RSS, from /proc/self/statm) and its peak (getrusage). RSS
+includes the interpreter, torch's libraries and pages shared with the zygote (counted once per process
+here), and freed tensor memory that the C allocator has not returned: it bounds the tensor memory from
+above and tracks its growth, but is not equal to it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class MemoryProbe:
+    """`sample()` -> (bytes in use now, peak bytes so far) for this rank's device."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.cuda = device.startswith("cuda")
+        self._statm = None if self.cuda else os.open("/proc/self/statm", os.O_RDONLY)
+
+    def sample(self) -> tuple[int, int]:
+        if self.cuda:
+            import torch
+
+            return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        resident = int(os.pread(self._statm, 64, 0).split()[1]) * _PAGE
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return resident, peak

@@ -1,0 +1,169 @@
+"""PrismTrace recording: one `Recorder` per rank, appended to by the backend and the global hooks.
+
+The hot path is a tuple append per event plus two clock reads; columns are built only when a batch is
+flushed to the rank's raw stream (`<raw dir>/rank=R/events.arrow`, Arrow IPC stream, schema
+`prism.schemas.RAW_EVENTS`). A compute event is the span between the end of one recorded event and the
+start of the next, timed on the rank's own thread CPU clock (`device_ns` equals `cpu_ns` on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from prism import schemas
+from prism.runtime.memory import MemoryProbe
+
+_wall = time.monotonic_ns
+_cpu = time.thread_time_ns
+
+# Column order of the tuples kept in memory (a prefix of RAW_EVENTS without `rank`).
+_COLUMNS = [f.name for f in schemas.RAW_EVENTS if f.name != "rank"]
+_FLUSH_EVERY = 65536
+
+
+class Recorder:
+    """Collects one rank's events and writes them to its raw stream."""
+
+    def __init__(self, rank: int, out_dir: Path, device: str = "cpu") -> None:
+        self.rank = rank
+        self.dir = Path(out_dir) / f"rank={rank}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._rows: list[tuple] = []
+        self._seq = 0
+        self._groups: list[tuple] = []
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._schema = schemas.with_version(schemas.RAW_EVENTS, rank=rank)
+        self._lock = threading.Lock()
+        self._completions: dict[int, int] = {}  # work_id -> monotonic ns its result was ready
+        self._pending_async: dict[int, int] = {}  # work_id -> index in _rows of the op (until waited)
+        self.memory = MemoryProbe(device)
+        self.iteration = 0
+        self.microbatch = -1
+        self.closed = False
+        self._last_end_wall = _wall()
+        self._last_end_cpu = _cpu()
+
+    # -- the hot path -------------------------------------------------------------------------------
+    def begin(self) -> tuple[int, int]:
+        """Start an event: closes the compute segment since the previous event; returns (wall, cpu)."""
+        wall, cpu = _wall(), _cpu()
+        seg_cpu = cpu - self._last_end_cpu
+        if seg_cpu > 0 or wall - self._last_end_wall > 0:
+            self._rows.append(
+                (
+                    self._seq, schemas.KIND_COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1,
+                    self.iteration, self.microbatch, self._last_end_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, 0,
+                )
+            )
+            self._seq += 1
+        return wall, cpu
+
+    def end(
+        self,
+        start: tuple[int, int],
+        kind: str,
+        op: str,
+        group: str | None = None,
+        group_seq: int = -1,
+        peer: int = -1,
+        tag: int = 0,
+        nbytes: int = 0,
+        dtype: str | None = None,
+        shape: str | None = None,
+        work_id: int = -1,
+        mem: tuple[int, int] = (-1, -1),
+    ) -> int:
+        """Finish an event begun with `begin`; returns its index (for `mark_async`)."""
+        wall, cpu = _wall(), _cpu()
+        dcpu = cpu - start[1]
+        self._rows.append(
+            (
+                self._seq, kind, op, group, group_seq, peer, tag, nbytes, dtype, shape, False, work_id,
+                self.iteration, self.microbatch, start[0], wall, dcpu, dcpu, -1, mem[0], mem[1], 0,
+            )
+        )
+        self._seq += 1
+        self._last_end_wall, self._last_end_cpu = wall, cpu
+        if work_id >= 0 and kind != schemas.KIND_WAIT:
+            self._pending_async[work_id] = len(self._rows) - 1
+        return len(self._rows) - 1
+
+    def completed(self, work_id: int) -> None:
+        """Called from a communication thread when an op's result is ready."""
+        self._completions[work_id] = _wall()
+
+    def waited(self, work_id: int, sync: bool) -> None:
+        """The program waits on `work_id`; `sync`: torch's own blocking call waits right after issuing."""
+        index = self._pending_async.pop(work_id, None)
+        if index is not None and not sync:
+            row = self._rows[index]
+            self._rows[index] = row[:10] + (True,) + row[11:]
+
+    def marker(self, op: str) -> None:
+        start = self.begin()
+        self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
+        if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
+            self.flush()
+
+    # -- groups and output ----------------------------------------------------------------------------
+    def add_group(self, name: str, desc: str | None, members: list[int], backend: str) -> None:
+        self._groups.append((self.rank, name, desc, members, backend))
+
+    def flush(self) -> None:
+        """Write the buffered events as one record batch (resolving async completion times)."""
+        with self._lock:
+            if not self._rows:
+                return
+            rows, self._rows = self._rows, []
+            # ops not waited on yet are being overlapped with what follows them (or consumed through
+            # their future, as DDP does): they are async.
+            for index in self._pending_async.values():
+                rows[index] = rows[index][:10] + (True,) + rows[index][11:]
+            self._pending_async = {}
+            cols = list(zip(*rows))
+            data = {"rank": pa.array([self.rank] * len(rows), pa.int32())}
+            for name, values in zip(_COLUMNS, cols):
+                data[name] = values
+            done = self._completions
+            data["t_complete_ns"] = [
+                done.pop(w, -1) if w >= 0 and k != schemas.KIND_WAIT else -1
+                for w, k in zip(data["work_id"], data["kind"])
+            ]
+            batch = pa.RecordBatch.from_pydict(
+                {f.name: data[f.name] for f in self._schema}, schema=self._schema
+            )
+            if self._writer is None:
+                self._sink = pa.OSFile(str(self.dir / "events.arrow.tmp"), "wb")
+                self._writer = pa.ipc.new_stream(self._sink, self._schema)
+            self._writer.write_batch(batch)
+
+    def close(self) -> None:
+        """Flush everything and publish the rank's stream and groups (atomic renames)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.flush()
+        if self._writer is None:  # no events at all: still publish an empty stream
+            self._sink = pa.OSFile(str(self.dir / "events.arrow.tmp"), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, self._schema)
+        self._writer.close()
+        self._sink.close()
+        os.replace(self.dir / "events.arrow.tmp", self.dir / "events.arrow")
+        gschema = schemas.with_version(schemas.RAW_GROUPS)
+        table = pa.Table.from_pylist(
+            [dict(zip(gschema.names, g)) for g in self._groups], schema=gschema
+        )
+        tmp = self.dir / "groups.arrow.tmp"
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, gschema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, self.dir / "groups.arrow")
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,89 @@
+"""Transports: where a collective's data actually goes.
+
+The prism backend (`backend.PrismProcessGroup`) is the same in every mode; a transport does the data
+movement. A transport offers the methods below with the `torch.distributed.Backend` calling convention
+and returns a c10d `Work`. `RealTransport` (mode `real`) hands every call to the job's real backend:
+gloo for CPU tensors, NCCL for CUDA tensors when the program asked for NCCL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
+
+
+class Transport(Protocol):
+    """The data movement of one process group (one instance per group and rank)."""
+
+    def call(self, method: str, device: torch.device, *args) -> Work: ...
+
+    def start_coalescing(self, device: torch.device) -> None: ...
+
+    def end_coalescing(self, device: torch.device) -> Work | None: ...
+
+
+# PrismProcessGroup method -> torch Backend method with the same arguments.
+_BACKEND_METHOD = {
+    "all_gather_single": "_allgather_base",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "all_to_all_single": "alltoall_base",
+    "alltoall_base": "alltoall_base",
+}
+
+
+class RealTransport:
+    """Delegates to gloo (CPU) and, when asked for and available, NCCL (CUDA)."""
+
+    def __init__(self, store, group_rank: int, group_size: int, timeout: timedelta | None,
+                 want_nccl: bool, global_ranks: list[int], group_name: str) -> None:
+        self._store = store
+        self._rank, self._size = group_rank, group_size
+        self._timeout = timeout or timedelta(minutes=30)
+        self._global_ranks, self._group_name = global_ranks, group_name
+        self._want_nccl = want_nccl and torch.cuda.is_available()
+        self._backends: dict[str, object] = {}
+        self._gloo()  # gloo is always there: rendezvous now, while every member is creating the group
+
+    def _gloo(self):
+        pg = self._backends.get("cpu")
+        if pg is None:
+            pg = ProcessGroupGloo(PrefixStore("gloo/", self._store), self._rank, self._size, self._timeout)
+            pg.options.global_ranks_in_group = self._global_ranks
+            pg.options.group_name = self._group_name
+            self._backends["cpu"] = pg
+        return pg
+
+    def _nccl(self):
+        pg = self._backends.get("cuda")
+        if pg is None:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.global_ranks_in_group = self._global_ranks
+            opts.group_name = self._group_name
+            opts._timeout = self._timeout
+            pg = dist.ProcessGroupNCCL(PrefixStore("nccl/", self._store), self._rank, self._size, opts)
+            self._backends["cuda"] = pg
+        return pg
+
+    def backend_for(self, device: torch.device):
+        if device.type == "cuda" and self._want_nccl:
+            return self._nccl()
+        return self._gloo()
+
+    def call(self, method: str, device: torch.device, *args) -> Work:
+        backend = self.backend_for(device)
+        return getattr(backend, _BACKEND_METHOD.get(method, method))(*args)
+
+    def start_coalescing(self, device: torch.device) -> None:
+        backend = self.backend_for(device)
+        if backend.supports_coalescing:
+            backend._start_coalescing()
+
+    def end_coalescing(self, device: torch.device) -> Work | None:
+        backend = self.backend_for(device)
+        if backend.supports_coalescing:
+            return backend._end_coalescing()
+        return None

@@ -1,0 +1,178 @@
+"""The artifact contracts: every Arrow schema prism writes, in one place.
+
+The runtime writes the raw per-rank streams (`RAW_EVENTS`, `RAW_GROUPS`); the analysis stages read them
+and write the graph tables (`EVENTS`, `COMMS`, `GROUPS`, `RANKS`). Neither side imports the other's
+internals: these schemas are the contract. `python -m prism.schemas --export schemas/` writes them as
+JSON next to the config schema; a test keeps that folder equal to this module.
+
+Every artifact carries ``schema_version`` in its key-value metadata (`with_version`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+
+_dict = pa.dictionary(pa.int32(), pa.string())
+
+# Event kinds. A rank's stream is a sequence of these, in program order.
+KIND_COMPUTE = "compute"  # the span between two communication calls
+KIND_COLLECTIVE = "collective"  # a collective issued on a group
+KIND_SEND = "send"
+KIND_RECV = "recv"
+KIND_WAIT = "wait"  # the program waited on an async op (work_id links it to the op)
+KIND_MARKER = "marker"  # iteration / microbatch / backward markers from the global hooks
+EVENT_KINDS = (KIND_COMPUTE, KIND_COLLECTIVE, KIND_SEND, KIND_RECV, KIND_WAIT, KIND_MARKER)
+COMM_KINDS = (KIND_COLLECTIVE, KIND_SEND, KIND_RECV)
+
+# One row per event of one rank (raw stream, Arrow IPC, `raw/rank=R/events.arrow`).
+RAW_EVENT_FIELDS = [
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),  # program order on this rank, from 0
+    pa.field("kind", _dict, nullable=False),
+    pa.field("op", _dict, nullable=False),  # all_reduce, send, fwd_begin, iteration_end, ...
+    pa.field("group", _dict),  # torch group name of the process group (null: none)
+    pa.field("group_seq", pa.int64(), nullable=False),  # per-group sequence number of the op, -1: none
+    pa.field("peer", pa.int32(), nullable=False),  # global rank: p2p peer, or root of broadcast/reduce/...; -1
+    pa.field("tag", pa.int32(), nullable=False),
+    pa.field("bytes", pa.int64(), nullable=False),  # bytes this rank contributes (input tensors)
+    pa.field("dtype", _dict),
+    pa.field("shape", _dict),  # shape of the first tensor, e.g. "4x64"
+    pa.field("is_async", pa.bool_(), nullable=False),  # other events ran between issue and wait
+    pa.field("work_id", pa.int64(), nullable=False),  # links an op to its wait, -1: none
+    pa.field("iteration", pa.int32(), nullable=False),  # optimizer steps completed before this event
+    pa.field("microbatch", pa.int32(), nullable=False),  # forward index in this iteration, -1: outside
+    pa.field("t_start_ns", pa.int64(), nullable=False),  # host monotonic clock (shared by the host)
+    pa.field("t_end_ns", pa.int64(), nullable=False),
+    pa.field("cpu_ns", pa.int64(), nullable=False),  # CPU time of the rank's thread inside the event
+    pa.field("device_ns", pa.int64(), nullable=False),  # device-clock duration (CPU: = cpu_ns); -1
+    pa.field("t_complete_ns", pa.int64(), nullable=False),  # when an async op's result was ready; -1
+    pa.field("mem_bytes", pa.int64(), nullable=False),  # memory in use at the event's end; -1: not measured
+    pa.field("mem_peak_bytes", pa.int64(), nullable=False),  # peak so far; -1: not measured
+    pa.field("stream", pa.int32(), nullable=False),  # 0: the program's stream
+]
+RAW_EVENTS = pa.schema(RAW_EVENT_FIELDS)
+
+# One row per process group this rank created (`raw/rank=R/groups.arrow`).
+RAW_GROUPS = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("group", pa.string(), nullable=False),  # torch group name
+        pa.field("desc", pa.string()),  # group_desc given by the program ("tp", "dp", ... or torch's)
+        pa.field("members", pa.list_(pa.int32()), nullable=False),  # global ranks, in group-rank order
+        pa.field("backend", pa.string(), nullable=False),  # the backend the program asked for
+    ]
+)
+
+# Graph tables (`graph/*.parquet`), one per job.
+EVENTS = pa.schema(
+    [pa.field("event_id", pa.int64(), nullable=False)]
+    + RAW_EVENT_FIELDS
+    + [
+        pa.field("comm_id", pa.int64(), nullable=False),  # the comms row this event takes part in, -1
+        pa.field("op_event_id", pa.int64(), nullable=False),  # for a wait: the op it waits on, -1
+    ]
+)
+
+COMMS = pa.schema(
+    [
+        pa.field("comm_id", pa.int64(), nullable=False),
+        pa.field("kind", _dict, nullable=False),  # collective | p2p
+        pa.field("op", _dict, nullable=False),
+        pa.field("group", _dict),
+        pa.field("group_seq", pa.int64(), nullable=False),  # collectives: per-group sequence; p2p: -1
+        pa.field("src", pa.int32(), nullable=False),  # p2p: sender; collective: root or -1
+        pa.field("dst", pa.int32(), nullable=False),  # p2p: receiver; -1
+        pa.field("tag", pa.int32(), nullable=False),
+        pa.field("n_members", pa.int32(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),  # total bytes contributed by the members
+        pa.field("members", pa.list_(pa.int32()), nullable=False),
+        pa.field("event_ids", pa.list_(pa.int64()), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("t_first_start_ns", pa.int64(), nullable=False),
+        pa.field("t_last_start_ns", pa.int64(), nullable=False),
+        pa.field("t_last_end_ns", pa.int64(), nullable=False),
+    ]
+)
+
+GROUPS = pa.schema(
+    [
+        pa.field("group", pa.string(), nullable=False),
+        pa.field("desc", pa.string()),
+        pa.field("size", pa.int32(), nullable=False),
+        pa.field("members", pa.list_(pa.int32()), nullable=False),
+        pa.field("ring", pa.list_(pa.int32()), nullable=False),  # ring order used by ring collectives
+        pa.field("backend", pa.string(), nullable=False),
+    ]
+)
+
+RANKS = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("tp", pa.int32(), nullable=False),  # coordinates derived from group membership, -1
+        pa.field("pp", pa.int32(), nullable=False),
+        pa.field("dp", pa.int32(), nullable=False),
+        pa.field("ep", pa.int32(), nullable=False),
+        pa.field("n_events", pa.int64(), nullable=False),
+        pa.field("iterations", pa.int32(), nullable=False),
+    ]
+)
+
+ALL: dict[str, pa.Schema] = {
+    "raw_events": RAW_EVENTS,
+    "raw_groups": RAW_GROUPS,
+    "events": EVENTS,
+    "comms": COMMS,
+    "groups": GROUPS,
+    "ranks": RANKS,
+}
+
+
+def with_version(schema: pa.Schema, **extra: str) -> pa.Schema:
+    """The schema with ``schema_version`` (and any extra key-value pairs) in its metadata."""
+    meta = dict(schema.metadata or {})
+    meta[b"schema_version"] = SCHEMA_VERSION.encode()
+    for key, value in extra.items():
+        meta[key.encode()] = str(value).encode()
+    return schema.with_metadata(meta)
+
+
+def to_json(schema: pa.Schema) -> dict:
+    """A plain JSON description of a schema (what `schemas/` holds)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fields": [
+            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema
+        ],
+    }
+
+
+def export(folder: Path) -> list[Path]:
+    """Write every schema as `folder/<name>.schema.json`; returns the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, schema in ALL.items():
+        path = folder / f"{name}.schema.json"
+        path.write_text(json.dumps(to_json(schema), indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.schemas", description=__doc__)
+    parser.add_argument("--export", type=Path, required=True, help="folder to write the JSON schemas to")
+    args = parser.parse_args(argv)
+    for path in export(args.export):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
