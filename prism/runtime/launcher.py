@@ -186,7 +186,7 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float) -> No
     meta = {
         "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
-        "pin": spec.pin, "run_id": run_id, "started": started, "wall_s": time.time() - started,
+        "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id, "started": started, "wall_s": time.time() - started,
         "torch_version": torch.__version__, "schema_version": "1",
     }
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

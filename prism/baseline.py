@@ -1,0 +1,42 @@
+"""Baseline stage: the real run of a job config, every rank on its own device (the ground truth).
+
+    python -m prism.baseline --config JOB.yaml --out DIR     ->  DIR/raw/ (PrismTrace of the real run)
+
+On CPU a device is a core: ranks are pinned (rank i on core i mod cores, one intra-op thread). When W
+exceeds the cores the run is still real but oversubscribed; `meta.json` records the cores so the summary
+can say the timings are not ground truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prism import config as prism_config
+from prism.runtime import launcher
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prism baseline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="job config YAML (default: the embedded default job)")
+    parser.add_argument("--out", type=Path, help="output folder (default: <results>/<job>/baseline)")
+    args = parser.parse_args(argv)
+    try:
+        job = prism_config.load(args.config)
+    except prism_config.ConfigError as exc:
+        print(f"prism baseline: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or job.job_dir / "baseline"
+    spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
+                               args=job.workload.args, mode="real", out=out, pin=job.baseline.pin)
+    try:
+        return launcher.launch(spec)
+    except launcher.LaunchError as exc:
+        print(f"prism baseline: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

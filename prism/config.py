@@ -1,0 +1,109 @@
+"""Job configuration: dataclasses loaded from YAML and validated against `schemas/config.schema.yaml`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+
+class ConfigError(Exception):
+    """A config the user must fix: the message names the file, the key and the problem."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkloadConfig:
+    module: str | None = None
+    script: str | None = None
+    args: list[str] = field(default_factory=list)
+
+    def command(self) -> list[str]:
+        """The program part of a launch command: `-m MODULE ARGS` or `SCRIPT ARGS`."""
+        head = ["-m", self.module] if self.module else [self.script]
+        return head + self.args
+
+
+@dataclass(kw_only=True, slots=True)
+class BaselineConfig:
+    run: str = "auto"
+    pin: bool = True
+
+    def wanted(self, nproc: int, cores: int | None = None) -> bool:
+        cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        return self.run == "always" or (self.run == "auto" and nproc <= cores)
+
+
+@dataclass(kw_only=True, slots=True)
+class JobConfig:
+    job: str
+    nproc: int
+    workload: WorkloadConfig
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    results: str = "results"
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.results) / self.job
+
+
+def args_to_list(args) -> list[str]:
+    """`{tp: 2, var-seq: true}` -> ["--tp", "2", "--var-seq"]; a list is kept as it is."""
+    if isinstance(args, list):
+        return [str(a) for a in args]
+    out: list[str] = []
+    for key, value in (args or {}).items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def validate(raw: dict, source: str = "config") -> None:
+    """Raise ConfigError naming the offending key if `raw` does not match the schema."""
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise ConfigError(f"{source}: invalid value at '{key}': {err.message}")
+
+
+def from_dict(raw: dict, source: str = "config") -> JobConfig:
+    validate(raw, source)
+    wl = raw["workload"]
+    return JobConfig(
+        job=raw["job"],
+        nproc=raw["nproc"],
+        results=raw.get("results", "results"),
+        workload=WorkloadConfig(module=wl.get("module"), script=wl.get("script"),
+                                args=args_to_list(wl.get("args"))),
+        baseline=BaselineConfig(**raw.get("baseline", {})),
+    )
+
+
+def load(path: str | Path | None = None) -> JobConfig:
+    """Load and validate a job config (the embedded default when `path` is None)."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    return from_dict(raw, str(path))

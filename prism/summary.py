@@ -1,0 +1,151 @@
+"""Summary stage: a short text summary of a job's graph (iteration time, communication, memory).
+
+    python -m prism.summary --job DIR          writes DIR/summary.txt and DIR/prism.duckdb, prints the summary
+    python -m prism.summary --job DIR --show   prints an existing summary and where the artifacts are
+
+Iteration time: iteration k of the job ends when its last rank's optimizer step ends; the job's iteration
+time is the gap between consecutive such ends. The first iteration (warm-up, start-up) is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+
+from prism import sql as prism_sql
+
+ITERATIONS_SQL = """
+-- per rank and iteration: when the optimizer step ended, and the time since the previous one
+WITH ends AS (
+  SELECT rank, iteration, t_end_ns AS t_end
+  FROM events WHERE kind = 'marker' AND op = 'iteration_end'
+)
+SELECT rank, iteration, t_end,
+       t_end - lag(t_end) OVER (PARTITION BY rank ORDER BY iteration) AS dur_ns
+FROM ends
+"""
+
+
+def _ms(ns) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:.2f} ms"
+
+
+def _mib(b) -> str:
+    return "n/a" if b is None or b < 0 else f"{b / 2**20:.1f} MiB"
+
+
+def summarize(job_dir: Path) -> str:
+    con = duckdb.connect()
+    graph = job_dir / "graph"
+    for name in ("events", "comms", "groups", "ranks"):
+        path = graph / f"{name}.parquet"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: run the graph stage first (python -m prism.graph "
+                                    f"--job {job_dir})")
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
+    meta_path = job_dir / "raw" / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    world = con.execute("SELECT count(*) FROM ranks").fetchone()[0]
+    coords = con.execute(
+        "SELECT max(tp)+1, max(pp)+1, max(dp)+1, max(ep)+1, max(iterations) FROM ranks").fetchone()
+    n_events = con.execute("SELECT count(*) FROM events").fetchone()[0]
+    lines = [f"prism summary of {job_dir}", ""]
+    dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
+    lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
+                 f"events: {n_events:,}, mode: {meta.get('mode', '?')}")
+    cores = meta.get("cores")
+    if cores is not None and world > cores:
+        lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "
+                     f"run of this machine, not the ground truth of {world} devices.")
+    elif meta.get("pin"):
+        lines.append(f"ranks pinned one per core ({cores} cores), one intra-op thread each.")
+
+    con.execute(f"CREATE VIEW iters AS {ITERATIONS_SQL}")
+    job_iters = con.execute("""
+        WITH last AS (SELECT iteration, max(t_end) AS t FROM iters GROUP BY iteration)
+        SELECT iteration, t - lag(t) OVER (ORDER BY iteration) AS dur FROM last ORDER BY iteration
+    """).fetchall()
+    steady = [d for i, d in job_iters if d is not None]
+    lines.append("")
+    if steady:
+        steady_sorted = sorted(steady)
+        median = steady_sorted[len(steady_sorted) // 2]
+        lines.append(f"iteration time (job, iterations 1..{len(steady)}): median {_ms(median)}, "
+                     f"min {_ms(steady_sorted[0])}, max {_ms(steady_sorted[-1])}")
+    else:
+        lines.append("iteration time: fewer than two iterations recorded (run more steps)")
+    per_rank = con.execute("""
+        SELECT rank, median(dur_ns) AS med FROM iters WHERE dur_ns IS NOT NULL GROUP BY rank ORDER BY rank
+    """).fetchall()
+    if per_rank:
+        meds = [m for _, m in per_rank]
+        lines.append(f"per-rank median iteration time: min {_ms(min(meds))} (rank "
+                     f"{per_rank[meds.index(min(meds))][0]}), max {_ms(max(meds))} (rank "
+                     f"{per_rank[meds.index(max(meds))][0]})")
+
+    split = con.execute("""
+        SELECT kind, sum(t_end_ns - t_start_ns) AS wall, sum(cpu_ns) AS cpu
+        FROM events WHERE iteration >= 1 GROUP BY kind ORDER BY wall DESC
+    """).fetchall()
+    total = sum(w for _, w, _ in split) or 1
+    lines.append("time by kind (all ranks, iterations >= 1): " + ", ".join(
+        f"{k} {100 * w / total:.1f}%" for k, w, _ in split))
+    top = con.execute("""
+        SELECT c.op, g.desc, c.group, count(*) AS n, sum(c.bytes) AS bytes,
+               sum(c.t_last_end_ns - c.t_first_start_ns) AS span
+        FROM comms c LEFT JOIN groups g ON c.group = g.group
+        GROUP BY ALL ORDER BY span DESC LIMIT 5
+    """).fetchall()
+    lines.append("")
+    lines.append("costliest communication (op on group: count, bytes, first start to last end summed):")
+    for op, desc, group, n, nbytes, span in top:
+        lines.append(f"  {op:<24} {(desc or group):<12} x{n:<6} {nbytes / 2**20:9.2f} MiB  {_ms(span)}")
+    mem = con.execute("""
+        SELECT max(mem_peak_bytes), min(CASE WHEN mem_peak_bytes >= 0 THEN mem_peak_bytes END),
+               arg_max(rank, mem_peak_bytes)
+        FROM events
+    """).fetchone()
+    lines.append("")
+    lines.append(f"peak memory per rank: max {_mib(mem[0])} (rank {mem[2]}), min {_mib(mem[1])} "
+                 "(CPU: resident set size, see prism/runtime/memory.py)")
+    lines.append("")
+    lines.append(f"artifacts: {job_dir}/raw (PrismTrace), {job_dir}/graph/*.parquet, "
+                 f"{job_dir}/prism.duckdb")
+    lines.append(f"query: prism sql --job {job_dir} \"SELECT * FROM ranks LIMIT 5\"")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.summary", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True, help="job folder holding graph/")
+    parser.add_argument("--show", action="store_true", help="print the existing summary")
+    args = parser.parse_args(argv)
+    out = args.job / "summary.txt"
+    if args.show:
+        if not out.is_file():
+            print(f"prism summary: no summary at {out}: run `make demo` (or the pipeline) first",
+                  file=sys.stderr)
+            return 2
+        print(out.read_text(), end="")
+        return 0
+    try:
+        text = summarize(args.job)
+    except (FileNotFoundError, duckdb.Error) as exc:
+        print(f"prism summary: error: {exc}", file=sys.stderr)
+        return 2
+    prism_sql.write_catalog(args.job)
+    tmp = out.with_suffix(".txt.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+# The real run of every rank (ground truth), its graph, and its summary.
+
+
+rule baseline_run:
+    output:
+        directory(f"{JOB_DIR}/baseline/raw"),
+    params:
+        section=section("baseline"),
+        config_file=CONFIG_FILE,
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{JOB_DIR}/logs/baseline_run.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.baseline --config {params.config_file:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule baseline_graph:
+    input:
+        rules.baseline_run.output,
+    output:
+        multiext(f"{JOB_DIR}/baseline/graph/", "events.parquet", "comms.parquet", "groups.parquet", "ranks.parquet"),
+    params:
+        job=lambda w, input: os.path.dirname(input[0]),
+    log:
+        f"{JOB_DIR}/logs/baseline_graph.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.graph --job {params.job:q} > {log:q} 2>&1"
+
+
+rule baseline_summary:
+    input:
+        rules.baseline_graph.output,
+    output:
+        f"{JOB_DIR}/baseline/summary.txt",
+    params:
+        job=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{JOB_DIR}/logs/baseline_summary.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.summary --job {params.job:q} > {log:q} 2>&1"
