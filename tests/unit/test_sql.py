@@ -1,0 +1,130 @@
+"""`prism sql`: one DuckDB view per artifact, aligned and CSV output, errors, and the saved catalog."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prism import graph, sql
+from rawgen import megatron_job
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("job")
+    megatron_job(tp=2, dp=2, iterations=2).write(folder)
+    assert graph.main(["--job", str(folder)]) == 0
+    for k in (0, 1):  # a Hive-partitioned stage output
+        part = folder / "slices" / f"slice={k}"
+        part.mkdir(parents=True)
+        pq.write_table(pa.table({"rank": [2 * k, 2 * k + 1], "dur": [1.5, 2.5]}), part / "events.parquet")
+    (folder / "emulation").mkdir()  # a second stage writing `events`
+    pq.write_table(pa.table({"rank": [0], "loss": [3.25]}), folder / "emulation" / "events.parquet")
+    (folder / "graph" / ".events.parquet.tmp-1").write_bytes(b"partial")  # ignored
+    return folder
+
+
+def query(capsys, *argv: str) -> tuple[int, str, str]:
+    code = sql.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_one_view_per_artifact(job):
+    names = {view.name for view in sql.discover(job)}
+    assert names == {
+        "events", "comms", "groups", "ranks", "graph_events", "emulation_events", "slices_events"
+    }
+    by_name = {view.name: view for view in sql.discover(job)}
+    assert by_name["events"].path == job / "graph" / "events.parquet"
+    assert by_name["slices_events"].hive
+
+
+def test_aligned_table(job, capsys):
+    code, out, _ = query(capsys, "--job", str(job), "SELECT rank, tp, dp, node FROM ranks ORDER BY rank")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["rank", "tp", "dp", "node"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["0", "0", "0", "testhost"]
+    assert lines[-1] == "(4 rows)"
+    assert len({len(line) for line in lines[2:-1]}) == 1  # aligned
+
+
+def test_csv(job, capsys):
+    code, out, _ = query(
+        capsys, "--job", str(job), "--csv", "SELECT kind, count(*) AS n FROM events GROUP BY kind ORDER BY kind"
+    )
+    assert code == 0
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == ["kind", "n"]
+    expected = duckdb.sql(
+        f"SELECT kind::VARCHAR, count(*) FROM '{job}/graph/events.parquet' GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [(k, int(n)) for k, n in rows[1:]] == expected
+
+
+def test_hive_partitions_and_clashes(job, capsys):
+    code, out, _ = query(
+        capsys, "--job", str(job), "--csv",
+        "SELECT slice, count(*) AS n FROM slices_events GROUP BY slice ORDER BY slice",
+    )
+    assert code == 0 and out.splitlines() == ["slice,n", "0,2", "1,2"]
+    code, out, _ = query(capsys, "--job", str(job), "--csv", "SELECT loss FROM emulation_events")
+    assert out.splitlines() == ["loss", "3.25"]
+    code, out, _ = query(
+        capsys, "--job", str(job), "--csv",
+        "SELECT (SELECT count(*) FROM events) = (SELECT count(*) FROM graph_events) AS same",
+    )
+    assert out.splitlines() == ["same", "True"]
+
+
+def test_job_from_environment(job, capsys, monkeypatch):
+    monkeypatch.setenv("PRISM_JOB", str(job))
+    code, out, _ = query(capsys, "--csv", "SELECT count(*) AS n FROM ranks")
+    assert code == 0 and out.splitlines() == ["n", "4"]
+
+
+def test_missing_job(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PRISM_JOB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = query(capsys, "SELECT 1")
+    assert code == 2 and "results/default" in err and "make demo" in err
+
+
+def test_no_artifacts(tmp_path, capsys):
+    code, _, err = query(capsys, "--job", str(tmp_path), "SELECT 1")
+    assert code == 2 and str(tmp_path) in err and "prism run" in err
+
+
+def test_sql_error(job, capsys):
+    code, out, err = query(capsys, "--job", str(job), "SELECT nope FROM events")
+    assert code == 2 and out == "" and "nope" in err
+
+
+def test_catalog_opens_anywhere(job, tmp_path, monkeypatch):
+    path = sql.write_catalog(job)
+    assert path == job / "prism.duckdb"
+    assert not [p for p in job.iterdir() if p.name.startswith(".prism")]
+    monkeypatch.chdir(tmp_path)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+        assert {"events", "comms", "groups", "ranks", "slices_events"} <= views
+        n = con.execute("SELECT count(*) FROM events").fetchone()[0]
+        assert n == pq.read_metadata(job / "graph" / "events.parquet").num_rows
+        assert con.execute("SELECT count(DISTINCT slice) FROM slices_events").fetchone()[0] == 2
+    finally:
+        con.close()
+
+
+def test_write_catalog_flag(job, capsys):
+    (job / "prism.duckdb").unlink(missing_ok=True)
+    code, _, err = query(capsys, "--job", str(job), "--write-catalog")
+    assert code == 0 and (job / "prism.duckdb").is_file() and "prism.duckdb" in err
