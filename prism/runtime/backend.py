@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 from datetime import timedelta
 
 import torch
@@ -51,6 +52,29 @@ def _describe(tensors) -> tuple[int, str | None, str | None, torch.device]:
     return nbytes, str(first.dtype).removeprefix("torch."), shape, first.device
 
 
+def _future_of(work: Work) -> torch.futures.Future | None:
+    """The work's future, or None where the backend has none (gloo: send/recv, reduce_scatter)."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        return None
+
+
+def _future_by_waiting(work: Work) -> torch.futures.Future:
+    """A future completed by a helper thread that waits on `work` (for works that have none)."""
+    fut = torch.futures.Future()
+
+    def waiter():
+        try:
+            work.wait()
+            fut.set_result(work.result())
+        except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            fut.set_exception(exc)
+
+    threading.Thread(target=waiter, name="prism-work-future", daemon=True).start()
+    return fut
+
+
 class PrismWork(Work):
     """Wraps the transport's work; records when the program waits on it."""
 
@@ -75,9 +99,11 @@ class PrismWork(Work):
 
     @_nodynamo
     def get_future(self) -> torch.futures.Future:
-        if len(self._inner) == 1:
-            return self._inner[0].get_future()
-        return torch.futures.collect_all([w.get_future() for w in self._inner])
+        futs = [_future_of(w) or _future_by_waiting(w) for w in self._inner]
+        if len(futs) == 1:
+            return futs[0]
+        # several works (a coalesced op, a batch of p2p ops): one future of all their output tensors
+        return torch.futures.collect_all(futs).then(lambda f: [t for x in f.value() for t in x.value()])
 
     @_nodynamo
     def is_completed(self) -> bool:
@@ -162,8 +188,9 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)
-            if kind == schemas.KIND_COLLECTIVE:  # gloo's p2p works have no future
-                inner.get_future().add_done_callback(lambda _f, wid=wid: rec.completed(wid))
+            fut = _future_of(inner)  # gloo's p2p and reduce_scatter works have none: completion unknown
+            if fut is not None:
+                fut.add_done_callback(lambda _f, wid=wid: rec.completed(wid))
         if self._coalesced is not None:
             self._coalesced.append((inner, wid))
         return PrismWork([inner], rec, [wid], op, self._name)

@@ -122,9 +122,13 @@ def _check_known_workload(spec: LaunchSpec) -> None:
         return
     from prism.workloads import moe_gpt
 
-    problem = moe_gpt.check_layout(spec.args, spec.nproc)
+    try:
+        args = moe_gpt.parse_args(spec.args)
+    except SystemExit:  # argparse already printed what is wrong with the flags
+        raise LaunchError(f"invalid arguments for {spec.module} (see above)") from None
+    problem = moe_gpt.layout_error(args, spec.nproc)
     if problem:
-        raise LaunchError(problem)
+        raise LaunchError(f"{spec.module}: {problem}")
 
 
 def free_port() -> int:

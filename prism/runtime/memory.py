@@ -22,6 +22,7 @@ class MemoryProbe:
     def __init__(self, device: str = "cpu") -> None:
         self.cuda = device.startswith("cuda")
         self._statm = None if self.cuda else os.open("/proc/self/statm", os.O_RDONLY)
+        self._peak = 0
 
     def sample(self) -> tuple[int, int]:
         if self.cuda:
@@ -29,5 +30,6 @@ class MemoryProbe:
 
             return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
         resident = int(os.pread(self._statm, 64, 0).split()[1]) * _PAGE
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return resident, peak
+        # the kernel's maxrss lags the current RSS by a few pages: the peak is the larger of the two
+        self._peak = max(self._peak, resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return resident, self._peak

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
+import selectors
 import signal
 import sys
 import time
@@ -95,6 +97,54 @@ def _run_rank(spec: dict, rank: int) -> int:
     return code
 
 
+class _LineForwarder:
+    """Forwards the ranks' stdout/stderr whole lines at a time, so lines of different ranks never mix."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.partial: dict[int, bytes] = {}
+
+    def add(self, fd: int, sink) -> None:
+        self.sel.register(fd, selectors.EVENT_READ, sink)
+        self.partial[fd] = b""
+
+    def pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            fd, sink = key.fd, key.data
+            data = os.read(fd, 1 << 16)
+            if not data:
+                self._close(fd, sink)
+                continue
+            buf = self.partial[fd] + data
+            cut = buf.rfind(b"\n") + 1
+            if cut:
+                sink.write(buf[:cut])
+                sink.flush()
+            self.partial[fd] = buf[cut:]
+
+    def _close(self, fd: int, sink) -> None:
+        rest = self.partial.pop(fd, b"")
+        if rest:
+            sink.write(rest + b"\n")
+            sink.flush()
+        self.sel.unregister(fd)
+        os.close(fd)
+
+    def drain(self, timeout: float) -> None:
+        """After the ranks exited: forward what is left (a grandchild may hold a pipe open: stop anyway)."""
+        deadline = time.monotonic() + timeout
+        while self.sel.get_map() and time.monotonic() < deadline:
+            self.pump(0.05)
+        for key in list(self.sel.get_map().values()):
+            self._close(key.fd, key.data)
+
+
+def _raise_fd_limit(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
+
+
 def supervise(spec: dict) -> int:
     """Fork the ranks, wait for them; stop all on the first failure. Returns the exit code."""
     children: dict[int, int] = {}
@@ -105,18 +155,34 @@ def supervise(spec: dict) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    _raise_fd_limit(4 * spec["nproc"] + 64)
     sys.stdout.flush()
     sys.stderr.flush()
+    out = _LineForwarder()
+    read_ends: list[int] = []
     for rank in range(spec["nproc"]):
+        r_out, w_out = os.pipe()
+        r_err, w_err = os.pipe()
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for fd in read_ends + [r_out, r_err]:
+                os.close(fd)
+            os.dup2(w_out, 1)
+            os.dup2(w_err, 2)
+            os.close(w_out)
+            os.close(w_err)
             code = 1
             try:
                 code = _run_rank(spec, rank)
             finally:
                 os._exit(code)
+        os.close(w_out)
+        os.close(w_err)
+        read_ends += [r_out, r_err]
+        out.add(r_out, sys.stdout.buffer)
+        out.add(r_err, sys.stderr.buffer)
         children[pid] = rank
 
     failed: tuple[int, int] | None = None  # (rank, code)
@@ -126,22 +192,25 @@ def supervise(spec: dict) -> int:
             print(f"[prism] launcher got signal {stopping['signal']}: stopping {len(children)} ranks",
                   file=sys.stderr)
             deadline = _stop(children, time.monotonic())
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            if deadline is not None and time.monotonic() > deadline:
-                for p in children:
-                    _kill(p, signal.SIGKILL)
-                deadline = float("inf")
-            time.sleep(0.01)
-            continue
-        rank = children.pop(pid)
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0 and failed is None and deadline is None:
-            failed = (rank, code)
-            deadline = _stop(children, time.monotonic())
+        out.pump(0.01)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            rank = children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0 and failed is None and deadline is None:
+                failed = (rank, code)
+                deadline = _stop(children, time.monotonic())
+        if deadline is not None and time.monotonic() > deadline:
+            for p in children:
+                _kill(p, signal.SIGKILL)
+            deadline = float("inf")
+    out.drain(2.0)
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"

@@ -1,0 +1,53 @@
+"""Shared test helpers: where fixtures live, how to run prism and torchrun as a user would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+PROGRAMS = REPO / "tests" / "programs"
+
+
+def data_path(name: str) -> Path:
+    """A fixture file under tests/data/."""
+    return DATA / name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("PRISM_MODE", None)
+    env.pop("PRISM_OUT", None)
+    env.update(extra)
+    return env
+
+
+def run_prism(args: list[str], timeout: float = 180, cwd: Path | None = None, **env) -> subprocess.CompletedProcess:
+    """`prism ARGS` as a subprocess (the console script's module), capturing its output."""
+    return subprocess.run([sys.executable, "-m", "prism.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env=make_env(**env))
+
+
+def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    """Plain torchrun (no prism) on gloo: the reference a prism run is compared with."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           f"--master-port={free_port()}", *target]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=make_env())
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    return tmp_path / "job"
