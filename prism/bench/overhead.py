@@ -1,0 +1,92 @@
+"""`prism bench overhead`: what recording costs. The reference workload (W=2, pinned) three ways —
+no recording (no interception at all), PrismTrace (`--mode real --out`), and torch.profiler with a Kineto
+JSON export — run interleaved (A B C, A B C, ...). Prints the median iteration time of each, the overhead
+ratios against no recording, and the bytes each writes per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from prism.runtime import launcher
+
+DRIVER = Path(__file__).with_name("driver.py")
+VARIANTS = ("none", "prismtrace", "profiler")
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps: int) -> tuple[list[float], int]:
+    """One run; returns (per-iteration times in ms after warm-up, bytes written)."""
+    times = work / "times"
+    profile = work / "profile"
+    out = work / "job"
+    for d in (times, profile):
+        d.mkdir(parents=True)
+    prog = [str(DRIVER), "--times", str(times)]
+    if variant == "profiler":
+        prog += ["--profile", str(profile)]
+    prog += workload
+    spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True,
+                               mode="real" if variant == "prismtrace" else "off",
+                               out=out if variant == "prismtrace" else None)
+    code = launcher.launch(spec)
+    if code != 0:
+        raise RuntimeError(f"benchmark run '{variant}' failed with exit code {code}")
+    per_rank = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
+    # the job's iteration k ends when its slowest rank's step ends
+    ends = [max(stamps[k] for stamps in per_rank) for k in range(len(per_rank[0]))]
+    warm = max(1, steps // 5)
+    durations = [(b - a) / 1e6 for a, b in zip(ends[warm:], ends[warm + 1:])]
+    written = _folder_bytes(out) if variant == "prismtrace" else (
+        _folder_bytes(profile) if variant == "profiler" else 0)
+    return durations, written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prism bench overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the three variants")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--workload", default="--dp 2 --ep 2 --microbatches 4",
+                        help="reference workload flags")
+    args = parser.parse_args(argv)
+    workload = ["-m", "prism.workloads.moe_gpt", "--steps", str(args.steps)] + args.workload.split()
+    results: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    written: dict[str, list[int]] = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
+        for rep in range(args.repeats):
+            for variant in VARIANTS:
+                work = Path(tmp) / f"{variant}-{rep}"
+                durations, nbytes = run_variant(variant, work, args.nproc, workload, args.steps)
+                results[variant] += durations
+                written[variant].append(nbytes)
+                print(f"  round {rep + 1}/{args.repeats} {variant:<11} median "
+                      f"{statistics.median(durations):8.3f} ms", file=sys.stderr, flush=True)
+    base = statistics.median(results["none"])
+    print(f"\nprism bench overhead: W={args.nproc} pinned, workload `{' '.join(workload[2:])}`, "
+          f"{args.repeats} interleaved rounds, iterations after warm-up per variant: "
+          f"{len(results['none'])}")
+    print(f"{'variant':<12} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'overhead':>9} "
+          f"{'bytes/iter':>12} {'bytes vs PrismTrace':>20}")
+    trace_bytes = statistics.median(written["prismtrace"]) / args.steps
+    for variant in VARIANTS:
+        d = sorted(results[variant])
+        med = statistics.median(d)
+        per_iter = statistics.median(written[variant]) / args.steps
+        ratio = "" if variant == "none" or not trace_bytes else f"{per_iter / trace_bytes:.1f}x"
+        print(f"{variant:<12} {med:10.3f} {d[len(d) // 10]:8.3f} {d[9 * len(d) // 10]:8.3f} "
+              f"{100 * (med / base - 1):+8.2f}% {per_iter:12,.0f} {ratio:>20}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
