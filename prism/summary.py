@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -73,10 +74,8 @@ def summarize(job_dir: Path) -> str:
     steady = [d for i, d in job_iters if d is not None]
     lines.append("")
     if steady:
-        steady_sorted = sorted(steady)
-        median = steady_sorted[len(steady_sorted) // 2]
-        lines.append(f"iteration time (job, iterations 1..{len(steady)}): median {_ms(median)}, "
-                     f"min {_ms(steady_sorted[0])}, max {_ms(steady_sorted[-1])}")
+        lines.append(f"iteration time (job, iterations 1..{len(steady)}): median "
+                     f"{_ms(statistics.median(steady))}, min {_ms(min(steady))}, max {_ms(max(steady))}")
     else:
         lines.append("iteration time: fewer than two iterations recorded (run more steps)")
     per_rank = con.execute("""

@@ -6,14 +6,13 @@ rule baseline_run:
         directory(f"{JOB_DIR}/baseline/raw"),
     params:
         section=section("baseline"),
-        config_file=CONFIG_FILE,
         out=lambda w, output: os.path.dirname(output[0]),
     log:
         f"{JOB_DIR}/logs/baseline_run.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.baseline --config {params.config_file:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m prism.baseline --config-json {params.section:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule baseline_graph:

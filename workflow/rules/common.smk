@@ -9,14 +9,15 @@ from prism import config as prism_config
 validate(config, "../../schemas/config.schema.yaml")
 JOB = prism_config.from_dict(dict(config), "config")
 JOB_DIR = str(JOB.job_dir)
-# The config file the stages read (the one given with --configfile, else the embedded default).
-CONFIG_FILE = workflow.overwrite_configfiles[-1] if workflow.overwrite_configfiles else "prism/configs/default.yaml"
 
 
 def section(name):
-    """A config section as JSON: a rule's params, so changing it re-runs that rule (and only what follows)."""
-    return json.dumps({"nproc": JOB.nproc, "workload": config["workload"], name: config.get(name, {})},
-                      sort_keys=True)
+    """The settings a stage needs, as JSON: passed to the stage and kept as the rule's params, so changing
+    them re-runs that rule and what follows it, and changing other sections does not."""
+    keep = {"job": config["job"], "nproc": config["nproc"], "workload": config["workload"]}
+    if name in config:
+        keep[name] = config[name]
+    return json.dumps(keep, sort_keys=True)
 
 
 def final_targets():
