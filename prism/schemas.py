@@ -70,6 +70,18 @@ RAW_GROUPS = pa.schema(
     ]
 )
 
+# Capture mode: one row per contribution this rank made (`raw/rank=R/payloads.arrow`); the bytes are in
+# the job's content-addressed payload store (`payloads/<hash[:2]>/<hash>.bin`).
+RAW_PAYLOADS = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("work_id", pa.int64(), nullable=False),  # the op event's work_id in this rank's stream
+        pa.field("key", pa.string(), nullable=False),  # the communication key (collective or message)
+        pa.field("hash", pa.string(), nullable=False),  # content hash (blake2b-128, hex)
+        pa.field("nbytes", pa.int64(), nullable=False),
+    ]
+)
+
 # Graph tables (`graph/*.parquet`), one per job.
 EVENTS = pa.schema(
     [pa.field("event_id", pa.int64(), nullable=False)]
@@ -128,6 +140,7 @@ RANKS = pa.schema(
 ALL: dict[str, pa.Schema] = {
     "raw_events": RAW_EVENTS,
     "raw_groups": RAW_GROUPS,
+    "raw_payloads": RAW_PAYLOADS,
     "events": EVENTS,
     "comms": COMMS,
     "groups": GROUPS,

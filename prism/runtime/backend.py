@@ -184,7 +184,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             gseq = -1
         if rec is not None:
             start = rec.begin()
-        inner = self._transport.call(method, device, *args)
+        inner = self._transport.call(method, device, *args, work_id=wid, op=op)
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)

@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import markers
+from prism.runtime import capture, markers
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport
 
-MODES = ("real",)  # capture, slice and emulate arrive with their transports
+MODES = ("real", "capture")  # slice and emulate arrive with their transports
 
-_state: dict = {"installed": False, "recorder": None, "asked": [], "mode": None}
+_state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": [], "mode": None, "out": None}
 
 
 def recorder() -> Recorder | None:
@@ -32,12 +32,15 @@ def recorder() -> Recorder | None:
 
 
 def _ensure_recorder() -> Recorder | None:
-    if _state["recorder"] is None and _state["out"] is not None:
-        rank = int(os.environ.get("RANK", "0"))
-        device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
-        rec = Recorder(rank, _state["out"], device=device)
+    if _state["hooks"] is None:
+        rec = None
+        if _state["out"] is not None:
+            rank = int(os.environ.get("RANK", "0"))
+            device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
+            rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
-        _state["hooks"] = markers.install(rec)
+        drain = capture.client().drain if _state["mode"] == "capture" else None
+        _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
     return _state["recorder"]
 
 
@@ -45,11 +48,14 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     asked, desc = _state["asked"][-1] if _state["asked"] else ("gloo", None)
     members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     name = str(dist_opts.group_id)
-    transport = RealTransport(
-        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
-        want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,
-    )
     rec = _ensure_recorder()
+    if _state["mode"] == "capture":
+        transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
+    else:
+        transport = RealTransport(
+            dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
+            want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,
+        )
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec)
@@ -89,8 +95,22 @@ def install_from_env() -> None:
     install(os.environ["PRISM_MODE"], os.environ.get("PRISM_OUT") or None)
 
 
-def finish() -> None:
-    """Publish the rank's trace (called at exit; safe to call twice)."""
+def start_rank() -> None:
+    """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
+    if _state["mode"] == "capture":
+        capture.client().start()
+
+
+def finish(code: int = 0) -> None:
+    """Complete what is in flight and publish the rank's trace (called at exit; safe to call twice)."""
+    if _state.get("finished"):
+        return
+    _state["finished"] = True
+    linked = capture.linked()  # capture mode, in a rank (not in the zygote)
+    if linked and code == 0:
+        capture.client().drain()
     rec = _state["recorder"]
-    if rec is not None:
+    if rec is not None and code == 0:
         rec.close()
+    if linked:
+        capture.client().finish(code)

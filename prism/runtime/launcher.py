@@ -26,7 +26,8 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-MODES = ("real", "off")
+MODES = ("real", "capture", "off")
+SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class LaunchError(Exception):
@@ -43,6 +44,8 @@ class LaunchSpec:
     out: Path | None = None
     pin: bool = False
     master_port: int = 0
+    devices: int = 0  # capture: device slots P
+    payloads: bool = True  # capture: keep every contribution for the later modes
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -54,7 +57,7 @@ def parse(argv: list[str]) -> LaunchSpec:
         if tok == "-m" or tok == "--module":
             split = i
             break
-        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port"):
+        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -65,7 +68,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", "--nproc-per-node", type=int, required=True, help="number of ranks W")
     parser.add_argument("--mode", default="real", choices=MODES,
-                        help="real: record PrismTrace over the real backend; off: no interception")
+                        help="real: record PrismTrace over the real backend; capture: run W ranks on "
+                             "--devices slots through the coordinator; off: no interception")
+    parser.add_argument("--devices", type=int, default=0,
+                        help="capture: device slots P (CPU: cores; default all cores)")
+    parser.add_argument("--no-payloads", action="store_true",
+                        help="capture: do not keep payloads (only the graph is needed)")
     parser.add_argument("--out", type=Path, help="job folder: the trace goes to OUT/raw")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
@@ -76,7 +84,7 @@ def parse(argv: list[str]) -> LaunchSpec:
     opts = parser.parse_args(argv[:split])
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
-                      master_port=opts.master_port)
+                      master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads)
     if rest[0] in ("-m", "--module"):
         if len(rest) < 2:
             raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
@@ -90,6 +98,16 @@ def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    if spec.mode == "capture":
+        cores = len(os.sched_getaffinity(0))
+        if spec.nproc < 2:
+            raise LaunchError("capture needs at least 2 ranks (--nproc 1 has nothing to capture: "
+                              "run it with --mode real)")
+        if spec.devices == 0:
+            spec.devices = min(cores, spec.nproc)
+        if spec.devices < 1 or spec.devices > cores:
+            raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
+                              f"cores (CPU device slots); use 1..{cores}")
     if spec.script is not None:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
@@ -147,20 +165,29 @@ def launch(spec: LaunchSpec) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    if spec.mode == "off":
-        env.pop("PRISM_MODE", None)
-        env.pop("PRISM_OUT", None)
-    else:
+    for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES"):
+        env.pop(var, None)
+    payload_staging = shm_dir = None
+    if spec.mode != "off":
         env["PRISM_MODE"] = spec.mode
-        env.pop("PRISM_OUT", None)
         if spec.out is not None:
             staging = spec.out / f".raw.tmp-{run_id}"
             staging.mkdir(parents=True)
             env["PRISM_OUT"] = str(staging.resolve())
+    if spec.mode == "capture":
+        shm_dir = Path(SHM_ROOT) / f"prism-{run_id}"
+        shm_dir.mkdir(parents=True)
+        env.update(PRISM_SHM_DIR=str(shm_dir), TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
+                   PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
+        if spec.out is not None and spec.payloads:
+            payload_staging = spec.out / f".payloads.tmp-{run_id}"
+            payload_staging.mkdir(parents=True)
+            env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
     zspec = {
         "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
         "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
-        "run_id": run_id, "status_dir": str(status_dir),
+        "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
+        "shm_dir": str(shm_dir) if shm_dir else None,
     }
     spec_file = status_dir / "spec.json"
     spec_file.write_text(json.dumps(zspec))
@@ -175,16 +202,34 @@ def launch(spec: LaunchSpec) -> int:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        shutil.rmtree(status_dir, ignore_errors=True)
-    if staging is not None:
-        if code == 0:
-            _publish(staging, spec, run_id, started)
-        else:
-            shutil.rmtree(staging, ignore_errors=True)
+        if shm_dir is not None:
+            shutil.rmtree(shm_dir, ignore_errors=True)
+    stats_file = status_dir / "capture_stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    shutil.rmtree(status_dir, ignore_errors=True)
+    if code == 0 and staging is not None:
+        _publish(staging, spec, run_id, started, stats)
+        if payload_staging is not None:
+            _replace_dir(payload_staging, spec.out / "payloads", run_id)
+    else:
+        for folder in (staging, payload_staging):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     return code
 
 
-def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float) -> None:
+def _replace_dir(staging: Path, final: Path, run_id: str) -> None:
+    """Make `staging` the folder `final` (replacing an older one) with renames only."""
+    if final.exists():
+        trash = final.with_name(f".{final.name}.old-{run_id}")
+        final.rename(trash)
+        staging.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(final)
+
+
+def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats: dict) -> None:
     import torch
 
     meta = {
@@ -193,15 +238,10 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float) -> No
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id, "started": started, "wall_s": time.time() - started,
         "torch_version": torch.__version__, "schema_version": "1",
     }
+    if spec.mode == "capture":
+        meta.update(devices=spec.devices, payloads=spec.payloads, capture=stats)
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    final = spec.out / "raw"
-    if final.exists():
-        trash = spec.out / f".raw.old-{run_id}"
-        final.rename(trash)
-        staging.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        staging.rename(final)
+    _replace_dir(staging, spec.out / "raw", run_id)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,9 @@
   on the autograd engine at that moment runs when the backward pass ends (`bwd_end`);
 - a global optimizer step post-hook ends the iteration (`iteration_end`).
 Forwards re-run inside a backward (activation checkpointing) are not counted as microbatches.
+
+The same hooks serve capture mode's drain points (`on_boundary`): the end of a backward pass and the start
+of an optimizer step, where torch may wait on futures of ops prism must complete first.
 """
 
 from __future__ import annotations
@@ -15,17 +18,31 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
 from prism.runtime.recorder import Recorder
 
 _state = threading.local()
+
+
+class _NoRecorder:
+    """Stands in for a Recorder when only the boundary callbacks are wanted."""
+
+    microbatch = -1
+    iteration = 0
+
+    def marker(self, op: str) -> None:
+        pass
 
 
 def _depth() -> int:
     return getattr(_state, "depth", 0)
 
 
-def install(rec: Recorder) -> list:
-    """Install the global hooks that mark `rec`'s stream; returns their handles."""
+def install(rec: Recorder | None, on_boundary=None) -> list:
+    """Install the global hooks that mark `rec`'s stream (and call `on_boundary()` at the end of each
+    backward pass and before each optimizer step); returns their handles."""
+    rec = rec if rec is not None else _NoRecorder()
 
     def pre(module, args):
         depth = _depth()
@@ -41,21 +58,24 @@ def install(rec: Recorder) -> list:
             first = _first_grad_tensor(output)
             if first is not None:
                 mb = rec.microbatch
-                first.register_hook(lambda grad: _bwd_begin(rec, mb))
+                first.register_hook(lambda grad: _bwd_begin(rec, mb, on_boundary))
 
     def step(optimizer, args, kwargs):
         rec.marker("iteration_end")
         rec.iteration += 1
         rec.microbatch = -1
 
-    return [
+    handles = [
         register_module_forward_pre_hook(pre),
         register_module_forward_hook(post),
         register_optimizer_step_post_hook(step),
     ]
+    if on_boundary is not None:
+        handles.append(register_optimizer_step_pre_hook(lambda *_: on_boundary()))
+    return handles
 
 
-def _bwd_begin(rec: Recorder, microbatch: int) -> None:
+def _bwd_begin(rec, microbatch: int, on_boundary) -> None:
     saved = rec.microbatch
     rec.microbatch = microbatch
     rec.marker("bwd_begin")
@@ -66,6 +86,8 @@ def _bwd_begin(rec: Recorder, microbatch: int) -> None:
         rec.microbatch = microbatch
         rec.marker("bwd_end")
         rec.microbatch = saved_end
+        if on_boundary is not None:
+            on_boundary()
 
     torch.autograd.Variable._execution_engine.queue_callback(end)
 

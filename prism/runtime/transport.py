@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 class Transport(Protocol):
     """The data movement of one process group (one instance per group and rank)."""
 
-    def call(self, method: str, device: torch.device, *args) -> Work: ...
+    def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work: ...
 
     def start_coalescing(self, device: torch.device) -> None: ...
 
@@ -73,7 +73,7 @@ class RealTransport:
             return self._nccl()
         return self._gloo()
 
-    def call(self, method: str, device: torch.device, *args) -> Work:
+    def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
         backend = self.backend_for(device)
         return getattr(backend, _BACKEND_METHOD.get(method, method))(*args)
 

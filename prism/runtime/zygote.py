@@ -16,7 +16,10 @@ import json
 import os
 import resource
 import selectors
+import shutil
+import pickle
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -60,6 +63,11 @@ def _run_rank(spec: dict, rank: int) -> int:
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
         torch.set_num_threads(1)
+    intercepted = bool(os.environ.get("PRISM_MODE"))
+    if intercepted:
+        from prism.runtime import interception
+
+        interception.start_rank()
     code = 0
     try:
         if spec.get("module"):
@@ -88,10 +96,14 @@ def _run_rank(spec: dict, rank: int) -> int:
         sys.stderr.write(text)
         Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
         code = 1
-    if code == 0 and os.environ.get("PRISM_MODE"):
-        from prism.runtime import interception
-
-        interception.finish()
+    if intercepted:
+        try:
+            interception.finish(code)
+        except BaseException:
+            text = traceback.format_exc()
+            sys.stderr.write(text)
+            Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
+            code = code or 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code
@@ -111,6 +123,9 @@ class _LineForwarder:
     def pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
             fd, sink = key.fd, key.data
+            if callable(sink):  # a control socket: its handler reads it
+                sink()
+                continue
             data = os.read(fd, 1 << 16)
             if not data:
                 self._close(fd, sink)
@@ -133,10 +148,86 @@ class _LineForwarder:
     def drain(self, timeout: float) -> None:
         """After the ranks exited: forward what is left (a grandchild may hold a pipe open: stop anyway)."""
         deadline = time.monotonic() + timeout
-        while self.sel.get_map() and time.monotonic() < deadline:
+        while any(not callable(k.data) for k in self.sel.get_map().values()) and time.monotonic() < deadline:
             self.pump(0.05)
         for key in list(self.sel.get_map().values()):
-            self._close(key.fd, key.data)
+            if callable(key.data):
+                self.sel.unregister(key.fd)
+            else:
+                self._close(key.fd, key.data)
+
+
+class _CoordinatorLink:
+    """Capture mode: the coordinator's state machine wired to the ranks' control sockets."""
+
+    def __init__(self, spec: dict, ctl: dict, out: _LineForwarder) -> None:
+        import torch.distributed as dist
+
+        from prism.runtime.coordinator import Coordinator
+
+        self.coord = Coordinator(spec["nproc"], spec["devices"])
+        self.socks = ctl
+        self.shm_dir = Path(spec["shm_dir"])
+        self.status_dir = Path(spec["status_dir"])
+        self.error: str | None = None
+        self.last_progress = time.monotonic()
+        # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
+        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
+                                   wait_for_workers=False)
+        for rank, sock in ctl.items():
+            out.sel.register(sock.fileno(), selectors.EVENT_READ, lambda r=rank: self.on_readable(r))
+        self.sel = out.sel
+
+    def on_readable(self, rank: int) -> None:
+        from prism.runtime.capture import key_name
+        from prism.runtime.coordinator import CaptureError
+
+        sock = self.socks[rank]
+        try:
+            data = sock.recv(1 << 20)
+        except ConnectionResetError:
+            data = b""
+        try:
+            if not data:
+                self.sel.unregister(sock.fileno())
+                self.coord.exited(rank, None)  # no "exit" message first: the rank crashed
+                replies = self.coord.schedule()
+            else:
+                replies = self.coord.handle(rank, pickle.loads(data))
+        except CaptureError as exc:
+            self.error = str(exc)
+            return
+        for peer, msg in replies:
+            try:
+                self.socks[peer].send(pickle.dumps(msg))
+            except OSError:
+                pass
+        for key in self.coord.finished_keys:
+            stem = key_name(key)
+            if key[0] == "p":
+                names = [stem]
+            else:
+                names = [f"{stem}-r{i}" for i in range(self._group_size(key))]
+            for name in names:
+                try:
+                    os.unlink(self.shm_dir / name)
+                except FileNotFoundError:
+                    pass
+        self.coord.finished_keys.clear()
+        crashed = any(rs.state == "exited" and rs.exit_code != 0 for rs in self.coord.ranks)
+        if self.error is None and not crashed and self.coord.stuck():
+            # (a crashed rank is reported by the supervisor with its traceback instead)
+            self.error = self.coord.diagnose()
+
+    def _group_size(self, key: tuple) -> int:
+        return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
+
+    def close(self) -> None:
+        stats = self.coord.stats()
+        (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
+        for sock in self.socks.values():
+            sock.close()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
 def _raise_fd_limit(needed: int) -> None:
@@ -160,15 +251,24 @@ def supervise(spec: dict) -> int:
     sys.stderr.flush()
     out = _LineForwarder()
     read_ends: list[int] = []
+    capture = spec.get("mode") == "capture"
+    ctl: dict[int, socket.socket] = {}
     for rank in range(spec["nproc"]):
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
+        if capture:
+            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             for fd in read_ends + [r_out, r_err]:
                 os.close(fd)
+            for sock in ctl.values():
+                sock.close()
+            if capture:
+                parent_end.close()
+                os.environ["PRISM_CTL_FD"] = str(child_end.detach())
             os.dup2(w_out, 1)
             os.dup2(w_err, 2)
             os.close(w_out)
@@ -183,11 +283,18 @@ def supervise(spec: dict) -> int:
         read_ends += [r_out, r_err]
         out.add(r_out, sys.stdout.buffer)
         out.add(r_err, sys.stderr.buffer)
+        if capture:
+            child_end.close()
+            ctl[rank] = parent_end
         children[pid] = rank
 
+    link = _CoordinatorLink(spec, ctl, out) if capture else None
     failed: tuple[int, int] | None = None  # (rank, code)
     deadline = None
     while children:
+        if link is not None and link.error and deadline is None:
+            print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
+            deadline = _stop(children, time.monotonic())
         if stopping["signal"] is not None and deadline is None:
             print(f"[prism] launcher got signal {stopping['signal']}: stopping {len(children)} ranks",
                   file=sys.stderr)
@@ -211,6 +318,10 @@ def supervise(spec: dict) -> int:
                 _kill(p, signal.SIGKILL)
             deadline = float("inf")
     out.drain(2.0)
+    if link is not None:
+        link.close()
+        if link.error:
+            return 3
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"

@@ -1,0 +1,375 @@
+"""Capture mode, rank side: the transport that moves data through shared memory under the coordinator.
+
+Issuing a collective writes this rank's contribution to a shared-memory file and tells the coordinator
+it arrived; the rank keeps running. Waiting on it (`Work.wait`, or a drain point: the end of a backward
+pass, an optimizer step, the end of the program — where torch itself would wait on futures prism cannot
+see) gives the device slot back and blocks until the coordinator says every member arrived and a slot is
+free again; then the rank computes its own outputs from the members' contributions (`semantics`) and
+completes the op's future. Sends are buffered: a send completes once its data is written.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from prism import schemas
+from prism.runtime import semantics, shm
+
+_client: "CaptureClient | None" = None
+
+
+def key_name(key: tuple) -> str:
+    """File-name stem of a communication key."""
+    return "-".join(str(p) for p in key).replace("/", "_")
+
+
+def linked() -> bool:
+    """Whether this process is a capture rank with a live link to the coordinator."""
+    return _client is not None
+
+
+def client() -> "CaptureClient":
+    global _client
+    if _client is None:
+        _client = CaptureClient.from_env()
+    return _client
+
+
+class CaptureClient:
+    """This rank's link to the coordinator (one per process)."""
+
+    def __init__(self, rank: int, fd: int, shm_dir: Path, payload_dir: Path | None, trace_dir: Path | None,
+                 cores: list[int]) -> None:
+        self.rank = rank
+        self.sock = socket.socket(fileno=fd)
+        self.shm_dir = shm_dir
+        self.payloads = shm.PayloadStore(payload_dir) if payload_dir else None
+        self.trace_dir = trace_dir
+        self.cores = cores
+        self.pending: list["CaptureWork"] = []
+        self.payload_rows: list[tuple] = []
+        self.slot = -1
+        self.blocks = 0
+        self.blocked_ns = 0
+
+    @classmethod
+    def from_env(cls) -> "CaptureClient":
+        env = os.environ
+        payloads = env.get("PRISM_PAYLOADS") or None
+        trace = env.get("PRISM_OUT") or None
+        cores = [int(c) for c in env["PRISM_CORES"].split(",")]
+        return cls(int(env["RANK"]), int(env["PRISM_CTL_FD"]), Path(env["PRISM_SHM_DIR"]),
+                   Path(payloads) if payloads else None, Path(trace) if trace else None, cores)
+
+    # -- control -------------------------------------------------------------------------------------
+    def send(self, msg: tuple) -> None:
+        self.sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _await_go(self) -> None:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise SystemExit("prism capture: the coordinator went away")
+        msg = pickle.loads(data)
+        assert msg[0] == "go", msg
+        slot = msg[1]
+        if slot != self.slot:
+            self.slot = slot
+            os.sched_setaffinity(0, {self.cores[slot % len(self.cores)]})
+
+    def start(self) -> None:
+        """Called once in the forked rank: wait for a first device slot."""
+        torch.set_num_threads(1)
+        self.send(("hello",))
+        self._await_go()
+
+    def block(self, keys: list[tuple]) -> None:
+        """Give the slot back until every key completed and a slot is ours again."""
+        start = time.monotonic_ns()
+        self.send(("wait", keys, time.thread_time_ns()))
+        self._await_go()
+        self.blocks += 1
+        self.blocked_ns += time.monotonic_ns() - start
+
+    def drain(self) -> None:
+        """Complete every pending op (torch may be about to wait on their futures)."""
+        pending, self.pending = self.pending, []
+        pending = [w for w in pending if not w.completed]
+        if not pending:
+            return
+        self.block([k for w in pending for k in w.keys])
+        for w in pending:
+            w.finish()
+
+    def finish(self, code: int) -> None:
+        if code == 0:
+            self.drain()
+        self.write_payload_index()
+        self.send(("exit", code))
+
+    # -- data ------------------------------------------------------------------------------------------
+    def contribute(self, key: tuple, suffix: str, tensors: list[torch.Tensor], meta: dict | None,
+                   work_id: int) -> int:
+        data = shm.encode(tensors, meta)
+        shm.write(self.shm_dir / f"{key_name(key)}{suffix}", data)
+        if self.payloads is not None:
+            digest = self.payloads.put(data)
+            self.payload_rows.append((self.rank, work_id, key_name(key), digest, len(data)))
+        return len(data)
+
+    def read(self, key: tuple, suffix: str) -> tuple[dict, list[torch.Tensor]]:
+        return shm.read(self.shm_dir / f"{key_name(key)}{suffix}")
+
+    def write_payload_index(self) -> None:
+        if self.trace_dir is None:
+            return
+        folder = self.trace_dir / f"rank={self.rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        schema = schemas.with_version(schemas.RAW_PAYLOADS)
+        table = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in self.payload_rows], schema=schema)
+        tmp = folder / "payloads.arrow.tmp"
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, folder / "payloads.arrow")
+
+
+class CaptureWork:
+    """An op in flight: completes (outputs written, future set) when waited on or drained."""
+
+    def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result) -> None:
+        self.client = client_
+        self.keys = keys
+        self._complete = complete  # computes and writes this rank's outputs
+        self._result = result
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.completed = False
+        if not keys:
+            self.finish()
+        else:
+            client_.pending.append(self)
+
+    def finish(self) -> None:
+        if self.completed:
+            return
+        self.completed = True
+        if self._complete is not None:
+            self._complete()
+        if self.keys:
+            self.client.send(("done", self.keys))
+        self.future.set_result(self._result)
+
+    def wait(self, timeout=None) -> bool:
+        if not self.completed:
+            self.client.pending = [w for w in self.client.pending if w is not self]
+            self.client.block(self.keys)
+            self.finish()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+    def is_success(self) -> bool:
+        return self.completed
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class CaptureTransport:
+    """The transport of one process group in capture mode."""
+
+    def __init__(self, group_name: str, group_rank: int, members: list[int], desc: str | None) -> None:
+        self.c = client()
+        self.group = group_name
+        self.me = group_rank
+        self.members = tuple(members)
+        self.n = len(members)
+        self.seq = 0
+        self.sent: dict[tuple[int, int], int] = {}
+        self.received: dict[tuple[int, int], int] = {}
+        self.c.send(("group", group_name, desc, self.members))
+
+    def start_coalescing(self, device) -> None:
+        pass
+
+    def end_coalescing(self, device):
+        return None
+
+    def call(self, method: str, device, *args, work_id: int = -1, op: str = "") -> CaptureWork:
+        handler = getattr(self, "_" + method, None)
+        if handler is None:
+            raise RuntimeError(f"prism capture does not support {method} yet")
+        return handler(work_id, op, *args)
+
+    # -- collectives -------------------------------------------------------------------------------------
+    def _collective(self, op: str, work_id: int, mine: list[torch.Tensor] | None, complete, result,
+                    meta: dict | None = None, info_tensors: list[torch.Tensor] | None = None) -> CaptureWork:
+        key = ("c", self.group, self.seq)
+        self.seq += 1
+        nbytes = 0
+        if mine is not None:
+            nbytes = self.c.contribute(key, f"-r{self.me}", mine, meta, work_id)
+        first = (info_tensors or mine or [None])[0]
+        info = (op, str(first.dtype).removeprefix("torch.") if first is not None else None,
+                "x".join(map(str, first.shape)) if first is not None else None, nbytes, "member")
+        self.c.send(("arrive", key, self.members, info))
+        return CaptureWork(self.c, [key], lambda: complete(key), result)
+
+    def _inputs(self, key: tuple, members=None) -> list[tuple[dict, list[torch.Tensor]]]:
+        return [self.c.read(key, f"-r{i}") for i in (range(self.n) if members is None else members)]
+
+    def _allreduce(self, work_id, op, tensors, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            contribs = [ts for _, ts in self._inputs(key)]
+            for j, t in enumerate(tensors):
+                t.copy_(semantics.reduce([c[j] for c in contribs], red))
+
+        return self._collective(op, work_id, list(tensors), complete, list(tensors))
+
+    _allreduce_coalesced = _allreduce
+
+    def _allgather(self, work_id, op, output_tensors, input_tensors, opts):
+        def complete(key):
+            for k, (_, ts) in enumerate(self._inputs(key)):
+                for j, out in enumerate(output_tensors):
+                    out[k].copy_(ts[j])
+
+        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
+
+    def _all_gather_single(self, work_id, op, output, input, opts):
+        def complete(key):
+            rows = output.view(self.n, -1)
+            for k, (_, ts) in enumerate(self._inputs(key)):
+                rows[k].copy_(ts[0].reshape(-1))
+
+        return self._collective(op, work_id, [input], complete, [output])
+
+    def _reduce_scatter(self, work_id, op, output_tensors, input_tensors, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            contribs = [ts for _, ts in self._inputs(key)]
+            per = len(output_tensors)
+            for j, out in enumerate(output_tensors):
+                out.copy_(semantics.reduce([c[j * self.n + self.me] for c in contribs], red))
+
+        flat = [t for lst in input_tensors for t in lst]
+        return self._collective(op, work_id, flat, complete, output_tensors)
+
+    def _reduce_scatter_single(self, work_id, op, output, input, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            contribs = [ts[0] for _, ts in self._inputs(key)]
+            output.copy_(semantics.reduce_scatter_chunk(contribs, red, self.me, self.n).view_as(output))
+
+        return self._collective(op, work_id, [input], complete, [output], info_tensors=[input])
+
+    def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
+        def complete(key):
+            got = self._inputs(key)
+            ins = [ts[0] for _, ts in got]
+            splits = [meta["splits"] for meta, _ in got]
+            output.copy_(semantics.all_to_all_single(ins, splits, self.me).view_as(output))
+
+        return self._collective(op, work_id, [input], complete, [output],
+                                meta={"splits": list(input_split_sizes)})
+
+    def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
+        def complete(key):
+            for k, (_, ts) in enumerate(self._inputs(key)):
+                output_tensors[k].copy_(ts[self.me])
+
+        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
+
+    def _broadcast(self, work_id, op, tensors, opts):
+        root = opts.rootRank
+
+        def complete(key):
+            if self.me != root:
+                _, ts = self.c.read(key, f"-r{root}")
+                for t, src in zip(tensors, ts):
+                    t.copy_(src)
+
+        mine = list(tensors) if self.me == root else None
+        return self._collective(op, work_id, mine, complete, list(tensors), info_tensors=list(tensors))
+
+    def _reduce(self, work_id, op, tensors, opts):
+        red, root = semantics.red_op(opts), opts.rootRank
+
+        def complete(key):
+            if self.me == root:
+                contribs = [ts for _, ts in self._inputs(key)]
+                for j, t in enumerate(tensors):
+                    t.copy_(semantics.reduce([c[j] for c in contribs], red))
+
+        return self._collective(op, work_id, list(tensors), complete, list(tensors))
+
+    def _gather(self, work_id, op, output_tensors, input_tensors, opts):
+        root = opts.rootRank
+
+        def complete(key):
+            if self.me == root:
+                for k, (_, ts) in enumerate(self._inputs(key)):
+                    output_tensors[0][k].copy_(ts[0])
+
+        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
+
+    def _scatter(self, work_id, op, output_tensors, input_tensors, opts):
+        root = opts.rootRank
+
+        def complete(key):
+            _, ts = self.c.read(key, f"-r{root}")
+            output_tensors[0].copy_(ts[self.me])
+
+        mine = list(input_tensors[0]) if self.me == root else None
+        return self._collective(op, work_id, mine, complete, output_tensors, info_tensors=list(output_tensors))
+
+    def _barrier(self, work_id, op, opts):
+        return self._collective(op, work_id, None, lambda key: None, [])
+
+    # -- point to point ------------------------------------------------------------------------------------
+    def _send(self, work_id, op, tensors, dst, tag):
+        peer = self.members[dst]
+        k = self.sent.get((peer, tag), 0)
+        self.sent[(peer, tag)] = k + 1
+        key = ("p", self.group, self.members[self.me], peer, tag, k)
+        nbytes = self.c.contribute(key, "", list(tensors), None, work_id)
+        t = tensors[0]
+        self.c.send(("arrive", key, (self.members[self.me], peer),
+                     (op, str(t.dtype).removeprefix("torch."), "x".join(map(str, t.shape)), nbytes, "send")))
+        return CaptureWork(self.c, [], None, list(tensors))
+
+    def _recv(self, work_id, op, tensors, src, tag):
+        peer = self.members[src]
+        k = self.received.get((peer, tag), 0)
+        self.received[(peer, tag)] = k + 1
+        key = ("p", self.group, peer, self.members[self.me], tag, k)
+        t = tensors[0]
+        self.c.send(("arrive", key, (peer, self.members[self.me]),
+                     (op, str(t.dtype).removeprefix("torch."), "x".join(map(str, t.shape)), 0, "recv")))
+
+        def complete(key):
+            _, ts = self.c.read(key, "")
+            for t, src_t in zip(tensors, ts):
+                t.copy_(src_t)
+
+        return CaptureWork(self.c, [key], lambda: complete(key), list(tensors))

@@ -1,0 +1,292 @@
+"""The capture coordinator: P device slots, W ranks, and the collectives between them.
+
+Pure state machine, no I/O: `handle(rank, message)` returns the replies to send; the zygote's event loop
+(`zygote.supervise`) moves the bytes. A rank that waits for a communication result gives its slot back;
+a collective completes when every member has arrived (a recv when its send has); free slots go to the
+runnable rank with the smallest logical time (its own accumulated compute time), so ranks advance evenly.
+
+When no rank runs or can run while some still wait, nothing can ever complete: `diagnose()` says which
+ranks wait in which group, op, sequence number, shape and dtype, and what the missing members are doing.
+A collective whose members disagree (op, dtype, or size where sizes must agree) is reported at once.
+
+Messages (tuples, rank -> coordinator):
+    ("hello",)                                      a new rank, waiting for its first slot
+    ("group", name, desc, members)                  a process group was created
+    ("arrive", key, members, info)                  contributed to a collective / posted a send or recv
+    ("wait", keys, logical_ns)                      blocks until every key completed and a slot is free
+    ("done", keys)                                  finished reading the inputs of these keys
+    ("exit", code)                                  the rank finished
+Replies (coordinator -> rank): ("go", slot).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+# ops whose members must all contribute the same shape
+SAME_SHAPE_OPS = {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
+                  "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor"}
+
+
+class CaptureError(Exception):
+    """The program cannot go on (a mismatch or a hang): the message explains it to the user."""
+
+
+@dataclass
+class Arrival:
+    op: str
+    dtype: str | None
+    shape: str | None
+    nbytes: int
+    role: str = "member"  # member | send | recv
+
+
+@dataclass
+class KeyState:
+    p2p: bool  # a message (key ("p", ...)) rather than a collective (key ("c", ...))
+    members: tuple[int, ...]
+    arrived: dict[int, Arrival] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def complete(self) -> bool:
+        if self.p2p:  # sends are buffered: a message is there once it was sent
+            return any(a.role == "send" for a in self.arrived.values())
+        return len(self.arrived) == len(self.members)
+
+    def readers(self) -> int:
+        return 1 if self.p2p else len(self.members)
+
+
+@dataclass
+class RankState:
+    state: str = "new"  # new | runnable | running | blocked | exited
+    slot: int = -1
+    waiting: tuple = ()
+    logical_ns: int = 0
+    blocked_since: float = 0.0
+    blocked_s: float = 0.0
+    switches: int = 0
+    exit_code: int | None = None
+
+
+class Coordinator:
+    def __init__(self, world: int, slots: int) -> None:
+        self.world = world
+        self.free_slots = list(range(slots))
+        heapq.heapify(self.free_slots)
+        self.ranks = [RankState() for _ in range(world)]
+        self.keys: dict[tuple, KeyState] = {}
+        self.groups: dict[str, tuple[str | None, tuple[int, ...]]] = {}
+        self.runnable: list[tuple[int, int]] = []  # heap of (logical_ns, rank)
+        self.context_switches = 0
+        self.messages = 0
+        self.completed_keys = 0
+        self.finished_keys: list[tuple] = []  # keys whose files can be deleted (all members done)
+
+    # -- message handling -------------------------------------------------------------------------------
+    def handle(self, rank: int, msg: tuple) -> list[tuple[int, tuple]]:
+        self.messages += 1
+        kind = msg[0]
+        rs = self.ranks[rank]
+        if kind == "hello":
+            rs.state = "runnable"
+            heapq.heappush(self.runnable, (0, rank))
+        elif kind == "group":
+            _, name, desc, members = msg
+            self.groups.setdefault(name, (desc, tuple(members)))
+        elif kind == "arrive":
+            _, key, members, info = msg
+            self._arrive(rank, key, tuple(members), Arrival(*info))
+        elif kind == "wait":
+            _, keys, logical_ns = msg
+            self._release(rank)
+            rs.logical_ns = logical_ns
+            rs.waiting = tuple(keys)
+            rs.blocked_since = time.monotonic()
+            if self._ready(rs):
+                rs.state = "runnable"
+                heapq.heappush(self.runnable, (rs.logical_ns, rank))
+            else:
+                rs.state = "blocked"
+        elif kind == "done":
+            for key in msg[1]:
+                st = self.keys.get(key)
+                if st is None:
+                    continue
+                st.done.add(rank)
+                if len(st.done) >= st.readers():
+                    del self.keys[key]
+                    self.finished_keys.append(key)
+        elif kind == "exit":
+            self.exited(rank, msg[1])
+        else:
+            raise ValueError(f"unknown message from rank {rank}: {msg!r}")
+        return self.schedule()
+
+    def exited(self, rank: int, code: int) -> None:
+        rs = self.ranks[rank]
+        if rs.state == "exited":
+            return
+        self._release(rank)
+        rs.state = "exited"
+        rs.exit_code = code
+
+    def _release(self, rank: int) -> None:
+        rs = self.ranks[rank]
+        if rs.slot >= 0:
+            heapq.heappush(self.free_slots, rs.slot)
+            rs.slot = -1
+
+    def _arrive(self, rank: int, key: tuple, members: tuple[int, ...], info: Arrival) -> None:
+        st = self.keys.get(key)
+        if st is None:
+            st = self.keys[key] = KeyState(key[0] == "p", members)
+        elif info.role == "member":
+            first_rank, first = next(iter(st.arrived.items()), (None, None))
+            if first is not None:
+                self._check_agree(key, st, first_rank, first, rank, info)
+        if rank in st.arrived and info.role == "member":
+            raise CaptureError(f"rank {rank} arrived twice at {self.describe_key(key)}")
+        st.arrived[rank] = info
+        if st.complete():
+            self.completed_keys += 1
+            for peer in set(st.members) | set(st.arrived):
+                prs = self.ranks[peer]
+                if prs.state == "blocked" and key in prs.waiting and self._ready(prs):
+                    prs.state = "runnable"
+                    heapq.heappush(self.runnable, (prs.logical_ns, peer))
+
+    def _check_agree(self, key, st: KeyState, r0: int, a0: Arrival, r1: int, a1: Arrival) -> None:
+        what = self.describe_key(key)
+        if a0.op != a1.op:
+            raise CaptureError(f"collective mismatch at {what}: rank {r0} called {a0.op}, rank {r1} called "
+                               f"{a1.op} (a rank skipped or reordered a collective on this group)")
+        if a0.dtype != a1.dtype:
+            raise CaptureError(f"collective mismatch at {what}: rank {r0} passed {a0.dtype}[{a0.shape}], "
+                               f"rank {r1} passed {a1.dtype}[{a1.shape}] (dtypes differ)")
+        if a0.op in SAME_SHAPE_OPS and a0.shape != a1.shape:
+            raise CaptureError(f"collective mismatch at {what}: rank {r0} passed {a0.dtype}[{a0.shape}], "
+                               f"rank {r1} passed {a1.dtype}[{a1.shape}] (sizes differ)")
+
+    def _ready(self, rs: RankState) -> bool:
+        for key in rs.waiting:
+            st = self.keys.get(key)
+            if st is not None and not st.complete():
+                return False
+        return True
+
+    # -- scheduling -----------------------------------------------------------------------------------
+    def schedule(self) -> list[tuple[int, tuple]]:
+        out = []
+        while self.free_slots and self.runnable:
+            _, rank = heapq.heappop(self.runnable)
+            rs = self.ranks[rank]
+            if rs.state != "runnable":
+                continue
+            slot = heapq.heappop(self.free_slots)
+            if rs.blocked_since:
+                rs.blocked_s += time.monotonic() - rs.blocked_since
+                rs.blocked_since = 0.0
+                rs.switches += 1
+                self.context_switches += 1
+            rs.state, rs.slot, rs.waiting = "running", slot, ()
+            out.append((rank, ("go", slot)))
+        return out
+
+    def stuck(self) -> bool:
+        """No rank runs or can run, yet some have not finished."""
+        if self.runnable and any(self.ranks[r].state == "runnable" for _, r in self.runnable):
+            return False
+        states = {rs.state for rs in self.ranks}
+        return "running" not in states and "new" not in states and "blocked" in states
+
+    def all_exited(self) -> bool:
+        return all(rs.state == "exited" for rs in self.ranks)
+
+    # -- diagnosis ------------------------------------------------------------------------------------
+    def group_label(self, name: str) -> str:
+        desc, members = self.groups.get(name, (None, ()))
+        shown = ",".join(map(str, members)) if len(members) <= 16 else \
+            f"{','.join(map(str, members[:8]))},...({len(members)} ranks)"
+        label = desc if desc and desc != "undefined" else f"group {name}"
+        return f"{label}[{shown}]"
+
+    def describe_key(self, key: tuple, op: str | None = None) -> str:
+        if key[0] == "c":
+            _, group, seq = key
+            return f"{op + ' ' if op else ''}#{seq} on {self.group_label(group)}"
+        _, group, src, dst, tag, k = key
+        return f"message #{k} from rank {src} to rank {dst} (tag {tag}) on {self.group_label(group)}"
+
+    def doing(self, rank: int) -> str:
+        rs = self.ranks[rank]
+        if rs.state == "exited":
+            return f"rank {rank} has exited (code {rs.exit_code})"
+        if rs.state in ("running", "runnable", "new"):
+            return f"rank {rank} is running"
+        parts = []
+        for key in rs.waiting:
+            st = self.keys.get(key)
+            if st is None or st.complete():
+                continue
+            mine = st.arrived.get(rank)
+            parts.append(f"{self.describe_key(key, mine.op if mine else None)}")
+        return f"rank {rank} waits in " + "; ".join(parts) if parts else f"rank {rank} is blocked"
+
+    def diagnose(self) -> str:
+        lines = ["no rank can run and no communication can complete (the job would hang):"]
+        seen = set()
+        for rank, rs in enumerate(self.ranks):
+            if rs.state != "blocked":
+                continue
+            for key in rs.waiting:
+                st = self.keys.get(key)
+                if key in seen or st is None or st.complete():
+                    continue
+                seen.add(key)
+                lines.append("  " + self._explain(key, st))
+        exited = [r for r, rs in enumerate(self.ranks) if rs.state == "exited"]
+        if exited and len(exited) < self.world:
+            lines.append(f"  finished ranks: {_ranges(exited)}")
+        return "\n".join(lines)
+
+    def _explain(self, key: tuple, st: KeyState) -> str:
+        if key[0] == "p":
+            _, _, src, dst, tag, _ = key
+            return f"{self.describe_key(key)}: rank {dst} waits to receive it; {self.doing(src)}"
+        by_sig: dict[str, list[int]] = {}
+        for r, a in st.arrived.items():
+            by_sig.setdefault(f"{a.dtype}[{a.shape}]", []).append(r)
+        op = next(iter(st.arrived.values())).op if st.arrived else "collective"
+        arrived = "; ".join(f"ranks {_ranges(rs)} arrived with {sig}" for sig, rs in by_sig.items())
+        missing = [m for m in st.members if m not in st.arrived]
+        others = "; ".join(self.doing(m) for m in missing[:8])
+        if len(missing) > 8:
+            others += f"; ... ({len(missing)} ranks missing)"
+        return f"{op} {self.describe_key(key)}: {arrived}; {others}"
+
+    def stats(self) -> dict:
+        return {
+            "context_switches": self.context_switches,
+            "messages": self.messages,
+            "completed_comms": self.completed_keys,
+            "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
+        }
+
+
+def _ranges(ranks) -> str:
+    ranks = sorted(ranks)
+    out, start, prev = [], None, None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)

@@ -1,0 +1,79 @@
+"""What a collective computes, defined once for every mode that computes collectives itself.
+
+Reduction order: a reduction folds the members' tensors left to right in group order (the group's ring
+order), elementwise, with no chunking: ``((x0 op x1) op x2) ...``. The result therefore depends neither on
+message sizes nor on which member computes it, so every member computes it itself and gets the same bits,
+and a later mode that replays some members can reproduce it from the prefix fold (DESIGN §3, pruning).
+AVG is SUM followed by a division by the group size. The results equal gloo's within float rounding
+(gloo's own order differs); for two members they are bitwise equal (addition commutes).
+
+All functions are pure: lists of the members' tensors in, this member's outputs out.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+RedOp = dist.ReduceOp.RedOpType
+
+_FOLD = {
+    RedOp.SUM: torch.add,
+    RedOp.AVG: torch.add,
+    RedOp.PRODUCT: torch.mul,
+    RedOp.MIN: torch.minimum,
+    RedOp.MAX: torch.maximum,
+    RedOp.BAND: torch.bitwise_and,
+    RedOp.BOR: torch.bitwise_or,
+    RedOp.BXOR: torch.bitwise_xor,
+}
+
+
+class UnsupportedOp(Exception):
+    """A reduction or op prism does not define (the message names it)."""
+
+
+def red_op(opts) -> RedOp:
+    op = opts.reduceOp
+    return op.op if hasattr(op, "op") else op
+
+
+def reduce(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
+    """Left fold of `tensors` (group order) under `op`."""
+    if op not in _FOLD:
+        raise UnsupportedOp(f"reduce op {op} is not supported by prism (supported: "
+                            f"{', '.join(str(o).split('.')[-1] for o in _FOLD)})")
+    fold = _FOLD[op]
+    acc = tensors[0].clone()
+    for t in tensors[1:]:
+        acc = fold(acc, t)
+    if op == RedOp.AVG:
+        acc = acc / len(tensors) if acc.is_floating_point() else acc // len(tensors)
+    return acc
+
+
+def all_gather(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return list(tensors)
+
+
+def reduce_scatter_chunk(inputs: Sequence[torch.Tensor], op: RedOp, member: int, n: int) -> torch.Tensor:
+    """This member's chunk of the reduction of flat inputs split into `n` equal chunks along dim 0."""
+    chunks = [t.reshape(n, -1)[member] for t in inputs]
+    return reduce(chunks, op)
+
+
+def all_to_all_single(inputs: Sequence[torch.Tensor], in_splits: Sequence[Sequence[int]],
+                      member: int) -> torch.Tensor:
+    """This member's output: the slice of every member's input addressed to it, in group order.
+
+    `in_splits[i]` are member i's input split sizes along dim 0 (empty: equal splits).
+    """
+    n = len(inputs)
+    pieces = []
+    for i, t in enumerate(inputs):
+        splits = list(in_splits[i]) or [t.shape[0] // n] * n
+        start = sum(splits[:member])
+        pieces.append(t.narrow(0, start, splits[member]))
+    return torch.cat(pieces, dim=0)

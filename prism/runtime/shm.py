@@ -1,0 +1,87 @@
+"""Bulk data between ranks through shared memory files (not through a store).
+
+A contribution is one file: an 8-byte header length, a pickled header (the tensors' dtypes and shapes and
+any op metadata), then the tensors' bytes. Files live in a per-run folder on /dev/shm; the coordinator
+deletes them once every reader is done. The same bytes, stored by content hash, are the payloads that
+later modes replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import torch
+
+_LEN = struct.Struct("<Q")
+
+
+def encode(tensors: list[torch.Tensor], meta: dict | None = None) -> bytes:
+    """One contribution as bytes (tensors are copied to host memory if needed)."""
+    host = [t.detach().contiguous().cpu() for t in tensors]
+    header = pickle.dumps({"meta": meta or {}, "tensors": [(t.dtype, tuple(t.shape)) for t in host]})
+    parts = [_LEN.pack(len(header)), header]
+    parts += [t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in host]
+    return b"".join(parts)
+
+
+def decode(data: bytes | bytearray) -> tuple[dict, list[torch.Tensor]]:
+    (hlen,) = _LEN.unpack_from(data, 0)
+    header = pickle.loads(memoryview(data)[_LEN.size:_LEN.size + hlen])
+    offset = _LEN.size + hlen
+    tensors = []
+    buf = data if isinstance(data, bytearray) else bytearray(data)
+    for dtype, shape in header["tensors"]:
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if nbytes:
+            t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
+        else:
+            t = torch.empty(shape, dtype=dtype)
+        tensors.append(t)
+        offset += nbytes
+    return header["meta"], tensors
+
+
+def write(path: Path, data: bytes) -> None:
+    """Write a whole file, visible under its name only once complete."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def read(path: Path) -> tuple[dict, list[torch.Tensor]]:
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    return decode(data)
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class PayloadStore:
+    """Content-addressed payload files: `<dir>/<hash[:2]>/<hash>.bin`, each distinct content once."""
+
+    def __init__(self, folder: Path) -> None:
+        self.dir = Path(folder)
+
+    def put(self, data: bytes) -> str:
+        digest = content_hash(data)
+        path = self.dir / digest[:2] / f"{digest}.bin"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return digest
+
+    def get(self, digest: str) -> tuple[dict, list[torch.Tensor]]:
+        return read(self.dir / digest[:2] / f"{digest}.bin")
