@@ -1,0 +1,126 @@
+"""The capture coordinator as a pure state machine: slots, scheduling order, completion, diagnosis."""
+
+import pytest
+
+from prism.runtime.coordinator import CaptureError, Coordinator
+
+
+def arrive(c, rank, key, members, op="all_reduce", dtype="float32", shape="4", role="member"):
+    return c.handle(rank, ("arrive", key, members, (op, dtype, shape, 16, role)))
+
+
+def started(world, slots):
+    c = Coordinator(world, slots)
+    c.handle(0, ("group", "g", "dp", tuple(range(world))))
+    grants = []
+    for r in range(world):
+        grants += c.handle(r, ("hello",))
+    return c, grants
+
+
+def test_at_most_p_ranks_hold_a_slot():
+    c, grants = started(4, 2)
+    assert [r for r, _ in grants] == [0, 1]
+    assert {m[1] for _, m in grants} == {0, 1}
+    assert sum(rs.state == "running" for rs in c.ranks) == 2
+
+
+def test_a_waiting_rank_gives_its_slot_to_the_smallest_logical_time():
+    c, _ = started(4, 1)
+    key = ("c", "g", 0)
+    arrive(c, 0, key, (0, 1, 2, 3))
+    # rank 0 waits: ranks 1..3 are runnable with logical time 0; the lowest rank number breaks the tie
+    out = c.handle(0, ("wait", [key], 500))
+    assert out == [(1, ("go", 0))]
+    arrive(c, 1, key, (0, 1, 2, 3))
+    out = c.handle(1, ("wait", [key], 100))
+    assert out == [(2, ("go", 0))]
+    arrive(c, 2, key, (0, 1, 2, 3))
+    assert c.handle(2, ("wait", [key], 300)) == [(3, ("go", 0))]
+    arrive(c, 3, key, (0, 1, 2, 3))  # completes the collective: 0, 1, 2 become runnable
+    out = c.handle(3, ("wait", [key], 50))
+    # the slot goes to the smallest logical time: rank 3 (50), then 1 (100), 2 (300), 0 (500)
+    assert out == [(3, ("go", 0))]
+    assert c.context_switches == 1  # rank 3 resumed after giving its slot back
+
+
+def test_p2p_message_completes_when_sent():
+    c, _ = started(2, 2)
+    key = ("p", "g", 0, 1, 0, 0)
+    arrive(c, 1, key, (0, 1), op="recv", role="recv")
+    assert c.handle(1, ("wait", [key], 10)) == []
+    assert c.ranks[1].state == "blocked"
+    out = arrive(c, 0, key, (0, 1), op="send", role="send")
+    assert out == [(1, ("go", 1))]
+
+
+def test_files_are_released_when_every_reader_is_done():
+    c, _ = started(2, 2)
+    key = ("c", "g", 0)
+    for r in (0, 1):
+        arrive(c, r, key, (0, 1))
+    c.handle(0, ("done", [key]))
+    assert c.finished_keys == []
+    c.handle(1, ("done", [key]))
+    assert c.finished_keys == [key]
+
+
+@pytest.mark.parametrize("second, words", [
+    (dict(op="broadcast"), "rank 0 called all_reduce, rank 1 called broadcast"),
+    (dict(shape="8"), "sizes differ"),
+    (dict(dtype="float16"), "dtypes differ"),
+])
+def test_mismatched_collective_is_reported_at_once(second, words):
+    c, _ = started(2, 2)
+    key = ("c", "g", 7)
+    arrive(c, 0, key, (0, 1))
+    with pytest.raises(CaptureError) as err:
+        arrive(c, 1, key, (0, 1), **second)
+    assert words in str(err.value) and "#7 on dp[0,1]" in str(err.value)
+
+
+def test_all_to_all_may_have_different_sizes():
+    c, _ = started(2, 2)
+    key = ("c", "g", 0)
+    arrive(c, 0, key, (0, 1), op="all_to_all_single", shape="3")
+    arrive(c, 1, key, (0, 1), op="all_to_all_single", shape="5")
+
+
+def test_hang_diagnosis_names_group_op_sequence_shape_and_the_missing_rank():
+    c, _ = started(4, 2)
+    c.handle(0, ("group", "g2", "dp", (0, 2)))
+    key7 = ("c", "g", 7)
+    for r in (0, 1, 2):
+        arrive(c, r, key7, (0, 1, 2, 3), shape="1024")
+    key8 = ("c", "g", 8)
+    arrive(c, 3, key8, (0, 1, 2, 3), op="broadcast", shape="16")
+    for r in (0, 1):
+        c.handle(r, ("wait", [key7], 0))
+    c.handle(2, ("wait", [key7], 0))
+    assert not c.stuck()  # rank 3 still runs
+    c.handle(3, ("wait", [key8], 0))
+    assert c.stuck()
+    text = c.diagnose()
+    assert "all_reduce #7 on dp[0,1,2,3]: ranks 0-2 arrived with float32[1024]" in text
+    assert "rank 3 waits in broadcast #8 on dp[0,1,2,3]" in text
+
+
+def test_exited_rank_is_named():
+    c, _ = started(2, 1)
+    key = ("c", "g", 0)
+    arrive(c, 0, key, (0, 1))
+    c.handle(0, ("wait", [key], 0))
+    c.handle(1, ("exit", 0))
+    assert c.stuck()
+    assert "rank 1 has exited (code 0)" in c.diagnose()
+
+
+def test_recv_never_sent_names_the_sender():
+    c, _ = started(2, 2)
+    key = ("p", "g", 0, 1, 5, 0)
+    arrive(c, 1, key, (0, 1), op="recv", role="recv")
+    c.handle(1, ("wait", [key], 0))
+    c.handle(0, ("exit", 0))
+    assert c.stuck()
+    text = c.diagnose()
+    assert "message #0 from rank 0 to rank 1 (tag 5)" in text and "rank 0 has exited" in text
