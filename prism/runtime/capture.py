@@ -98,15 +98,16 @@ class CaptureClient:
         self.blocks += 1
         self.blocked_ns += time.monotonic_ns() - start
 
-    def drain(self) -> None:
-        """Complete every pending op (torch may be about to wait on their futures)."""
+    def drain(self) -> bool:
+        """Complete every pending op (torch may be about to wait on their futures); True if it blocked."""
         pending, self.pending = self.pending, []
         pending = [w for w in pending if not w.completed]
         if not pending:
-            return
+            return False
         self.block([k for w in pending for k in w.keys])
         for w in pending:
             w.finish()
+        return True
 
     def finish(self, code: int) -> None:
         if code == 0:

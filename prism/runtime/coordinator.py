@@ -7,7 +7,8 @@ runnable rank with the smallest logical time (its own accumulated compute time),
 
 When no rank runs or can run while some still wait, nothing can ever complete: `diagnose()` says which
 ranks wait in which group, op, sequence number, shape and dtype, and what the missing members are doing.
-A collective whose members disagree (op, dtype, or size where sizes must agree) is reported at once.
+A collective whose members disagree (op, dtype, or size where sizes must agree) never completes; it is
+reported as soon as every member arrived (or, if some never do, as part of the hang).
 
 Messages (tuples, rank -> coordinator):
     ("hello",)                                      a new rank, waiting for its first slot
@@ -49,8 +50,11 @@ class KeyState:
     members: tuple[int, ...]
     arrived: dict[int, Arrival] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
+    mismatch: str | None = None  # why the members disagree (such a collective never completes)
 
     def complete(self) -> bool:
+        if self.mismatch:
+            return False
         if self.p2p:  # sends are buffered: a message is there once it was sent
             return any(a.role == "send" for a in self.arrived.values())
         return len(self.arrived) == len(self.members)
@@ -143,13 +147,15 @@ class Coordinator:
         st = self.keys.get(key)
         if st is None:
             st = self.keys[key] = KeyState(key[0] == "p", members)
-        elif info.role == "member":
-            first_rank, first = next(iter(st.arrived.items()), (None, None))
+        elif info.role == "member" and st.mismatch is None:
+            first = next(iter(st.arrived.values()), None)
             if first is not None:
-                self._check_agree(key, st, first_rank, first, rank, info)
+                st.mismatch = _disagreement(first, info)
         if rank in st.arrived and info.role == "member":
             raise CaptureError(f"rank {rank} arrived twice at {self.describe_key(key)}")
         st.arrived[rank] = info
+        if st.mismatch and len(st.arrived) == len(st.members):
+            raise CaptureError("collective mismatch at " + self._explain(key, st))
         if st.complete():
             self.completed_keys += 1
             for peer in set(st.members) | set(st.arrived):
@@ -157,18 +163,6 @@ class Coordinator:
                 if prs.state == "blocked" and key in prs.waiting and self._ready(prs):
                     prs.state = "runnable"
                     heapq.heappush(self.runnable, (prs.logical_ns, peer))
-
-    def _check_agree(self, key, st: KeyState, r0: int, a0: Arrival, r1: int, a1: Arrival) -> None:
-        what = self.describe_key(key)
-        if a0.op != a1.op:
-            raise CaptureError(f"collective mismatch at {what}: rank {r0} called {a0.op}, rank {r1} called "
-                               f"{a1.op} (a rank skipped or reordered a collective on this group)")
-        if a0.dtype != a1.dtype:
-            raise CaptureError(f"collective mismatch at {what}: rank {r0} passed {a0.dtype}[{a0.shape}], "
-                               f"rank {r1} passed {a1.dtype}[{a1.shape}] (dtypes differ)")
-        if a0.op in SAME_SHAPE_OPS and a0.shape != a1.shape:
-            raise CaptureError(f"collective mismatch at {what}: rank {r0} passed {a0.dtype}[{a0.shape}], "
-                               f"rank {r1} passed {a1.dtype}[{a1.shape}] (sizes differ)")
 
     def _ready(self, rs: RankState) -> bool:
         for key in rs.waiting:
@@ -256,16 +250,20 @@ class Coordinator:
         if key[0] == "p":
             _, _, src, dst, tag, _ = key
             return f"{self.describe_key(key)}: rank {dst} waits to receive it; {self.doing(src)}"
+        ops = [a.op for a in st.arrived.values()]
+        op = max(set(ops), key=ops.count) if ops else "collective"
+        show_op = len(set(ops)) > 1
         by_sig: dict[str, list[int]] = {}
-        for r, a in st.arrived.items():
-            by_sig.setdefault(f"{a.dtype}[{a.shape}]", []).append(r)
-        op = next(iter(st.arrived.values())).op if st.arrived else "collective"
-        arrived = "; ".join(f"ranks {_ranges(rs)} arrived with {sig}" for sig, rs in by_sig.items())
+        for r, a in sorted(st.arrived.items()):
+            sig = f"{a.op + ' ' if show_op else ''}{a.dtype}[{a.shape}]"
+            by_sig.setdefault(sig, []).append(r)
+        arrived = "; ".join(f"{_who(rs)} arrived with {sig}" for sig, rs in by_sig.items())
         missing = [m for m in st.members if m not in st.arrived]
-        others = "; ".join(self.doing(m) for m in missing[:8])
+        parts = [arrived] + [self.doing(m) for m in missing[:8]]
         if len(missing) > 8:
-            others += f"; ... ({len(missing)} ranks missing)"
-        return f"{op} {self.describe_key(key)}: {arrived}; {others}"
+            parts.append(f"... ({len(missing)} ranks missing)")
+        why = f" ({st.mismatch})" if st.mismatch else ""
+        return f"{op} {self.describe_key(key)}{why}: " + "; ".join(p for p in parts if p)
 
     def stats(self) -> dict:
         return {
@@ -274,6 +272,20 @@ class Coordinator:
             "completed_comms": self.completed_keys,
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
         }
+
+
+def _disagreement(a: Arrival, b: Arrival) -> str | None:
+    if a.op != b.op:
+        return "ops differ: a rank skipped or reordered a collective on this group"
+    if a.dtype != b.dtype:
+        return "dtypes differ"
+    if a.op in SAME_SHAPE_OPS and a.shape != b.shape:
+        return "sizes differ"
+    return None
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
 
 
 def _ranges(ranks) -> str:

@@ -39,9 +39,15 @@ def _ensure_recorder() -> Recorder | None:
             device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
             rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
-        drain = capture.client().drain if _state["mode"] == "capture" else None
+        drain = _drain if _state["mode"] == "capture" else None
         _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
     return _state["recorder"]
+
+
+def _drain() -> None:
+    """A capture drain point: complete pending ops; the parked time is no one's compute."""
+    if capture.client().drain() and _state["recorder"] is not None:
+        _state["recorder"].resync()
 
 
 def _create(dist_opts, backend_options) -> PrismProcessGroup:

@@ -44,7 +44,7 @@ class LaunchSpec:
     out: Path | None = None
     pin: bool = False
     master_port: int = 0
-    devices: int = 0  # capture: device slots P
+    devices: int | None = None  # capture: device slots P (None: every core)
     payloads: bool = True  # capture: keep every contribution for the later modes
 
 
@@ -70,7 +70,7 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--mode", default="real", choices=MODES,
                         help="real: record PrismTrace over the real backend; capture: run W ranks on "
                              "--devices slots through the coordinator; off: no interception")
-    parser.add_argument("--devices", type=int, default=0,
+    parser.add_argument("--devices", type=int, default=None,
                         help="capture: device slots P (CPU: cores; default all cores)")
     parser.add_argument("--no-payloads", action="store_true",
                         help="capture: do not keep payloads (only the graph is needed)")
@@ -103,7 +103,7 @@ def validate(spec: LaunchSpec) -> None:
         if spec.nproc < 2:
             raise LaunchError("capture needs at least 2 ranks (--nproc 1 has nothing to capture: "
                               "run it with --mode real)")
-        if spec.devices == 0:
+        if spec.devices is None:
             spec.devices = min(cores, spec.nproc)
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "

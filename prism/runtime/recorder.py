@@ -105,6 +105,10 @@ class Recorder:
             row = self._rows[index]
             self._rows[index] = row[:10] + (True,) + row[11:]
 
+    def resync(self) -> None:
+        """Forget the time since the last event (capture: the rank was parked outside any event)."""
+        self._last_end_wall, self._last_end_cpu = _wall(), _cpu()
+
     def marker(self, op: str) -> None:
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())

@@ -66,17 +66,32 @@ def test_files_are_released_when_every_reader_is_done():
 
 
 @pytest.mark.parametrize("second, words", [
-    (dict(op="broadcast"), "rank 0 called all_reduce, rank 1 called broadcast"),
-    (dict(shape="8"), "sizes differ"),
+    (dict(op="broadcast"), "ops differ: a rank skipped or reordered a collective on this group): ranks 0-1 "
+                           "arrived with all_reduce float32[4]; rank 2 arrived with broadcast float32[4]"),
+    (dict(shape="8"), "(sizes differ): ranks 0-1 arrived with float32[4]; rank 2 arrived with float32[8]"),
     (dict(dtype="float16"), "dtypes differ"),
 ])
-def test_mismatched_collective_is_reported_at_once(second, words):
-    c, _ = started(2, 2)
+def test_mismatched_collective_is_reported_when_all_arrived(second, words):
+    c, _ = started(3, 3)
     key = ("c", "g", 7)
-    arrive(c, 0, key, (0, 1))
+    arrive(c, 0, key, (0, 1, 2))
+    arrive(c, 1, key, (0, 1, 2))
     with pytest.raises(CaptureError) as err:
-        arrive(c, 1, key, (0, 1), **second)
-    assert words in str(err.value) and "#7 on dp[0,1]" in str(err.value)
+        arrive(c, 2, key, (0, 1, 2), **second)
+    assert words in str(err.value) and "all_reduce #7 on dp[0,1,2]" in str(err.value)
+
+
+def test_mismatch_with_a_missing_member_is_part_of_the_hang():
+    c, _ = started(3, 3)
+    key = ("c", "g", 0)
+    arrive(c, 0, key, (0, 1, 2))
+    arrive(c, 1, key, (0, 1, 2), shape="8")
+    c.handle(0, ("wait", [key], 0))
+    c.handle(1, ("wait", [key], 0))
+    c.handle(2, ("exit", 0))
+    assert c.stuck()
+    text = c.diagnose()
+    assert "(sizes differ): rank 0 arrived with float32[4]; rank 1 arrived with float32[8]; rank 2 has exited" in text
 
 
 def test_all_to_all_may_have_different_sizes():
