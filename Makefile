@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/snakemake -s workflow/Snakefile --profile profiles/local
-	@echo; $(BIN)/python -m prism.summary --show --job results/default/baseline; echo "Results of the default job: $(CURDIR)/results/default/"
+	@echo; $(BIN)/python -m prism.summary --show --job results/default
+	@test ! -f results/default/baseline/summary.txt || $(BIN)/python -m prism.summary --show --job results/default/baseline
+	@echo "Results of the default job: $(CURDIR)/results/default/ (prism sql --job results/default \"SELECT * FROM ranks\")"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra

@@ -40,11 +40,18 @@ class BaselineConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CaptureConfig:
+    devices: int = 2
+    payloads: bool = True
+
+
+@dataclass(kw_only=True, slots=True)
 class JobConfig:
     job: str
     nproc: int
     workload: WorkloadConfig
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
     results: str = "results"
 
     @property
@@ -92,6 +99,7 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
         workload=WorkloadConfig(module=wl.get("module"), script=wl.get("script"),
                                 args=args_to_list(wl.get("args"))),
         baseline=BaselineConfig(**raw.get("baseline", {})),
+        capture=CaptureConfig(**raw.get("capture", {})),
     )
 
 

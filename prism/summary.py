@@ -49,8 +49,9 @@ def summarize(job_dir: Path) -> str:
             raise FileNotFoundError(f"{path} is missing: run the graph stage first (python -m prism.graph "
                                     f"--job {job_dir})")
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
-    meta_path = job_dir / "raw" / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
+                      if p.is_file()), None)
+    meta = json.loads(meta_path.read_text()) if meta_path else {}
     world = con.execute("SELECT count(*) FROM ranks").fetchone()[0]
     coords = con.execute(
         "SELECT max(tp)+1, max(pp)+1, max(dp)+1, max(ep)+1, max(iterations) FROM ranks").fetchone()
@@ -60,12 +61,67 @@ def summarize(job_dir: Path) -> str:
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
                  f"events: {n_events:,}, mode: {meta.get('mode', '?')}")
     cores = meta.get("cores")
-    if cores is not None and world > cores:
+    if cores is not None and world > cores and meta.get("mode") != "capture":
         lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "
                      f"run of this machine, not the ground truth of {world} devices.")
     elif meta.get("pin"):
         lines.append(f"ranks pinned one per core ({cores} cores), one intra-op thread each.")
 
+    if meta.get("mode") == "capture":
+        lines += _capture_lines(con, meta, job_dir)
+    else:
+        lines += _timing_lines(con)
+    mem = con.execute("""
+        SELECT max(mem_peak_bytes), min(CASE WHEN mem_peak_bytes >= 0 THEN mem_peak_bytes END),
+               arg_max(rank, mem_peak_bytes)
+        FROM events
+    """).fetchone()
+    lines.append("")
+    lines.append(f"peak memory per rank: max {_mib(mem[0])} (rank {mem[2]}), min {_mib(mem[1])} "
+                 "(CPU: resident set size, see prism/runtime/memory.py)")
+    lines.append("")
+    raw = meta_path.parent if meta_path else job_dir / "raw"
+    lines.append(f"artifacts: {raw} (PrismTrace), {job_dir}/graph/*.parquet, {job_dir}/prism.duckdb")
+    lines.append(f"query: prism sql --job {job_dir} \"SELECT * FROM ranks LIMIT 5\"")
+    return "\n".join(lines) + "\n"
+
+
+def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
+    stats = meta.get("capture", {})
+    lines = [f"capture: {meta['world_size']} ranks on {meta.get('devices')} device slots in "
+             f"{meta.get('wall_s', 0):.1f} s; {stats.get('context_switches', 0):,} context switches, "
+             f"{stats.get('completed_comms', 0):,} communications completed"]
+    payloads = job_dir / "capture" / "payloads"
+    if payloads.is_dir():
+        files = [p.stat().st_size for p in payloads.rglob("*.bin")]
+        lines.append(f"payloads: {len(files):,} distinct contents, {sum(files) / 2**20:.1f} MiB in {payloads}")
+    per_iter = con.execute("""
+        SELECT rank, iteration, sum(cpu_ns) AS cpu FROM events
+        WHERE kind = 'compute' AND iteration >= 1
+          AND iteration < (SELECT max(iterations) FROM ranks)  -- not the tail after the last step
+        GROUP BY rank, iteration
+    """).fetchall()
+    lines.append("")
+    if per_iter:
+        cpu = sorted(c for _, _, c in per_iter)
+        lines.append(f"compute per rank and iteration (CPU time, iterations >= 1): median {_ms(statistics.median(cpu))}, "
+                     f"min {_ms(cpu[0])}, max {_ms(cpu[-1])}")
+    lines.append("iteration time: a bare capture graph has no global clock yet; the slices and calibration "
+                 "stages predict it")
+    top = con.execute("""
+        SELECT c.op, coalesce(g.desc, c.group) AS grp, count(DISTINCT c.group) AS groups, count(*) AS n,
+               sum(c.bytes) AS bytes
+        FROM comms c LEFT JOIN groups g ON c.group = g.group GROUP BY ALL ORDER BY bytes DESC LIMIT 5
+    """).fetchall()
+    lines.append("")
+    lines.append("largest communication (op on groups: groups, count, bytes):")
+    for op, grp, groups, n, nbytes in top:
+        lines.append(f"  {op:<24} {grp:<12} {groups:>3} groups x{n:<6} {nbytes / 2**20:9.2f} MiB")
+    return lines
+
+
+def _timing_lines(con) -> list[str]:
+    lines = []
     con.execute(f"CREATE VIEW iters AS {ITERATIONS_SQL}")
     job_iters = con.execute("""
         WITH last AS (SELECT iteration, max(t_end) AS t FROM iters GROUP BY iteration)
@@ -104,19 +160,7 @@ def summarize(job_dir: Path) -> str:
     lines.append("costliest communication (op on group: count, bytes, first start to last end summed):")
     for op, desc, group, n, nbytes, span in top:
         lines.append(f"  {op:<24} {(desc or group):<12} x{n:<6} {nbytes / 2**20:9.2f} MiB  {_ms(span)}")
-    mem = con.execute("""
-        SELECT max(mem_peak_bytes), min(CASE WHEN mem_peak_bytes >= 0 THEN mem_peak_bytes END),
-               arg_max(rank, mem_peak_bytes)
-        FROM events
-    """).fetchone()
-    lines.append("")
-    lines.append(f"peak memory per rank: max {_mib(mem[0])} (rank {mem[2]}), min {_mib(mem[1])} "
-                 "(CPU: resident set size, see prism/runtime/memory.py)")
-    lines.append("")
-    lines.append(f"artifacts: {job_dir}/raw (PrismTrace), {job_dir}/graph/*.parquet, "
-                 f"{job_dir}/prism.duckdb")
-    lines.append(f"query: prism sql --job {job_dir} \"SELECT * FROM ranks LIMIT 5\"")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ def section(name):
 
 
 def final_targets():
-    targets = []
+    targets = [f"{JOB_DIR}/summary.txt"]
     if JOB.baseline.wanted(JOB.nproc):
         targets.append(f"{JOB_DIR}/baseline/summary.txt")
     return targets

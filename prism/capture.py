@@ -1,0 +1,45 @@
+"""Capture stage: the W ranks of a job run on P device slots through the coordinator (DESIGN §3).
+
+    python -m prism.capture --config-json JSON --out DIR     ->  DIR/raw/ (PrismTrace), DIR/payloads/
+
+The graph stage then turns DIR/raw into the bare graph. Runs `prism launch --mode capture`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from prism import config as prism_config
+from prism.runtime import launcher
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.capture", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="job config YAML (default: the embedded default job)")
+    parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
+    parser.add_argument("--out", type=Path, help="output folder (default: <results>/<job>/capture)")
+    args = parser.parse_args(argv)
+    try:
+        if args.config_json:
+            job = prism_config.from_dict(json.loads(args.config_json), "--config-json")
+        else:
+            job = prism_config.load(args.config)
+    except prism_config.ConfigError as exc:
+        print(f"prism capture: error: {exc}", file=sys.stderr)
+        return 2
+    spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
+                               args=job.workload.args, mode="capture", out=args.out or job.job_dir / "capture",
+                               devices=job.capture.devices, payloads=job.capture.payloads)
+    try:
+        return launcher.launch(spec)
+    except launcher.LaunchError as exc:
+        print(f"prism capture: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+# Context-switching capture of the W ranks on P slots, then the bare graph and its summary.
+
+
+rule capture:
+    output:
+        directory(f"{JOB_DIR}/capture/raw"),
+    params:
+        section=section("capture"),
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{JOB_DIR}/logs/capture.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.capture --config-json {params.section:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule graph:
+    input:
+        rules.capture.output,
+    output:
+        multiext(f"{JOB_DIR}/graph/", "events.parquet", "comms.parquet", "groups.parquet", "ranks.parquet"),
+    params:
+        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{JOB_DIR}/logs/graph.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule summary:
+    input:
+        rules.graph.output,
+    output:
+        f"{JOB_DIR}/summary.txt",
+    params:
+        job=lambda w, output: os.path.dirname(output[0]),
+    log:
+        f"{JOB_DIR}/logs/summary.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.summary --job {params.job:q} > {log:q} 2>&1"
