@@ -7,6 +7,7 @@ import sys
 
 BENCHES = {
     "overhead": "prism.bench.overhead",
+    "capture": "prism.bench.capture",
 }
 
 
