@@ -67,9 +67,14 @@ def _future_by_waiting(work: Work) -> torch.futures.Future:
     def waiter():
         try:
             work.wait()
-            fut.set_result(work.result())
         except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the future
             fut.set_exception(exc)
+            return
+        try:
+            result = work.result()
+        except RuntimeError:  # gloo's send/recv and reduce_scatter works keep no result
+            result = []
+        fut.set_result(result)
 
     threading.Thread(target=waiter, name="prism-work-future", daemon=True).start()
     return fut
@@ -82,13 +87,18 @@ class PrismWork(Work):
                  group: str) -> None:
         super().__init__()
         self._inner, self._rec, self._ids, self._op, self._group = inner, recorder, work_ids, op, group
+        self._waited = False
 
     @_nodynamo
     def wait(self, timeout: timedelta | None = None) -> bool:
         rec = self._rec
-        sync = rec is not None and _called_by_torch_blocking_api()
+        # one wait event per op: a work waited again (functional collectives wait once per output
+        # tensor of a coalesced op) is already complete
+        record = rec is not None and not self._waited
+        self._waited = True
+        sync = record and _called_by_torch_blocking_api()
         for inner, wid in zip(self._inner, self._ids):
-            if rec is None:
+            if not record:
                 inner.wait()
                 continue
             rec.waited(wid, sync)
@@ -128,6 +138,10 @@ class PrismWork(Work):
     def synchronize(self) -> None:
         for w in self._inner:
             w.synchronize()
+
+    @_nodynamo
+    def _source_rank(self) -> int:  # a recv from any source: who sent (group rank)
+        return self._inner[0]._source_rank()
 
 
 class PrismProcessGroup(dist.ProcessGroup):
@@ -209,6 +223,12 @@ class PrismProcessGroup(dist.ProcessGroup):
         opts = opts or dist.AllreduceCoalescedOptions()
         return self._issue("all_reduce_coalesced", schemas.KIND_COLLECTIVE, "allreduce_coalesced", tensors,
                            (tensors, opts))
+
+    @_nodynamo
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._issue("all_gather_coalesced", schemas.KIND_COLLECTIVE, "allgather_coalesced", input_tensors,
+                           (output_lists, input_tensors, opts))
 
     @_nodynamo
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -306,6 +326,10 @@ class PrismProcessGroup(dist.ProcessGroup):
     def recv(self, tensors, srcRank, tag):
         return self._issue("recv", schemas.KIND_RECV, "recv", tensors, (tensors, srcRank, tag),
                            peer=self._global_ranks[srcRank], tag=tag)
+
+    @_nodynamo
+    def recv_anysource(self, tensors, tag):  # the sender is known only once received: peer -1
+        return self._issue("recv", schemas.KIND_RECV, "recv_anysource", tensors, (tensors, tag), tag=tag)
 
     # -- coalescing (batch_isend_irecv, coalescing manager) ---------------------------------------------
     @_nodynamo

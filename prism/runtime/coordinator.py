@@ -81,6 +81,8 @@ class Coordinator:
         self.free_slots = list(range(slots))
         heapq.heapify(self.free_slots)
         self.ranks = [RankState() for _ in range(world)]
+        self.counts = {"new": world, "runnable": 0, "running": 0, "blocked": 0, "exited": 0}
+        self.crashed = False  # a rank exited non-zero or vanished: the supervisor reports it
         self.keys: dict[tuple, KeyState] = {}
         self.groups: dict[str, tuple[str | None, tuple[int, ...]]] = {}
         self.runnable: list[tuple[int, int]] = []  # heap of (logical_ns, rank)
@@ -95,7 +97,7 @@ class Coordinator:
         kind = msg[0]
         rs = self.ranks[rank]
         if kind == "hello":
-            rs.state = "runnable"
+            self._set(rank, "runnable")
             heapq.heappush(self.runnable, (0, rank))
         elif kind == "group":
             _, name, desc, members = msg
@@ -110,10 +112,10 @@ class Coordinator:
             rs.waiting = tuple(keys)
             rs.blocked_since = time.monotonic()
             if self._ready(rs):
-                rs.state = "runnable"
+                self._set(rank, "runnable")
                 heapq.heappush(self.runnable, (rs.logical_ns, rank))
             else:
-                rs.state = "blocked"
+                self._set(rank, "blocked")
         elif kind == "done":
             for key in msg[1]:
                 st = self.keys.get(key)
@@ -134,8 +136,10 @@ class Coordinator:
         if rs.state == "exited":
             return
         self._release(rank)
-        rs.state = "exited"
+        self._set(rank, "exited")
         rs.exit_code = code
+        if code != 0:
+            self.crashed = True
 
     def _release(self, rank: int) -> None:
         rs = self.ranks[rank]
@@ -161,7 +165,7 @@ class Coordinator:
             for peer in set(st.members) | set(st.arrived):
                 prs = self.ranks[peer]
                 if prs.state == "blocked" and key in prs.waiting and self._ready(prs):
-                    prs.state = "runnable"
+                    self._set(peer, "runnable")
                     heapq.heappush(self.runnable, (prs.logical_ns, peer))
 
     def _ready(self, rs: RankState) -> bool:
@@ -185,19 +189,24 @@ class Coordinator:
                 rs.blocked_since = 0.0
                 rs.switches += 1
                 self.context_switches += 1
-            rs.state, rs.slot, rs.waiting = "running", slot, ()
+            self._set(rank, "running")
+            rs.slot, rs.waiting = slot, ()
             out.append((rank, ("go", slot)))
         return out
 
+    def _set(self, rank: int, state: str) -> None:
+        rs = self.ranks[rank]
+        self.counts[rs.state] -= 1
+        self.counts[state] += 1
+        rs.state = state
+
     def stuck(self) -> bool:
-        """No rank runs or can run, yet some have not finished."""
-        if self.runnable and any(self.ranks[r].state == "runnable" for _, r in self.runnable):
-            return False
-        states = {rs.state for rs in self.ranks}
-        return "running" not in states and "new" not in states and "blocked" in states
+        """No rank runs or can run, yet some have not finished (O(1): it is asked after every message)."""
+        c = self.counts
+        return c["running"] == 0 and c["runnable"] == 0 and c["new"] == 0 and c["blocked"] > 0
 
     def all_exited(self) -> bool:
-        return all(rs.state == "exited" for rs in self.ranks)
+        return self.counts["exited"] == self.world
 
     # -- diagnosis ------------------------------------------------------------------------------------
     def group_label(self, name: str) -> str:

@@ -12,6 +12,7 @@ with the zygote (PR_SET_PDEATHSIG), so a killed launcher leaves no process behin
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -29,15 +30,33 @@ GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
-def warm_imports() -> None:
-    """Do the lazy imports every training script pays for, once, before forking."""
+def warm_imports(compute: bool) -> None:
+    """Do the lazy imports (and, with `compute`, the lazy initialisations of a first training step) that
+    every training script pays for, once, before forking: the ranks then share those pages."""
     import torch
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
     import torch.optim  # noqa: F401
     import torch._dynamo  # noqa: F401  (the optimizers import it on first step)
 
-    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # finishes the optimizer's lazy imports
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # the optimizer's lazy imports
+    if os.environ.get("PRISM_MODE"):
+        import pyarrow as pa
+
+        pa.array([0])  # pyarrow imports pandas on its first conversion: ~0.3 s and 40 MiB, once here
+    if not compute:
+        return
+    # one intra-op thread: no OpenMP pool may exist at fork time (ranks run single-threaded here anyway)
+    torch.set_num_threads(1)
+    emb, lin = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)
+    x = emb(torch.tensor([[1, 2, 3]]))
+    h = torch.nn.functional.rms_norm(x, (4,)) if hasattr(torch.nn.functional, "rms_norm") else x
+    logits = lin(torch.nn.functional.silu(h) * torch.softmax(h, dim=-1))
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, 8), torch.tensor([1, 2, 3]))
+    loss.backward()
+    opt = torch.optim.AdamW(list(emb.parameters()) + list(lin.parameters()))
+    opt.step()
+    opt.zero_grad()
 
 
 def _die_with_parent() -> None:
@@ -214,8 +233,7 @@ class _CoordinatorLink:
                 except FileNotFoundError:
                     pass
         self.coord.finished_keys.clear()
-        crashed = any(rs.state == "exited" and rs.exit_code != 0 for rs in self.coord.ranks)
-        if self.error is None and not crashed and self.coord.stuck():
+        if self.error is None and not self.coord.crashed and self.coord.stuck():
             # (a crashed rank is reported by the supervisor with its traceback instead)
             self.error = self.coord.diagnose()
 
@@ -353,7 +371,11 @@ def main() -> int:
     _die_with_parent()
     if spec.get("pin"):
         os.environ["OMP_NUM_THREADS"] = "1"
-    warm_imports()
+    warm_imports(compute=spec.get("mode") == "capture" or bool(spec.get("pin")))
+    # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
+    # collections touch (and so copy) every page of the zygote's heap.
+    gc.collect()
+    gc.freeze()
     return supervise(spec)
 
 
