@@ -10,6 +10,7 @@ completes the op's future. Sends are buffered: a send completes once its data is
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
@@ -59,6 +60,8 @@ class CaptureClient:
         self.slot = -1
         self.blocks = 0
         self.blocked_ns = 0
+        self.switches = 0  # blocks whose results were ready: the round trip is the context-switch cost
+        self.switch_ns = 0
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
@@ -73,7 +76,8 @@ class CaptureClient:
     def send(self, msg: tuple) -> None:
         self.sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def _await_go(self) -> None:
+    def _await_go(self) -> bool:
+        """Wait for a slot; returns whether the coordinator granted it at once (a pure context switch)."""
         data = self.sock.recv(1 << 16)
         if not data:
             raise SystemExit("prism capture: the coordinator went away")
@@ -83,6 +87,7 @@ class CaptureClient:
         if slot != self.slot:
             self.slot = slot
             os.sched_setaffinity(0, {self.cores[slot % len(self.cores)]})
+        return msg[2]
 
     def start(self) -> None:
         """Called once in the forked rank: wait for a first device slot."""
@@ -94,9 +99,13 @@ class CaptureClient:
         """Give the slot back until every key completed and a slot is ours again."""
         start = time.monotonic_ns()
         self.send(("wait", keys, time.thread_time_ns()))
-        self._await_go()
+        immediate = self._await_go()
+        spent = time.monotonic_ns() - start
         self.blocks += 1
-        self.blocked_ns += time.monotonic_ns() - start
+        self.blocked_ns += spent
+        if immediate:
+            self.switches += 1
+            self.switch_ns += spent
 
     def drain(self) -> bool:
         """Complete every pending op (torch may be about to wait on their futures); True if it blocked."""
@@ -104,15 +113,17 @@ class CaptureClient:
         pending = [w for w in pending if not w.completed]
         if not pending:
             return False
-        self.block([k for w in pending for k in w.keys])
+        waiting = [k for w in pending if not w.ready() for k in w.keys]
+        if waiting:
+            self.block(waiting)
         for w in pending:
             w.finish()
-        return True
+        return bool(waiting)
 
     def finish(self, code: int) -> None:
         if code == 0:
             self.drain()
-        self.write_payload_index()
+            self.write_rank_files()
         self.send(("exit", code))
 
     # -- data ------------------------------------------------------------------------------------------
@@ -125,14 +136,21 @@ class CaptureClient:
             self.payload_rows.append((self.rank, work_id, key_name(key), digest, len(data)))
         return len(data)
 
-    def read(self, key: tuple, suffix: str) -> tuple[dict, list[torch.Tensor]]:
-        return shm.read(self.shm_dir / f"{key_name(key)}{suffix}")
+    def path(self, key: tuple, suffix: str) -> Path:
+        return self.shm_dir / f"{key_name(key)}{suffix}"
 
-    def write_payload_index(self) -> None:
+    def read(self, key: tuple, suffix: str) -> tuple[dict, list[torch.Tensor]]:
+        return shm.read(self.path(key, suffix))
+
+    def write_rank_files(self) -> None:
+        """This rank's payload index and capture statistics, next to its trace."""
         if self.trace_dir is None:
             return
         folder = self.trace_dir / f"rank={self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
+        stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
+                 "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns()}
+        (folder / "capture_stats.json").write_text(json.dumps(stats))
         schema = schemas.with_version(schemas.RAW_PAYLOADS)
         table = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in self.payload_rows], schema=schema)
         tmp = folder / "payloads.arrow.tmp"
@@ -144,17 +162,23 @@ class CaptureClient:
 class CaptureWork:
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 
-    def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result) -> None:
+    def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result,
+                 needs: list[Path] | None = None) -> None:
         self.client = client_
         self.keys = keys
+        self.needs = needs  # files whose presence means the result can be computed (None: ask)
         self._complete = complete  # computes and writes this rank's outputs
         self._result = result
         self.future: torch.futures.Future = torch.futures.Future()
         self.completed = False
-        if not keys:
+        if not keys or needs == []:
             self.finish()
         else:
             client_.pending.append(self)
+
+    def ready(self) -> bool:
+        """Every contribution this rank needs is already there: no need to give the slot back."""
+        return self.needs is not None and all(p.exists() for p in self.needs)
 
     def finish(self) -> None:
         if self.completed:
@@ -169,7 +193,8 @@ class CaptureWork:
     def wait(self, timeout=None) -> bool:
         if not self.completed:
             self.client.pending = [w for w in self.client.pending if w is not self]
-            self.client.block(self.keys)
+            if not self.ready():
+                self.client.block(self.keys)
             self.finish()
         return True
 
@@ -220,7 +245,11 @@ class CaptureTransport:
 
     # -- collectives -------------------------------------------------------------------------------------
     def _collective(self, op: str, work_id: int, mine: list[torch.Tensor] | None, complete, result,
-                    meta: dict | None = None, info_tensors: list[torch.Tensor] | None = None) -> CaptureWork:
+                    meta: dict | None = None, info_tensors: list[torch.Tensor] | None = None,
+                    reads: list[int] | None | str = "all") -> CaptureWork:
+        """Contribute `mine`, announce the arrival; `reads`: the members whose contributions this rank
+        reads to complete ("all", a list, [] when it completes at once, None when only the coordinator
+        can tell, e.g. a barrier)."""
         key = ("c", self.group, self.seq)
         self.seq += 1
         nbytes = 0
@@ -230,7 +259,10 @@ class CaptureTransport:
         info = (op, str(first.dtype).removeprefix("torch.") if first is not None else None,
                 "x".join(map(str, first.shape)) if first is not None else None, nbytes, "member")
         self.c.send(("arrive", key, self.members, info))
-        return CaptureWork(self.c, [key], lambda: complete(key), result)
+        if reads == "all":
+            reads = list(range(self.n))
+        needs = None if reads is None else [self.c.path(key, f"-r{i}") for i in reads]
+        return CaptureWork(self.c, [key], lambda: complete(key), result, needs)
 
     def _inputs(self, key: tuple, members=None) -> list[tuple[dict, list[torch.Tensor]]]:
         return [self.c.read(key, f"-r{i}") for i in (range(self.n) if members is None else members)]
@@ -311,7 +343,8 @@ class CaptureTransport:
                     t.copy_(src)
 
         mine = list(tensors) if self.me == root else None
-        return self._collective(op, work_id, mine, complete, list(tensors), info_tensors=list(tensors))
+        return self._collective(op, work_id, mine, complete, list(tensors), info_tensors=list(tensors),
+                                reads=[] if self.me == root else [root])
 
     def _reduce(self, work_id, op, tensors, opts):
         red, root = semantics.red_op(opts), opts.rootRank
@@ -322,7 +355,8 @@ class CaptureTransport:
                 for j, t in enumerate(tensors):
                     t.copy_(semantics.reduce([c[j] for c in contribs], red))
 
-        return self._collective(op, work_id, list(tensors), complete, list(tensors))
+        return self._collective(op, work_id, list(tensors), complete, list(tensors),
+                                reads="all" if self.me == root else [])
 
     def _gather(self, work_id, op, output_tensors, input_tensors, opts):
         root = opts.rootRank
@@ -332,7 +366,8 @@ class CaptureTransport:
                 for k, (_, ts) in enumerate(self._inputs(key)):
                     output_tensors[0][k].copy_(ts[0])
 
-        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
+        return self._collective(op, work_id, list(input_tensors), complete, output_tensors,
+                                reads="all" if self.me == root else [])
 
     def _scatter(self, work_id, op, output_tensors, input_tensors, opts):
         root = opts.rootRank
@@ -342,10 +377,11 @@ class CaptureTransport:
             output_tensors[0].copy_(ts[self.me])
 
         mine = list(input_tensors[0]) if self.me == root else None
-        return self._collective(op, work_id, mine, complete, output_tensors, info_tensors=list(output_tensors))
+        return self._collective(op, work_id, mine, complete, output_tensors, info_tensors=list(output_tensors),
+                                reads=[root])
 
     def _barrier(self, work_id, op, opts):
-        return self._collective(op, work_id, None, lambda key: None, [])
+        return self._collective(op, work_id, None, lambda key: None, [], reads=None)
 
     # -- point to point ------------------------------------------------------------------------------------
     def _send(self, work_id, op, tensors, dst, tag):
@@ -373,4 +409,4 @@ class CaptureTransport:
             for t, src_t in zip(tensors, ts):
                 t.copy_(src_t)
 
-        return CaptureWork(self.c, [key], lambda: complete(key), list(tensors))
+        return CaptureWork(self.c, [key], lambda: complete(key), list(tensors), [self.c.path(key, "")])

@@ -14,10 +14,10 @@ Messages (tuples, rank -> coordinator):
     ("hello",)                                      a new rank, waiting for its first slot
     ("group", name, desc, members)                  a process group was created
     ("arrive", key, members, info)                  contributed to a collective / posted a send or recv
-    ("wait", keys, logical_ns)                      blocks until every key completed and a slot is free
+    ("wait", keys, logical_ns[, device_bytes])      blocks until every key completed and a slot is free
     ("done", keys)                                  finished reading the inputs of these keys
     ("exit", code)                                  the rank finished
-Replies (coordinator -> rank): ("go", slot).
+Replies (coordinator -> rank): ("go", slot, immediate).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
+
+from prism.runtime.device_state import SwapPolicy
 
 # ops whose members must all contribute the same shape
 SAME_SHAPE_OPS = {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
@@ -73,16 +75,23 @@ class RankState:
     blocked_s: float = 0.0
     switches: int = 0
     exit_code: int | None = None
+    ready_at_wait: bool = False
 
 
 class Coordinator:
-    def __init__(self, world: int, slots: int) -> None:
+    def __init__(self, world: int, slots: int, policy: SwapPolicy | None = None, sticky: bool = False) -> None:
         self.world = world
+        self.slots = slots
+        self.policy = policy  # device-state decisions (None: host memory, nothing moves)
+        self.sticky = sticky  # a rank always runs on slot rank % slots (CUDA: its context's GPU)
+        self.device_actions: list[tuple[str, int]] = []  # ("suspend"|"resume", rank), done before "go"
+        self.footprint = [0] * world
         self.free_slots = list(range(slots))
         heapq.heapify(self.free_slots)
         self.ranks = [RankState() for _ in range(world)]
         self.counts = {"new": world, "runnable": 0, "running": 0, "blocked": 0, "exited": 0}
         self.crashed = False  # a rank exited non-zero or vanished: the supervisor reports it
+        self._current = -1  # the rank whose message is being handled
         self.keys: dict[tuple, KeyState] = {}
         self.groups: dict[str, tuple[str | None, tuple[int, ...]]] = {}
         self.runnable: list[tuple[int, int]] = []  # heap of (logical_ns, rank)
@@ -94,6 +103,7 @@ class Coordinator:
     # -- message handling -------------------------------------------------------------------------------
     def handle(self, rank: int, msg: tuple) -> list[tuple[int, tuple]]:
         self.messages += 1
+        self._current = rank
         kind = msg[0]
         rs = self.ranks[rank]
         if kind == "hello":
@@ -106,12 +116,17 @@ class Coordinator:
             _, key, members, info = msg
             self._arrive(rank, key, tuple(members), Arrival(*info))
         elif kind == "wait":
-            _, keys, logical_ns = msg
+            _, keys, logical_ns, *mem = msg
+            if mem:
+                self.footprint[rank] = mem[0]
+                if self.policy is not None:
+                    self.policy.update(rank, mem[0])
             self._release(rank)
             rs.logical_ns = logical_ns
             rs.waiting = tuple(keys)
             rs.blocked_since = time.monotonic()
-            if self._ready(rs):
+            rs.ready_at_wait = self._ready(rs)
+            if rs.ready_at_wait:
                 self._set(rank, "runnable")
                 heapq.heappush(self.runnable, (rs.logical_ns, rank))
             else:
@@ -178,20 +193,38 @@ class Coordinator:
     # -- scheduling -----------------------------------------------------------------------------------
     def schedule(self) -> list[tuple[int, tuple]]:
         out = []
+        deferred = []
         while self.free_slots and self.runnable:
-            _, rank = heapq.heappop(self.runnable)
+            entry = heapq.heappop(self.runnable)
+            rank = entry[1]
             rs = self.ranks[rank]
             if rs.state != "runnable":
                 continue
-            slot = heapq.heappop(self.free_slots)
+            if self.sticky:
+                home = rank % self.slots
+                if home not in self.free_slots:
+                    deferred.append(entry)
+                    continue
+                self.free_slots.remove(home)
+                heapq.heapify(self.free_slots)
+                slot = home
+            else:
+                slot = heapq.heappop(self.free_slots)
+            if self.policy is not None:
+                self.device_actions += self.policy.grant(slot, rank, self.footprint[rank])
             if rs.blocked_since:
                 rs.blocked_s += time.monotonic() - rs.blocked_since
                 rs.blocked_since = 0.0
                 rs.switches += 1
                 self.context_switches += 1
             self._set(rank, "running")
-            rs.slot, rs.waiting = slot, ()
-            out.append((rank, ("go", slot)))
+            # immediate: the rank's results were there when it waited and a slot was free at once, so its
+            # round trip is the pure cost of a context switch
+            immediate = rank == self._current and rs.ready_at_wait
+            rs.slot, rs.waiting, rs.ready_at_wait = slot, (), False
+            out.append((rank, ("go", slot, immediate)))
+        for entry in deferred:
+            heapq.heappush(self.runnable, entry)
         return out
 
     def _set(self, rank: int, state: str) -> None:

@@ -229,6 +229,21 @@ def _replace_dir(staging: Path, final: Path, run_id: str) -> None:
         staging.rename(final)
 
 
+def _rank_stats(raw: Path) -> dict:
+    """Context-switch cost and logical time, from the ranks' capture statistics."""
+    rows = [json.loads(p.read_text()) for p in raw.glob("rank=*/capture_stats.json")]
+    if not rows:
+        return {}
+    switches = sum(r["switches"] for r in rows)
+    logical = sorted(r["logical_ns"] for r in rows)
+    return {
+        "switch_cost_us": sum(r["switch_ns"] for r in rows) / switches / 1e3 if switches else None,
+        "rank_blocks": sum(r["blocks"] for r in rows),
+        "logical_s_min": logical[0] / 1e9, "logical_s_median": logical[len(logical) // 2] / 1e9,
+        "logical_s_max": logical[-1] / 1e9,
+    }
+
+
 def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats: dict) -> None:
     import torch
 
@@ -239,7 +254,7 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "torch_version": torch.__version__, "schema_version": "1",
     }
     if spec.mode == "capture":
-        meta.update(devices=spec.devices, payloads=spec.payloads, capture=stats)
+        meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
 

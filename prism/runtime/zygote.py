@@ -184,7 +184,11 @@ class _CoordinatorLink:
 
         from prism.runtime.coordinator import Coordinator
 
-        self.coord = Coordinator(spec["nproc"], spec["devices"])
+        from prism.runtime import device_state
+
+        self.devices = device_state.for_device("cpu")
+        self.coord = Coordinator(spec["nproc"], spec["devices"], sticky=self.devices.sticky)
+        self.pids = spec["pids"]
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
         self.status_dir = Path(spec["status_dir"])
@@ -216,6 +220,9 @@ class _CoordinatorLink:
         except CaptureError as exc:
             self.error = str(exc)
             return
+        for action, victim in self.coord.device_actions:  # device state moves before anyone runs
+            getattr(self.devices, action)(self.pids[victim])
+        self.coord.device_actions.clear()
         for peer, msg in replies:
             try:
                 self.socks[peer].send(pickle.dumps(msg))
@@ -306,6 +313,7 @@ def supervise(spec: dict) -> int:
             ctl[rank] = parent_end
         children[pid] = rank
 
+    spec["pids"] = {rank: pid for pid, rank in children.items()}
     link = _CoordinatorLink(spec, ctl, out) if capture else None
     failed: tuple[int, int] | None = None  # (rank, code)
     deadline = None

@@ -31,16 +31,17 @@ def test_a_waiting_rank_gives_its_slot_to_the_smallest_logical_time():
     arrive(c, 0, key, (0, 1, 2, 3))
     # rank 0 waits: ranks 1..3 are runnable with logical time 0; the lowest rank number breaks the tie
     out = c.handle(0, ("wait", [key], 500))
-    assert out == [(1, ("go", 0))]
+    assert out == [(1, ("go", 0, False))]
     arrive(c, 1, key, (0, 1, 2, 3))
     out = c.handle(1, ("wait", [key], 100))
-    assert out == [(2, ("go", 0))]
+    assert out == [(2, ("go", 0, False))]
     arrive(c, 2, key, (0, 1, 2, 3))
-    assert c.handle(2, ("wait", [key], 300)) == [(3, ("go", 0))]
+    assert c.handle(2, ("wait", [key], 300)) == [(3, ("go", 0, False))]
     arrive(c, 3, key, (0, 1, 2, 3))  # completes the collective: 0, 1, 2 become runnable
     out = c.handle(3, ("wait", [key], 50))
-    # the slot goes to the smallest logical time: rank 3 (50), then 1 (100), 2 (300), 0 (500)
-    assert out == [(3, ("go", 0))]
+    # the slot goes to the smallest logical time: rank 3 (50), then 1 (100), 2 (300), 0 (500); rank 3's
+    # result was there when it waited: its round trip is a pure context switch
+    assert out == [(3, ("go", 0, True))]
     assert c.context_switches == 1  # rank 3 resumed after giving its slot back
 
 
@@ -51,7 +52,7 @@ def test_p2p_message_completes_when_sent():
     assert c.handle(1, ("wait", [key], 10)) == []
     assert c.ranks[1].state == "blocked"
     out = arrive(c, 0, key, (0, 1), op="send", role="send")
-    assert out == [(1, ("go", 1))]
+    assert out == [(1, ("go", 1, False))]
 
 
 def test_files_are_released_when_every_reader_is_done():
@@ -139,3 +140,38 @@ def test_recv_never_sent_names_the_sender():
     assert c.stuck()
     text = c.diagnose()
     assert "message #0 from rank 0 to rank 1 (tag 5)" in text and "rank 0 has exited" in text
+
+
+def test_swap_policy_suspends_least_recently_run_to_make_room():
+    from prism.runtime.device_state import SwapPolicy
+
+    p = SwapPolicy(slots=1, capacity_bytes=100)
+    assert p.grant(0, 0, 60) == []
+    assert p.grant(0, 1, 30) == []                    # 90 of 100: both resident
+    assert p.grant(0, 2, 50) == [("suspend", 0)]      # rank 0 ran least recently
+    assert p.grant(0, 1, 30) == []                    # still resident: nothing moves
+    assert p.grant(0, 0, 60) == [("suspend", 2), ("resume", 0)]
+    assert SwapPolicy(slots=2).grant(1, 5, 10**12) == []   # host memory: never
+
+
+def test_coordinator_passes_device_decisions_and_keeps_cuda_ranks_on_their_slot():
+    from prism.runtime.device_state import SwapPolicy
+
+    c = Coordinator(4, 2, policy=SwapPolicy(2, capacity_bytes=100), sticky=True)
+    c.handle(0, ("group", "g", "dp", (0, 1, 2, 3)))
+    grants = [g for r in range(4) for g in c.handle(r, ("hello",))]
+    assert grants == [(0, ("go", 0, False)), (1, ("go", 1, False))]
+    key = ("c", "g", 0)
+    arrive(c, 0, key, (0, 1, 2, 3))
+    # slot 0 frees: rank 2 (home slot 0) runs there, rank 3 (home slot 1) may not
+    assert c.handle(0, ("wait", [key], 10, 80)) == [(2, ("go", 0, False))]
+    arrive(c, 2, key, (0, 1, 2, 3))
+    assert c.handle(2, ("wait", [key], 10, 80)) == []       # nothing may run on slot 0 yet
+    arrive(c, 1, key, (0, 1, 2, 3))
+    assert c.handle(1, ("wait", [key], 5, 10)) == [(3, ("go", 1, False))]
+    assert c.device_actions == []                            # everything fits so far
+    # the collective completes: slot 0 is free, rank 1 (logical 5) must wait for slot 1, so rank 0 runs
+    assert arrive(c, 3, key, (0, 1, 2, 3)) == [(0, ("go", 0, False))]
+    # ranks 0 and 2 hold 80 bytes each on slot 0 (capacity 100): rank 2 must leave before rank 0 runs
+    assert c.device_actions == [("suspend", 2)]
+    assert c.handle(3, ("wait", [key], 1, 10)) == [(3, ("go", 1, True))]
