@@ -46,6 +46,7 @@ class LaunchSpec:
     master_port: int = 0
     devices: int | None = None  # capture: device slots P (None: every core)
     payloads: bool = True  # capture: keep every contribution for the later modes
+    preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -57,7 +58,7 @@ def parse(argv: list[str]) -> LaunchSpec:
         if tok == "-m" or tok == "--module":
             split = i
             break
-        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices"):
+        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -72,6 +73,9 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "--devices slots through the coordinator; off: no interception")
     parser.add_argument("--devices", type=int, default=None,
                         help="capture: device slots P (CPU: cores; default all cores)")
+    parser.add_argument("--preload", default="",
+                        help="comma-separated modules to import once in the zygote before forking (modules "
+                             "without import side effects; saves their import in every rank)")
     parser.add_argument("--no-payloads", action="store_true",
                         help="capture: do not keep payloads (only the graph is needed)")
     parser.add_argument("--out", type=Path, help="job folder: the trace goes to OUT/raw")
@@ -84,7 +88,8 @@ def parse(argv: list[str]) -> LaunchSpec:
     opts = parser.parse_args(argv[:split])
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
-                      master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads)
+                      master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
+                      preload=[m for m in opts.preload.split(",") if m])
     if rest[0] in ("-m", "--module"):
         if len(rest) < 2:
             raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
@@ -121,6 +126,9 @@ def validate(spec: LaunchSpec) -> None:
             probe.close()
         except OSError as exc:
             raise LaunchError(f"--out {spec.out} is not writable ({exc.strerror}); choose another folder")
+    for name in spec.preload:
+        if _find_module(name) is None:
+            raise LaunchError(f"--preload: module not found: {name}")
     _check_known_workload(spec)
 
 
@@ -147,6 +155,8 @@ def _check_known_workload(spec: LaunchSpec) -> None:
     problem = moe_gpt.layout_error(args, spec.nproc)
     if problem:
         raise LaunchError(f"{spec.module}: {problem}")
+    if spec.module not in spec.preload:  # it has no import side effects: every rank may share it
+        spec.preload.append(spec.module)
 
 
 def free_port() -> int:
@@ -187,7 +197,7 @@ def launch(spec: LaunchSpec) -> int:
         "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
         "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
         "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
-        "shm_dir": str(shm_dir) if shm_dir else None,
+        "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
     }
     spec_file = status_dir / "spec.json"
     spec_file.write_text(json.dumps(zspec))

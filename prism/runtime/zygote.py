@@ -380,6 +380,13 @@ def main() -> int:
     if spec.get("pin"):
         os.environ["OMP_NUM_THREADS"] = "1"
     warm_imports(compute=spec.get("mode") == "capture" or bool(spec.get("pin")))
+    if spec.get("preload"):
+        import importlib
+
+        sys.path.insert(0, os.getcwd())
+        for name in spec["preload"]:
+            importlib.import_module(name)
+        sys.path.pop(0)
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
     # collections touch (and so copy) every page of the zygote's heap.
     gc.collect()
