@@ -137,6 +137,18 @@ RANKS = pa.schema(
     ]
 )
 
+# The slice plan (`slices/plan.parquet`): which ranks run for real together, and which slice's
+# measurement stands for each slice (itself, or an equivalent one with --representative).
+SLICE_PLAN = pa.schema(
+    [
+        pa.field("slice", pa.int32(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("rank_class", pa.string(), nullable=False),  # PP stage + digest of the op sequence
+        pa.field("measured_by", pa.int32(), nullable=False),
+        pa.field("measured", pa.bool_(), nullable=False),
+    ]
+)
+
 ALL: dict[str, pa.Schema] = {
     "raw_events": RAW_EVENTS,
     "raw_groups": RAW_GROUPS,
@@ -145,6 +157,7 @@ ALL: dict[str, pa.Schema] = {
     "comms": COMMS,
     "groups": GROUPS,
     "ranks": RANKS,
+    "slice_plan": SLICE_PLAN,
 }
 
 

@@ -217,6 +217,13 @@ class CaptureWork:
         self.wait()
 
 
+def _shapes(result) -> list:
+    """Shapes (nested like the op's outputs) of a result: what a replay must allocate."""
+    if isinstance(result, torch.Tensor):
+        return tuple(result.shape)
+    return [_shapes(r) for r in result]
+
+
 class CaptureTransport:
     """The transport of one process group in capture mode."""
 
@@ -253,6 +260,8 @@ class CaptureTransport:
         key = ("c", self.group, self.seq)
         self.seq += 1
         nbytes = 0
+        # what a replay of this contribution needs besides the bytes: the op, and the outputs' shapes
+        meta = dict(meta or {}, op=op, out=_shapes(result))
         if mine is not None:
             nbytes = self.c.contribute(key, f"-r{self.me}", mine, meta, work_id)
         first = (info_tensors or mine or [None])[0]
@@ -275,7 +284,7 @@ class CaptureTransport:
             for j, t in enumerate(tensors):
                 t.copy_(semantics.reduce([c[j] for c in contribs], red))
 
-        return self._collective(op, work_id, list(tensors), complete, list(tensors))
+        return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
 
     _allreduce_coalesced = _allreduce
 
@@ -305,7 +314,7 @@ class CaptureTransport:
                 out.copy_(semantics.reduce([c[j * self.n + self.me] for c in contribs], red))
 
         flat = [t for lst in input_tensors for t in lst]
-        return self._collective(op, work_id, flat, complete, output_tensors)
+        return self._collective(op, work_id, flat, complete, output_tensors, meta={"reduce_op": red.name})
 
     def _reduce_scatter_single(self, work_id, op, output, input, opts):
         red = semantics.red_op(opts)
@@ -314,7 +323,8 @@ class CaptureTransport:
             contribs = [ts[0] for _, ts in self._inputs(key)]
             output.copy_(semantics.reduce_scatter_chunk(contribs, red, self.me, self.n).view_as(output))
 
-        return self._collective(op, work_id, [input], complete, [output], info_tensors=[input])
+        return self._collective(op, work_id, [input], complete, [output], info_tensors=[input],
+                                meta={"reduce_op": red.name})
 
     def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
         def complete(key):
@@ -324,7 +334,7 @@ class CaptureTransport:
             output.copy_(semantics.all_to_all_single(ins, splits, self.me).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
-                                meta={"splits": list(input_split_sizes)})
+                                meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
 
     def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
         def complete(key):
@@ -356,7 +366,7 @@ class CaptureTransport:
                     t.copy_(semantics.reduce([c[j] for c in contribs], red))
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors),
-                                reads="all" if self.me == root else [])
+                                reads="all" if self.me == root else [], meta={"reduce_op": red.name, "root": root})
 
     def _gather(self, work_id, op, output_tensors, input_tensors, opts):
         root = opts.rootRank

@@ -1,0 +1,148 @@
+"""Slice planner: split the W ranks into slices of at most P ranks that run for real together.
+
+    python -m prism.slices.plan --job DIR --devices P [--representative]   ->  DIR/slices/plan.parquet
+
+Ranks that communicate most stay together: every pair of ranks gets the bytes they exchange in groups
+small enough to fit in a slice (a TP group, then EP, ...) and in point-to-point messages; clusters are
+merged greedily along the heaviest pairs while they fit in P, then packed into as few slices as possible.
+
+Equivalent ranks: two ranks are equivalent when they sit at the same PP stage and issue the same
+sequence of operations (kind, op, group role, size): they do the same work. With `--representative`,
+only one slice per class of equivalent slices (same multiset of rank classes) is measured; every other
+slice takes its measurement (`measured_by`), and the saving is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+
+from prism import artifacts, schemas
+
+
+class PlanError(Exception):
+    pass
+
+
+def _pair_weights(comms: pl.DataFrame, p: int) -> dict[tuple[int, int], float]:
+    weights: dict[tuple[int, int], float] = defaultdict(float)
+    for members, nbytes in zip(comms["members"].to_list(), comms["bytes"].to_list()):
+        n = len(members)
+        if n < 2 or n > p:
+            continue
+        share = nbytes / (n - 1)
+        for i in range(n):
+            for j in range(i + 1, n):
+                a, b = sorted((members[i], members[j]))
+                weights[(a, b)] += share
+    return weights
+
+
+def cluster(world: int, p: int, weights: dict[tuple[int, int], float]) -> list[list[int]]:
+    """Greedy agglomeration along the heaviest pairs, clusters of at most `p` ranks, then packing."""
+    parent = list(range(world))
+    size = [1] * world
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    # heaviest pair first; ties broken by rank numbers so plans are deterministic
+    for (a, b), _w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])):
+        ra, rb = find(a), find(b)
+        if ra != rb and size[ra] + size[rb] <= p:
+            parent[rb] = ra
+            size[ra] += size[rb]
+    groups: dict[int, list[int]] = defaultdict(list)
+    for r in range(world):
+        groups[find(r)].append(r)
+    clusters = sorted(groups.values(), key=lambda c: (-len(c), c[0]))
+    slices: list[list[int]] = []
+    for c in clusters:  # first fit decreasing
+        for s in slices:
+            if len(s) + len(c) <= p:
+                s.extend(c)
+                break
+        else:
+            slices.append(list(c))
+    return [sorted(s) for s in sorted(slices, key=lambda s: min(s))]
+
+
+def rank_classes(events: pl.DataFrame, ranks: pl.DataFrame) -> dict[int, str]:
+    """Class of each rank: its PP stage + a digest of its operation sequence."""
+    ops = (events.filter(pl.col("kind") != "compute")
+           .select("rank", "seq", pl.col("kind").cast(pl.Utf8), pl.col("op").cast(pl.Utf8), "bytes")
+           .sort("rank", "seq"))
+    digests = {}
+    for (rank,), part in ops.group_by(["rank"], maintain_order=True):
+        h = hashlib.blake2b(digest_size=8)
+        for kind, op, nbytes in zip(part["kind"].to_list(), part["op"].to_list(), part["bytes"].to_list()):
+            h.update(f"{kind}:{op}:{nbytes};".encode())
+        digests[rank] = h.hexdigest()
+    pp = dict(zip(ranks["rank"].to_list(), ranks["pp"].to_list()))
+    return {r: f"pp{pp.get(r, -1)}-{d}" for r, d in digests.items()}
+
+
+def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Table:
+    try:
+        events = pl.from_arrow(artifacts.read_parquet(graph_dir / "events.parquet"))
+        comms = pl.from_arrow(artifacts.read_parquet(graph_dir / "comms.parquet"))
+        ranks = pl.from_arrow(artifacts.read_parquet(graph_dir / "ranks.parquet"))
+    except (FileNotFoundError, OSError) as exc:
+        raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
+    world = ranks.height
+    if devices < 1:
+        raise PlanError(f"--devices must be at least 1 (got {devices})")
+    slices = cluster(world, devices, _pair_weights(comms, devices))
+    classes = rank_classes(events, ranks)
+    measured_by: dict[int, int] = {}
+    seen: dict[tuple, int] = {}
+    for k, members in enumerate(slices):
+        signature = tuple(sorted(classes.get(r, str(r)) for r in members))
+        if representative and signature in seen:
+            measured_by[k] = seen[signature]
+        else:
+            seen.setdefault(signature, k)
+            measured_by[k] = k
+    rows = {"slice": [], "rank": [], "rank_class": [], "measured_by": [], "measured": []}
+    for k, members in enumerate(slices):
+        for r in members:
+            rows["slice"].append(k)
+            rows["rank"].append(r)
+            rows["rank_class"].append(classes.get(r, ""))
+            rows["measured_by"].append(measured_by[k])
+            rows["measured"].append(measured_by[k] == k)
+    return pa.table(rows, schema=schemas.SLICE_PLAN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.slices.plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True, help="job folder holding graph/")
+    parser.add_argument("--devices", type=int, required=True, help="device slots P: at most P ranks a slice")
+    parser.add_argument("--representative", action="store_true",
+                        help="measure one slice per class of equivalent slices")
+    args = parser.parse_args(argv)
+    try:
+        table = plan(args.job / "graph", args.devices, args.representative)
+    except (PlanError, artifacts.ArtifactError) as exc:
+        print(f"prism slices plan: error: {exc}", file=sys.stderr)
+        return 2
+    artifacts.write_outputs(args.job / "slices", {"plan": table}, {"plan": schemas.SLICE_PLAN})
+    n = len(set(table["slice"].to_pylist()))
+    measured = len(set(table.filter(table["measured"])["slice"].to_pylist()))
+    print(f"prism slices plan: {table.num_rows} ranks in {n} slices of at most {args.devices}; "
+          f"{measured} measured ({100 * (1 - measured / n):.0f}% of the slice runs saved)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

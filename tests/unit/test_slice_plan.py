@@ -1,0 +1,72 @@
+"""Slice planner: slices fit P, keep the heaviest talkers together, cover every rank once; equivalence."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from prism import graph
+from prism.slices import plan as slice_plan
+from tests.unit.rawgen import megatron_job
+
+
+def build(tmp_path: Path, **layout) -> Path:
+    job = megatron_job(**layout)
+    job.write(tmp_path)
+    assert graph.main(["--job", str(tmp_path)]) == 0
+    return tmp_path
+
+
+def slices_of(job_dir: Path) -> dict[int, list[int]]:
+    rows = pq.read_table(job_dir / "slices" / "plan.parquet").to_pylist()
+    out: dict[int, list[int]] = {}
+    for r in rows:
+        out.setdefault(r["slice"], []).append(r["rank"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3, 4, 8])
+def test_slices_fit_and_cover_every_rank_once(tmp_path, devices):
+    job = build(tmp_path, tp=2, dp=2, pp=2)
+    assert slice_plan.main(["--job", str(job), "--devices", str(devices)]) == 0
+    slices = slices_of(job)
+    ranks = sorted(r for members in slices.values() for r in members)
+    assert ranks == list(range(8))
+    assert all(len(m) <= devices for m in slices.values())
+    # heavy pairs are kept whole (clusters of 2 here), then packed: no two slices could be merged
+    sizes = sorted(len(m) for m in slices.values())
+    assert len(sizes) == 1 or sizes[0] + sizes[1] > devices
+
+
+def test_the_heaviest_talkers_stay_together(tmp_path):
+    # in this synthetic job a pipeline pair (r, r+4) exchanges 4 x 16 KiB activations and gradients per
+    # iteration, more than a TP pair's all-reduces: the PP pairs are kept together
+    job = build(tmp_path, tp=2, dp=2, pp=2)
+    assert slice_plan.main(["--job", str(job), "--devices", "2"]) == 0
+    assert sorted(slices_of(job).values()) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # with room for 4, a pipeline pair joins its TP partner's pair
+    assert slice_plan.main(["--job", str(job), "--devices", "4"]) == 0
+    assert sorted(slices_of(job).values()) in ([[0, 1, 4, 5], [2, 3, 6, 7]], [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_pair_weights_prefer_the_heaviest_group():
+    weights = {(0, 1): 10.0, (1, 2): 100.0, (2, 3): 10.0, (0, 3): 1.0}
+    assert slice_plan.cluster(4, 2, weights) == [[0, 3], [1, 2]]
+
+
+def test_representative_measures_one_slice_per_class(tmp_path):
+    job = build(tmp_path, tp=2, dp=2, pp=2)
+    assert slice_plan.main(["--job", str(job), "--devices", "2", "--representative"]) == 0
+    rows = pq.read_table(job / "slices" / "plan.parquet").to_pylist()
+    measured = {r["slice"] for r in rows if r["measured"]}
+    # the two DP replicas of a PP stage do the same work: one slice per stage is measured
+    assert len(measured) == 2
+    for r in rows:
+        assert r["measured_by"] in measured
+    assert pq.read_schema(job / "slices" / "plan.parquet").metadata[b"schema_version"] == b"1"
+
+
+def test_missing_graph_is_a_clear_error(tmp_path, capsys):
+    assert slice_plan.main(["--job", str(tmp_path), "--devices", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "graph/events.parquet" in err and "missing" in err
