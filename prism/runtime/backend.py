@@ -148,22 +148,28 @@ class PrismProcessGroup(dist.ProcessGroup):
     """A process group whose calls are recorded and carried by a `Transport`."""
 
     def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_name: str,
-                 desc: str | None, transport: Transport, recorder: Recorder | None) -> None:
+                 desc: str | None, transport: Transport, recorder: Recorder | None,
+                 backend_name: str = "gloo") -> None:
         super().__init__(group_rank, group_size)
         self._global_ranks = global_ranks
         self._name = group_name
         self._desc = desc
         self._transport = transport
         self._rec = recorder
+        self._backend_name = backend_name
         self._seq = 0  # per-group sequence number of collectives
         self._coalesced: list[tuple[Work, int]] | None = None
 
     # -- identity --------------------------------------------------------------------------------------
+    # the name of the backend the program asked for: programs that branch on it behave as they would
     def getBackendName(self) -> str:
-        return "prism"
+        return self._backend_name
 
     def name(self) -> str:
-        return "prism"
+        return self._backend_name
+
+    def _get_backend_name(self) -> str:
+        return self._backend_name
 
     def getGroupName(self) -> str:
         return self._name
@@ -315,6 +321,11 @@ class PrismProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         opts = opts or dist.BarrierOptions()
         return self._issue("barrier", schemas.KIND_COLLECTIVE, "barrier", [], (opts,))
+
+    @_nodynamo
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's monitored barrier: a barrier waited at once (a hang is prism's to report)."""
+        self.barrier().wait()
 
     # -- point to point ----------------------------------------------------------------------------------
     @_nodynamo

@@ -64,7 +64,9 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
         )
     if rec is not None:
         rec.add_group(name, desc, members, asked)
-    return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec)
+    real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
+    return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
+                             backend_name=real)
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:
@@ -88,13 +90,29 @@ def install(mode: str, out_dir: str | Path | None) -> None:
             asked = _state.get("default_asked", asked)
         _state["asked"].append((asked, desc))
         try:
-            return original(group_size, group_rank, global_ranks_in_group, "prism", store, group_name,
-                            *args, **kwargs)
+            result = original(group_size, group_rank, global_ranks_in_group, "prism", store, group_name,
+                              *args, **kwargs)
         finally:
             _state["asked"].pop()
+        _report_asked_backend(result, asked)
+        return result
 
     c10d._new_process_group_helper = helper
     atexit.register(finish)
+
+
+def _report_asked_backend(result, asked: str) -> None:
+    """`dist.get_backend(group)` answers what the program asked for ("gloo", "nccl"), not "prism"."""
+    pg = result[0] if isinstance(result, tuple) else result
+    world = c10d._world
+    if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER or pg not in world.pg_map:
+        return
+    _, store = world.pg_map[pg]
+    world.pg_map[pg] = (asked, store)
+    try:
+        world.pg_backend_config[pg] = str(c10d.BackendConfig(c10d.Backend(asked)))
+    except (ValueError, TypeError, AttributeError):
+        pass
 
 
 def install_from_env() -> None:

@@ -255,13 +255,13 @@ def _rank_stats(raw: Path) -> dict:
 
 
 def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats: dict) -> None:
-    import torch
+    from importlib.metadata import version
 
     meta = {
         "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id, "started": started, "wall_s": time.time() - started,
-        "torch_version": torch.__version__, "schema_version": "1",
+        "torch_version": version("torch"), "schema_version": "1",
     }
     if spec.mode == "capture":
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
