@@ -161,15 +161,13 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._coalesced: list[tuple[Work, int]] | None = None
 
     # -- identity --------------------------------------------------------------------------------------
-    # the name of the backend the program asked for: programs that branch on it behave as they would
+    # C++ (DDP's logger) looks the named backend up in the group: it must stay "prism". What the program
+    # asked for ("gloo", "nccl") is what `dist.get_backend(group)` reports (interception fixes c10d's map).
     def getBackendName(self) -> str:
-        return self._backend_name
+        return "prism"
 
     def name(self) -> str:
-        return self._backend_name
-
-    def _get_backend_name(self) -> str:
-        return self._backend_name
+        return "prism"
 
     def getGroupName(self) -> str:
         return self._name

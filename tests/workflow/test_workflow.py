@@ -31,8 +31,20 @@ def test_default_config_dry_run(tmp_path):
     proc = snakemake("--profile", "profiles/local", "-n", "--config", f"results={tmp_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    for rule in ("baseline_run", "baseline_graph", "baseline_summary"):
-        assert rule in out
+    for rule in ("capture", "graph", "summary"):
+        assert f"rule {rule}:" in out or f"\n{rule} " in out, rule
+    # W=16 does not fit this machine's cores: no ground-truth run is scheduled
+    if len(os.sched_getaffinity(0)) < 16:
+        assert "baseline_run" not in out
+
+
+def test_tiny_config_dry_run_includes_the_baseline(tmp_path):
+    proc = snakemake("--profile", "profiles/local", "-n", "--configfile", str(data_path("tiny.yaml")),
+                     "--config", f"results={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    for rule in ("baseline_run", "baseline_graph", "baseline_summary", "capture", "graph", "summary"):
+        assert rule in out, rule
 
 
 def test_bad_config_is_rejected_naming_the_key(tmp_path):
@@ -49,6 +61,8 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
             "--config", f"results={tmp_path}")
     proc = snakemake(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    captured = (tmp_path / "tiny" / "summary.txt").read_text()
+    assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture" in captured
     job = tmp_path / "tiny" / "baseline"
     summary = (job / "summary.txt").read_text()
     assert "ranks: 2" in summary and "iterations: 3" in summary and "iteration time" in summary
