@@ -149,6 +149,30 @@ SLICE_PLAN = pa.schema(
     ]
 )
 
+# The calibrated timeline (`calibrated/timeline.parquet`): every event on one global clock, ns from the
+# job's start (every rank starts at 0).
+TIMELINE = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("event_id", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+    ]
+)
+
+# Per rank and iteration on that clock (`calibrated/iterations.parquet`): iteration k spans from the end
+# of the rank's (k-1)-th iteration_end marker (or its first event) to the end of its k-th.
+ITERATIONS = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("duration_ns", pa.int64(), nullable=False),
+    ]
+)
+
 ALL: dict[str, pa.Schema] = {
     "raw_events": RAW_EVENTS,
     "raw_groups": RAW_GROUPS,
@@ -158,6 +182,8 @@ ALL: dict[str, pa.Schema] = {
     "groups": GROUPS,
     "ranks": RANKS,
     "slice_plan": SLICE_PLAN,
+    "timeline": TIMELINE,
+    "iterations": ITERATIONS,
 }
 
 
