@@ -8,6 +8,7 @@ import sys
 BENCHES = {
     "overhead": "prism.bench.overhead",
     "capture": "prism.bench.capture",
+    "calibrate": "prism.bench.calibrate",
 }
 
 

@@ -1,0 +1,236 @@
+"""The calibrate sweep: numba discover and replay equal the plain-Python reference bit for bit, on random
+and structured graphs; hand-made graphs give the times the rules say; bad graphs give clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prism.calibrate import reference
+from prism.calibrate.arrays import SweepError
+from prism.calibrate.sweep import Timeline, discover
+from prism.calibrate.synthetic import Layout, from_programs, random_graph, training_graph
+
+FIELDS = ("start_ns", "end_ns", "comm_start_ns", "comm_end_ns")
+
+
+def assert_same(got: Timeline, want: Timeline) -> None:
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == np.int64 and b.dtype == np.int64
+        assert np.array_equal(a, b), f"{name} differs at {np.flatnonzero(a != b)[:5]}"
+
+
+def check_all_paths(syn, bundle: bool = True) -> Timeline:
+    """discover, replay (same and new durations) against the reference; returns the reference timeline."""
+    want = reference.sweep(syn.graph, syn.durations, syn.transfer)
+    sched, got = discover(syn.graph, syn.durations, syn.transfer, bundle=bundle)
+    assert_same(got, want)
+    assert_same(sched.replay(syn.durations, syn.transfer), want)
+    rng = np.random.default_rng(len(syn.durations))
+    durations = rng.integers(0, 5000, syn.graph.n_events) * (rng.random(syn.graph.n_events) > 0.2)
+    transfer = rng.integers(0, 20000, syn.graph.n_comms)
+    out = Timeline.empty(syn.graph.n_events, syn.graph.n_comms)
+    for _ in range(2):  # a second replay into the same buffers
+        assert_same(sched.replay(durations, transfer, out=out), reference.sweep(syn.graph, durations, transfer))
+    return want
+
+
+# ------------------------------------------------------------------------------------ random graphs
+
+
+@pytest.mark.parametrize("bundle", [True, False])
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("ranks,comms", [(1, 10), (2, 30), (5, 60), (12, 200)])
+def test_random_graphs_match_reference(seed, ranks, comms, bundle):
+    check_all_paths(random_graph(seed, ranks=ranks, comms=comms), bundle)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_all_zero_durations_no_waits_and_only_p2p(seed):
+    check_all_paths(random_graph(seed, ranks=4, comms=40, zero=1.0))
+    check_all_paths(random_graph(seed, ranks=4, comms=40, no_wait=0.6, async_=0.3))
+    check_all_paths(random_graph(seed, ranks=6, comms=40, p2p=1.0, async_=0.6))
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(tp=2, pp=2, dp=4, ep=2, microbatches=4, layers=2, iterations=2, buckets=2),
+    Layout(tp=1, pp=4, dp=2, ep=2, microbatches=6, layers=1, iterations=1, buckets=3),
+    Layout(tp=2, pp=1, dp=4, ep=4, microbatches=2, layers=3, iterations=2, buckets=2),
+    Layout(tp=4, pp=3, dp=1, ep=1, microbatches=5, layers=2, iterations=1, buckets=1),
+    Layout(tp=1, pp=2, dp=1, ep=1, microbatches=1, layers=1, iterations=1, buckets=1),
+], ids=lambda layout: f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}-ep{layout.ep}")
+def test_training_graphs_match_reference(layout):
+    syn = training_graph(layout, seed=layout.world)
+    check_all_paths(syn)
+    sched, _ = discover(syn.graph, syn.durations, syn.transfer)
+    assert sched.bundled == (sched.n_bundles < layout.world)
+    if layout.tp * layout.dp > 1:  # the identical ranks of a stage advance together
+        assert sched.n_bundles == layout.pp
+
+
+def test_training_graph_has_the_structure_it_claims():
+    syn = training_graph(Layout(tp=2, pp=2, dp=4, ep=2, microbatches=4, layers=2, iterations=1, buckets=3))
+    g = syn.graph
+    kinds = np.bincount(g.kind, minlength=6)
+    assert kinds[2] == kinds[3] > 0  # sends and recvs between the stages
+    members = np.bincount(g.comm[g.comm >= 0], minlength=g.n_comms)
+    assert set(members[~g.comm_p2p].tolist()) == {2, 4}  # TP/EP groups of 2, DP groups of 4
+    waited = np.zeros(g.n_events, dtype=bool)
+    waited[g.wait_op[g.wait_op >= 0]] = True
+    ops = np.flatnonzero(np.isin(g.kind, [1, 2, 3]))
+    assert (~waited[ops]).sum() == g.n_ranks  # one DP bucket per rank and step consumed without a wait
+
+
+# -------------------------------------------------------------------------------- hand-made graphs
+
+
+def times(syn) -> tuple[list[int], list[int], list[int], list[int]]:
+    t = check_all_paths(syn)
+    return t.start_ns.tolist(), t.end_ns.tolist(), t.comm_start_ns.tolist(), t.comm_end_ns.tolist()
+
+
+def test_sync_all_reduce_starts_when_the_last_member_arrives():
+    syn = from_programs([
+        [("compute", 10), ("coll", "A", 1), ("wait", 1, 1), ("compute", 4)],
+        [("compute", 50), ("coll", "A", 2), ("wait", 1, 1), ("compute", 4)],
+    ], transfer={"A": 5})
+    start, end, cstart, cend = times(syn)
+    assert cstart == [50] and cend == [55]  # rank 1 issued last, at 50
+    assert end[:4] == [10, 11, 55, 59]  # rank 0's wait: max(11 + 1, 50 + 5)
+    assert end[4:] == [50, 52, 55, 59]
+    assert start[2] == 11 and start[6] == 52
+
+
+def test_recv_waits_for_a_late_send():
+    syn = from_programs([
+        [("compute", 100), ("send", "m", 3), ("wait", 1, 1)],
+        [("recv", "m", 2), ("wait", 0, 1), ("compute", 10)],
+    ], transfer={"m": 7})
+    start, end, cstart, cend = times(syn)
+    assert end[:3] == [100, 103, 104]  # the send completes locally
+    assert end[3:] == [2, 107, 117]  # the recv completes at send issue (100) + transfer (7)
+    assert cstart == [100] and cend == [107]
+
+
+def test_recv_posted_after_the_data_arrived_does_not_wait():
+    syn = from_programs([
+        [("send", "m", 1), ("wait", 0, 1)],
+        [("compute", 500), ("recv", "m", 2), ("wait", 1, 3)],
+    ], transfer={"m": 7})
+    _, end, cstart, cend = times(syn)
+    assert end[2:] == [500, 502, 505]
+    assert cstart == [500] and cend == [500]  # max(recv issue, send issue + transfer)
+
+
+def test_async_op_overlaps_compute():
+    syn = from_programs([
+        [("coll", "A", 1), ("compute", 100), ("wait", 0, 1)],
+        [("coll", "A", 1), ("wait", 0, 1)],
+    ], transfer={"A": 20})
+    _, end, _, cend = times(syn)
+    assert cend == [20]
+    assert end[:3] == [1, 101, 102]  # the transfer is hidden behind the compute
+    assert end[3:] == [1, 20]
+
+
+def test_op_without_wait_never_blocks():
+    syn = from_programs([
+        [("coll", "A", 5), ("compute", 3), ("marker", 1)],
+        [("compute", 1000), ("coll", "A", 1), ("wait", 1, 1)],
+    ], transfer={"A": 10})
+    _, end, cstart, cend = times(syn)
+    assert end[:3] == [5, 8, 9]
+    assert end[3:] == [1000, 1001, 1010]
+    assert cstart == [1000] and cend == [1010]
+
+
+def test_zero_durations_and_empty_ranks():
+    syn = from_programs([[], [("coll", "A", 0), ("wait", 0, 0)], [("coll", "A", 0), ("wait", 0, 0)], []])
+    _, end, _, cend = times(syn)
+    assert end == [0, 0, 0, 0] and cend == [0]
+
+
+def test_lockstep_that_would_block_falls_back_to_rank_by_rank():
+    # ranks 0 and 1 look alike and share collective A, so they form a bundle; but rank 0's wait at step 3
+    # needs rank 1's send at step 4: in lockstep that blocks, rank by rank it does not
+    syn = from_programs([
+        [("coll", "A", 1), ("wait", 0, 1), ("recv", "X", 1), ("wait", 2, 1), ("send", "Y", 1), ("compute", 1)],
+        [("coll", "A", 1), ("wait", 0, 1), ("recv", "Z", 1), ("wait", 2, 1), ("send", "X", 1), ("compute", 1)],
+        [("send", "Z", 5), ("compute", 3), ("recv", "Y", 1), ("wait", 2, 1)],
+    ], transfer={"A": 10, "X": 7, "Z": 3, "Y": 2})
+    sched, _ = discover(syn.graph, syn.durations, syn.transfer)
+    assert not sched.bundled
+    times(syn)
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def sweeps():
+    return [
+        ("numba", lambda s: discover(s.graph, s.durations, s.transfer)),
+        ("numba-unbundled", lambda s: discover(s.graph, s.durations, s.transfer, bundle=False)),
+        ("reference", lambda s: reference.sweep(s.graph, s.durations, s.transfer)),
+    ]
+
+
+@pytest.mark.parametrize("name,sweep", sweeps(), ids=lambda x: x if isinstance(x, str) else "")
+def test_cycle_is_an_error_naming_ranks_and_events(name, sweep):
+    syn = from_programs([
+        [("compute", 1), ("recv", "a", 1), ("wait", 1, 1), ("send", "b", 1)],
+        [("recv", "b", 1), ("wait", 0, 1), ("send", "a", 1)],
+    ])
+    with pytest.raises(SweepError, match="cycle") as err:
+        sweep(syn)
+    message = str(err.value)
+    assert "rank 0 seq 2" in message and "wait on recv" in message and "rank 1 " in message
+
+
+def test_cycle_through_collectives_names_the_group():
+    syn = training_graph(Layout(tp=2, pp=1, dp=1, ep=1, microbatches=1, layers=2, iterations=1, buckets=1))
+    g = syn.graph
+    # rank 1 issues its two first TP all-reduces in the opposite order
+    first = np.flatnonzero((g.kind == 1) & (np.arange(g.n_events) >= g.rank_ptr[1]))[:2]
+    g.comm[first] = g.comm[first[::-1]].copy()
+    with pytest.raises(SweepError, match="cycle") as err:
+        discover(g, syn.durations, syn.transfer)
+    assert "all_reduce on group 'tp'" in str(err.value)
+
+
+def test_unmatched_comms_are_errors():
+    syn = training_graph(Layout(tp=2, pp=2, dp=2, ep=2, microbatches=2, layers=1, iterations=1, buckets=1))
+    op = int(np.flatnonzero(syn.graph.kind == 1)[3])
+    syn.graph.comm[op] = -1
+    for _, sweep in sweeps():
+        with pytest.raises(SweepError, match="unmatched comm") as err:
+            sweep(syn)
+        assert f"seq {op - syn.graph.rank_ptr[syn.graph.rank_of(op)]}" in str(err.value)
+    lonely = from_programs([[("send", "m", 1), ("wait", 0, 1)], [("recv", "n", 1), ("wait", 0, 1)]])
+    with pytest.raises(SweepError, match="unmatched"):
+        discover(lonely.graph, lonely.durations, lonely.transfer)
+
+
+def test_bad_durations_are_errors():
+    syn = random_graph(0, ranks=3, comms=10)
+    with pytest.raises(SweepError, match="one per event"):
+        discover(syn.graph, syn.durations[:-1], syn.transfer)
+    durations = syn.durations.copy()
+    durations[4] = -1
+    with pytest.raises(SweepError, match="negative duration"):
+        discover(syn.graph, durations, syn.transfer)
+    sched, _ = discover(syn.graph, syn.durations, syn.transfer)
+    with pytest.raises(SweepError, match="one per comm"):
+        sched.replay(syn.durations, syn.transfer[:-1])
+
+
+def test_schedule_layout_round_trips():
+    syn = training_graph(Layout(tp=2, pp=2, dp=4, ep=2, microbatches=2, layers=1, iterations=1, buckets=1))
+    sched, timeline = discover(syn.graph, syn.durations, syn.transfer)
+    ids = np.arange(syn.graph.n_events, dtype=np.int64)
+    laid = sched.to_schedule(ids)
+    assert sorted(laid.tolist()) == ids.tolist()
+    assert np.array_equal(sched.from_schedule(laid), ids)
+    end_s, acc = sched.replay_scheduled(sched.to_schedule(syn.durations), sched.transfer_to_schedule(syn.transfer))
+    assert np.array_equal(sched.from_schedule(end_s), timeline.end_ns)
+    assert sched.nbytes > 0
