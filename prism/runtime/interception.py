@@ -20,9 +20,9 @@ import torch.distributed.distributed_c10d as c10d
 from prism.runtime import capture, markers
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
-from prism.runtime.transport import RealTransport
+from prism.runtime.transport import RealTransport, slice_store
 
-MODES = ("real", "capture")  # slice and emulate arrive with their transports
+MODES = ("real", "capture", "slice")  # emulate arrives with its transport
 
 _state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": [], "mode": None, "out": None}
 
@@ -58,8 +58,10 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     if _state["mode"] == "capture":
         transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
     else:
+        # slice: the real transport, in a key space the replay server (the virtual members) can reach
+        store = slice_store(name) if _state["mode"] == "slice" else dist_opts.store
         transport = RealTransport(
-            dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
+            store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
             want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,
         )
     if rec is not None:

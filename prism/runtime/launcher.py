@@ -1,6 +1,10 @@
 """`prism launch`: a torchrun-compatible launcher that runs W ranks forked from a warm zygote.
 
-    prism launch --nproc W [--mode real|off] [--out DIR] [--pin] (SCRIPT | -m MODULE) [ARGS...]
+    prism launch --nproc W [--mode real|capture|off] [--out DIR] [--pin] (SCRIPT | -m MODULE) [ARGS...]
+    prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--out DIR] [--pin] ...
+
+Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
+for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`).
 
 Everything a user can get wrong is checked here, before any rank starts (exit code 2). With `--out`, the
 ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
@@ -26,7 +30,7 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-MODES = ("real", "capture", "off")
+MODES = ("real", "capture", "slice", "off")
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -47,6 +51,8 @@ class LaunchSpec:
     devices: int | None = None  # capture: device slots P (None: every core)
     payloads: bool = True  # capture: keep every contribution for the later modes
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
+    slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
+    capture: Path | None = None  # slice: the capture folder the replay server answers from
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -58,7 +64,8 @@ def parse(argv: list[str]) -> LaunchSpec:
         if tok == "-m" or tok == "--module":
             split = i
             break
-        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload"):
+        if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
+                   "--slice-ranks", "--capture"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -70,7 +77,11 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--nproc", "--nproc-per-node", type=int, required=True, help="number of ranks W")
     parser.add_argument("--mode", default="real", choices=MODES,
                         help="real: record PrismTrace over the real backend; capture: run W ranks on "
-                             "--devices slots through the coordinator; off: no interception")
+                             "--devices slots through the coordinator; slice: run --slice-ranks for real, "
+                             "the other ranks replayed from --capture; off: no interception")
+    parser.add_argument("--slice-ranks", default="", help="slice: comma-separated global ranks to run for real")
+    parser.add_argument("--capture", type=Path, default=None,
+                        help="slice: the capture folder (raw/ and payloads/) that the replay server answers from")
     parser.add_argument("--devices", type=int, default=None,
                         help="capture: device slots P (CPU: cores; default all cores)")
     parser.add_argument("--preload", default="",
@@ -89,7 +100,11 @@ def parse(argv: list[str]) -> LaunchSpec:
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
-                      preload=[m for m in opts.preload.split(",") if m])
+                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture)
+    try:
+        spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
+    except ValueError:
+        raise LaunchError(f"--slice-ranks must be comma-separated rank numbers (got {opts.slice_ranks!r})") from None
     if rest[0] in ("-m", "--module"):
         if len(rest) < 2:
             raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
@@ -113,6 +128,10 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
+    if spec.mode == "slice":
+        _validate_slice(spec)
+    elif spec.slice_ranks or spec.capture is not None:
+        raise LaunchError("--slice-ranks and --capture belong to --mode slice")
     if spec.script is not None:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
@@ -130,6 +149,37 @@ def validate(spec: LaunchSpec) -> None:
         if _find_module(name) is None:
             raise LaunchError(f"--preload: module not found: {name}")
     _check_known_workload(spec)
+
+
+def _validate_slice(spec: LaunchSpec) -> None:
+    ranks, world = spec.slice_ranks, spec.nproc
+    if not ranks:
+        raise LaunchError("--mode slice needs --slice-ranks (e.g. --slice-ranks 0,1: the ranks that run for real)")
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise LaunchError(f"--slice-ranks {bad} outside 0..{world - 1} (--nproc {world})")
+    if len(set(ranks)) != len(ranks):
+        raise LaunchError(f"--slice-ranks lists a rank twice: {ranks}")
+    cores = len(os.sched_getaffinity(0))
+    if len(ranks) > cores:
+        raise LaunchError(f"a slice of {len(ranks)} ranks needs {len(ranks)} cores (one device each); this "
+                          f"machine has {cores}: plan slices of at most {cores} ranks")
+    if spec.capture is None:
+        raise LaunchError("--mode slice needs --capture CAPDIR (the output folder of `prism launch --mode capture`)")
+    meta_path = spec.capture / "raw" / "meta.json"
+    if not meta_path.is_file():
+        raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
+                          "did not finish); run `prism launch --mode capture --out CAPDIR` first")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("mode") != "capture":
+        raise LaunchError(f"--capture {spec.capture}: a {meta.get('mode')!r} run, not a capture")
+    if meta.get("world_size") != world:
+        raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, --nproc is {world}: "
+                          "a slice runs the captured job at its own size")
+    if not meta.get("payloads", False) or not (spec.capture / "payloads").is_dir():
+        raise LaunchError(f"--capture {spec.capture} has no payloads (captured with --no-payloads): "
+                          "capture again with payloads")
+    spec.capture = spec.capture.resolve()
 
 
 def _find_module(name: str):
@@ -175,7 +225,8 @@ def launch(spec: LaunchSpec) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES"):
+    for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
+                "PRISM_SLICE_RANKS"):
         env.pop(var, None)
     payload_staging = shm_dir = None
     if spec.mode != "off":
@@ -193,12 +244,17 @@ def launch(spec: LaunchSpec) -> int:
             payload_staging = spec.out / f".payloads.tmp-{run_id}"
             payload_staging.mkdir(parents=True)
             env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
+    if spec.mode == "slice":  # the store is hosted by the supervisor, as in capture
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
+                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)))
     zspec = {
         "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
         "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
         "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
         "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
     }
+    if spec.mode == "slice":
+        zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
     spec_file = status_dir / "spec.json"
     spec_file.write_text(json.dumps(zspec))
     started = time.time()
@@ -214,7 +270,7 @@ def launch(spec: LaunchSpec) -> int:
             proc.wait()
         if shm_dir is not None:
             shutil.rmtree(shm_dir, ignore_errors=True)
-    stats_file = status_dir / "capture_stats.json"
+    stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
     shutil.rmtree(status_dir, ignore_errors=True)
     if code == 0 and staging is not None:
@@ -265,6 +321,8 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
     }
     if spec.mode == "capture":
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
+    if spec.mode == "slice":
+        meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats)
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
 

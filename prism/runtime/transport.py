@@ -3,11 +3,14 @@
 The prism backend (`backend.PrismProcessGroup`) is the same in every mode; a transport does the data
 movement. A transport offers the methods below with the `torch.distributed.Backend` calling convention
 and returns a c10d `Work`. `RealTransport` (mode `real`) hands every call to the job's real backend:
-gloo for CPU tensors, NCCL for CUDA tensors when the program asked for NCCL.
+gloo for CPU tensors, NCCL for CUDA tensors when the program asked for NCCL. In mode `slice` the same
+transport runs over a store whose key space the replay server can predict (`slice_store`), so that the
+server can stand in for the group's virtual members.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Protocol
 
@@ -33,6 +36,28 @@ _BACKEND_METHOD = {
     "all_to_all_single": "alltoall_base",
     "alltoall_base": "alltoall_base",
 }
+
+
+# Mode `slice`: the stores of every group live under this prefix of the job's store (the supervisor's).
+SLICE_PREFIX = "prism-slice"
+_slice_client: dict = {}
+
+
+def slice_store(group_name: str, own_client: bool = False):
+    """The store of group `group_name` in mode `slice`: `SLICE_PREFIX/<group>/` on the job's store.
+
+    Group names are torch's (creation order: the same in every run of the program), so the replay server
+    reaches the same keys for the group's virtual members. The job's store is reached through a client of
+    MASTER_ADDR:MASTER_PORT, one per process; `own_client`: a new one (a client serves one blocking call at
+    a time, so members created concurrently in one process each need their own)."""
+    base = None if own_client else _slice_client.get(os.getpid())
+    if base is None:
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             wait_for_workers=False, timeout=timedelta(minutes=30))
+        if not own_client:
+            _slice_client.clear()
+            _slice_client[os.getpid()] = base
+    return PrefixStore(f"{SLICE_PREFIX}/{group_name}/", base)
 
 
 class RealTransport:

@@ -4,6 +4,10 @@ Started by `prism launch` as `python -m prism.runtime.zygote SPEC.json` with pri
 PYTHONPATH (so the interception is installed here, before any fork, and in anything a rank spawns).
 Forking from a warm process costs a few MiB per rank instead of ~200 MiB for a fresh interpreter.
 
+Mode `slice`: only the slice's ranks are forked (each with its global RANK), plus one replay server
+(`prism.runtime.replay`, id `REPLAY` here) that answers for every other rank; the job's store is hosted
+here. Once the slice ranks succeeded, the server is told to stop (it must have replayed everything).
+
 Supervision: the first rank to fail (non-zero exit or a signal) gets the others stopped (SIGTERM, then
 SIGKILL after a grace period); its number and traceback are printed; the zygote exits non-zero. Ranks die
 with the zygote (PR_SET_PDEATHSIG), so a killed launcher leaves no process behind.
@@ -27,6 +31,8 @@ import traceback
 from pathlib import Path
 
 GRACE_S = 5.0
+REPLAY = -1  # mode slice: the replay server's id among the supervised children
+REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
 _PR_SET_PDEATHSIG = 1
 
 
@@ -80,7 +86,8 @@ def _run_rank(spec: dict, rank: int) -> int:
 
     if spec.get("pin"):
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+        index = spec["ranks"].index(rank) if spec.get("ranks") else rank  # slice: one core per slice rank
+        os.sched_setaffinity(0, {cores[index % len(cores)]})
         torch.set_num_threads(1)
     intercepted = bool(os.environ.get("PRISM_MODE"))
     if intercepted:
@@ -123,6 +130,27 @@ def _run_rank(spec: dict, rank: int) -> int:
             sys.stderr.write(text)
             Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
             code = code or 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _run_replay(spec: dict) -> int:
+    """In the forked child: become the replay server of a slice (mode `slice`)."""
+    _die_with_parent()
+    os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
+                      WORLD_SIZE=str(spec["nproc"]), TORCHELASTIC_RUN_ID=spec["run_id"])
+    os.environ.pop("PRISM_OUT", None)  # the server records nothing
+    try:
+        from prism.runtime import replay
+
+        code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
+                            float(spec.get("replay_timeout_s") or 600))
+    except BaseException:
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        Path(spec["status_dir"], "replay.traceback").write_text(text)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code
@@ -277,8 +305,10 @@ def supervise(spec: dict) -> int:
     out = _LineForwarder()
     read_ends: list[int] = []
     capture = spec.get("mode") == "capture"
+    slice_mode = spec.get("mode") == "slice"
+    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(range(spec["nproc"]))
     ctl: dict[int, socket.socket] = {}
-    for rank in range(spec["nproc"]):
+    for rank in ids:
         r_out, w_out = os.pipe()
         r_err, w_err = os.pipe()
         if capture:
@@ -300,7 +330,7 @@ def supervise(spec: dict) -> int:
             os.close(w_err)
             code = 1
             try:
-                code = _run_rank(spec, rank)
+                code = _run_replay(spec) if rank == REPLAY else _run_rank(spec, rank)
             finally:
                 os._exit(code)
         os.close(w_out)
@@ -315,9 +345,18 @@ def supervise(spec: dict) -> int:
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
     link = _CoordinatorLink(spec, ctl, out) if capture else None
+    store = None
+    if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
+        import torch.distributed as dist
+
+        store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
+                              wait_for_workers=False)
+    replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
     deadline = None
     while children:
+        if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
+            deadline = _stop_replay(spec, replay, children)
         if link is not None and link.error and deadline is None:
             print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
             deadline = _stop(children, time.monotonic())
@@ -344,6 +383,10 @@ def supervise(spec: dict) -> int:
                 _kill(p, signal.SIGKILL)
             deadline = float("inf")
     out.drain(2.0)
+    del store
+    if replay["error"]:
+        print(f"[prism] slice run failed: {replay['error']}", file=sys.stderr)
+        return 3
     if link is not None:
         link.close()
         if link.error:
@@ -351,14 +394,37 @@ def supervise(spec: dict) -> int:
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
-        print(f"[prism] rank {rank} failed with {how}; the other ranks were stopped.", file=sys.stderr)
-        tb = Path(spec["status_dir"], f"rank{rank}.traceback")
+        who = "the replay server" if rank == REPLAY else f"rank {rank}"
+        print(f"[prism] {who} failed with {how}; the other ranks were stopped.", file=sys.stderr)
+        tb = Path(spec["status_dir"], "replay.traceback" if rank == REPLAY else f"rank{rank}.traceback")
         if tb.exists():
-            print(f"[prism] rank {rank} traceback:\n{tb.read_text()}", file=sys.stderr, end="")
+            print(f"[prism] {who} traceback:\n{tb.read_text()}", file=sys.stderr, end="")
         return code if code > 0 else 128 - code
     if stopping["signal"] is not None:
         return 128 + stopping["signal"]
     return 0
+
+
+def _stop_replay(spec: dict, replay: dict, children: dict[int, int]) -> float | None:
+    """The slice ranks all succeeded: stop the replay server once it replayed everything (returns a stop
+    deadline when it did not in time: the program issued fewer operations than in the capture)."""
+    if replay["stopped"]:
+        return None
+    now = time.monotonic()
+    if Path(spec["status_dir"], "replay.done").exists():
+        replay["stopped"] = True
+        _kill(replay["pid"], signal.SIGTERM)
+        return None
+    if replay["wait_until"] is None:
+        replay["wait_until"] = now + REPLAY_GRACE_S
+        return None
+    if now < replay["wait_until"]:
+        return None
+    replay["error"] = ("the slice ranks finished, but the replay server had not replayed every operation of "
+                       "the capture (see its message above): the program issued fewer operations than in the "
+                       "capture (another program or arguments, or a nondeterministic program)")
+    replay["stopped"] = True
+    return _stop(children, now)
 
 
 def _kill(pid: int, sig: int) -> None:

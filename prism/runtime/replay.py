@@ -1,0 +1,399 @@
+"""Mode `slice`, the replay server: answers for every rank outside the slice from the recorded payloads.
+
+The ranks of a slice run the real program on the real transport (`transport.RealTransport` over
+`transport.slice_store`). One replay server process stands in for all other (virtual) ranks: for every
+group that holds a slice rank and a virtual one, it creates one `ProcessGroupGloo` per virtual member
+(same store key space, that member's group rank and the group's size; the members of a group are built
+concurrently, since a gloo rendezvous waits for all of them). Groups without a slice rank are never
+created (group reduction). Then, per group, one thread replays the group's collectives in `group_seq`
+order: every virtual member issues the op on its own instance with its recorded contribution as input
+(reduce op, root, splits and output shapes come from the payload's meta) and the outputs are discarded.
+Point-to-point messages between a virtual and a slice rank are replayed per channel (group, sender,
+receiver, tag) in the recorded order: virtual -> slice sends carry the recorded payload, slice -> virtual
+messages are received into buffers shaped like the slice rank's recorded send. Payloads are loaded ahead
+of use (a small prefetch per thread).
+
+Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
+`raw/rank=R/{groups,events,payloads}.arrow`, `payloads/<hash[:2]>/<hash>.bin`.
+
+Run by the supervisor of `prism launch --mode slice` (forked from the zygote): `serve(...)`. When it has
+replayed everything it waits to be told to stop (SIGTERM); stopped before that, it prints what it still
+waits for (the group, op and sequence number of each unfinished replay).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+from prism.runtime import shm
+from prism.runtime.transport import slice_store
+
+PREFETCH = 4  # payloads loaded ahead of use, per replay thread
+_END = object()
+
+
+class ReplayError(Exception):
+    """The capture cannot be replayed for this slice (missing files, a payload the op needs)."""
+
+
+# -- reading the capture ---------------------------------------------------------------------------------
+def _read_stream(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise ReplayError(f"{path}: missing (is this a complete capture with payloads?)")
+    with pa.OSFile(str(path)) as source:
+        return ipc.open_stream(source).read_all()
+
+
+@dataclass
+class Collective:
+    seq: int
+    op: str
+    root: int  # group rank of the root (broadcast, reduce, gather, scatter), else -1
+    key: str
+
+
+@dataclass
+class Channel:
+    """The messages of one (group, sender, receiver, tag), in the order they were sent."""
+
+    group: str
+    src: int  # global ranks
+    dst: int
+    tag: int
+    hashes: list[str] = field(default_factory=list)  # the sender's recorded payloads, in order
+
+
+@dataclass
+class ReplayPlan:
+    """What the server must do for one slice."""
+
+    world: int
+    slice_ranks: list[int]
+    groups: dict[str, tuple[int, ...]]  # every relevant group: name -> members (global ranks)
+    order: list[str]  # relevant groups in creation order
+    collectives: dict[str, list[Collective]]
+    payload: dict[tuple[int, str], str]  # (global rank, key) -> hash
+    channels: list[Channel]
+
+    def virtual(self, group: str) -> list[int]:
+        return [r for r in self.groups[group] if r not in self.slice_ranks]
+
+
+def _group_order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
+    """Read the capture: the groups, collectives and messages that involve a slice rank and a virtual one."""
+    raw = capture / "raw"
+    meta_path = raw / "meta.json"
+    if not meta_path.is_file():
+        raise ReplayError(f"{meta_path}: missing (not a capture folder, or the capture did not finish)")
+    world = int(json.loads(meta_path.read_text())["world_size"])
+    slice_set = set(slice_ranks)
+    groups: dict[str, tuple[int, ...]] = {}
+    # a group holding a slice rank is in that rank's groups table
+    for r in slice_ranks:
+        for name, members in zip(*_read_stream(raw / f"rank={r}" / "groups.arrow")
+                                 .select(["group", "members"]).to_pydict().values()):
+            members = tuple(members)
+            if any(m not in slice_set for m in members):
+                groups[name] = members
+    order = sorted(groups, key=_group_order)
+
+    # the collectives of each relevant group, from one slice member's events (every member issues them all)
+    collectives: dict[str, list[Collective]] = {g: [] for g in groups}
+    seen_by: dict[str, int] = {}
+    peers: set[int] = set()
+    for r in slice_ranks:
+        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group", "group_seq", "peer"])
+        cols = ev.to_pydict()
+        for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group"], cols["group_seq"],
+                                               cols["peer"]):
+            if kind in ("send", "recv") and group in groups:
+                peers.add(peer)
+            if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
+                continue
+            members = groups[group]
+            root = members.index(peer) if op in ("broadcast", "reduce", "gather", "scatter") else -1
+            collectives[group].append(Collective(gseq, op, root, _key("c", group, gseq)))
+    for ops in collectives.values():
+        ops.sort(key=lambda c: c.seq)
+
+    # the payload indexes: of the slice ranks (their sends to virtual ranks, roots' shapes), of the virtual
+    # members of groups with collectives, and of the virtual peers of the slice ranks' messages
+    readers = set(slice_set)
+    for g, ops in collectives.items():
+        if ops:
+            readers.update(groups[g])
+    readers.update(p for p in peers if p not in slice_set)
+    payload: dict[tuple[int, str], str] = {}
+    channels: dict[tuple[str, int, int, int], list[tuple[int, str]]] = defaultdict(list)
+    for r in sorted(readers):
+        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "hash"]).to_pydict()
+        for key, digest in zip(table["key"], table["hash"]):
+            if key.startswith("c-"):
+                payload[(r, key)] = digest
+                continue
+            # p2p key: p-<group>-<src>-<dst>-<tag>-<k>
+            group, src, dst, tag, k = _split_p2p(key)
+            if group not in groups or (src in slice_set) == (dst in slice_set):
+                continue
+            channels[(group, src, dst, tag)].append((k, digest))
+    chans = []
+    for (group, src, dst, tag), items in sorted(channels.items()):
+        items.sort()
+        chans.append(Channel(group, src, dst, tag, [h for _, h in items]))
+    return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans)
+
+
+def _key(*parts) -> str:  # the capture's key naming (prism.runtime.capture.key_name)
+    return "-".join(str(p) for p in parts).replace("/", "_")
+
+
+def _split_p2p(key: str) -> tuple[str, int, int, int, int]:
+    head, src, dst, tag, k = key.rsplit("-", 4)
+    return head[2:], int(src), int(dst), int(tag), int(k)
+
+
+# -- replaying one op --------------------------------------------------------------------------------------
+def _red(meta: dict) -> dist.ReduceOp:
+    return getattr(dist.ReduceOp, meta.get("reduce_op", "SUM"))
+
+
+def _opts(cls, **attrs):
+    opts = cls()
+    for name, value in attrs.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def _empty(shapes, dtype) -> list:
+    """Buffers nested like `shapes` (tuples are shapes, lists are lists)."""
+    if isinstance(shapes, tuple):
+        return torch.empty(shapes, dtype=dtype)
+    return [_empty(s, dtype) for s in shapes]
+
+
+def issue(pg: ProcessGroupGloo, op: str, me: int, n: int, root: int, mine: tuple[dict, list] | None,
+          root_payload: tuple[dict, list] | None):
+    """Issue collective `op` on a virtual member's instance with its recorded contribution; returns the work."""
+    meta, ts = mine if mine is not None else ({}, [])
+    dtype = ts[0].dtype if ts else (root_payload[1][0].dtype if root_payload and root_payload[1] else None)
+    out = meta.get("out")
+    if op == "all_reduce":
+        return pg.allreduce(ts, _opts(dist.AllreduceOptions, reduceOp=_red(meta)))
+    if op == "all_reduce_coalesced":
+        return pg.allreduce_coalesced(ts, _opts(dist.AllreduceCoalescedOptions, reduceOp=_red(meta)))
+    if op == "all_gather":
+        return pg.allgather(_empty(out, dtype), ts)
+    if op == "all_gather_into_tensor":
+        return pg._allgather_base(_empty(out[0], dtype), ts[0])
+    if op == "reduce_scatter":
+        per = len(ts) // n
+        inputs = [ts[j * n:(j + 1) * n] for j in range(per)]
+        return pg.reduce_scatter(_empty(out, dtype), inputs, _opts(dist.ReduceScatterOptions, reduceOp=_red(meta)))
+    if op == "reduce_scatter_tensor":
+        return pg._reduce_scatter_base(_empty(out[0], dtype), ts[0],
+                                       _opts(dist.ReduceScatterOptions, reduceOp=_red(meta)))
+    if op == "all_to_all_single":
+        return pg.alltoall_base(_empty(out[0], dtype), ts[0], list(meta["out_splits"]), list(meta["splits"]),
+                                dist.AllToAllOptions())
+    if op == "all_to_all":
+        return pg.alltoall(_empty(out, dtype), ts, dist.AllToAllOptions())
+    if op == "broadcast":
+        tensors = ts if me == root else [torch.empty_like(t) for t in root_payload[1]]
+        return pg.broadcast(tensors, _opts(dist.BroadcastOptions, rootRank=root, rootTensor=0))
+    if op == "reduce":
+        return pg.reduce(ts, _opts(dist.ReduceOptions, reduceOp=_red(meta), rootRank=int(meta.get("root", root))))
+    if op == "gather":
+        return pg.gather(_empty(out, dtype) if me == root else [], ts, _opts(dist.GatherOptions, rootRank=root))
+    if op == "scatter":
+        src = root_payload[1]
+        return pg.scatter([torch.empty_like(src[me])], [ts] if me == root else [],
+                          _opts(dist.ScatterOptions, rootRank=root))
+    if op == "barrier":
+        return pg.barrier(dist.BarrierOptions())
+    raise ReplayError(f"the replay server cannot replay {op!r} yet")
+
+
+# -- the server ----------------------------------------------------------------------------------------------
+class ReplayServer:
+    def __init__(self, plan: ReplayPlan, capture: Path, timeout: timedelta) -> None:
+        self.plan = plan
+        self.payloads = shm.PayloadStore(capture / "payloads")
+        self.timeout = timeout
+        self.pgs: dict[str, dict[int, ProcessGroupGloo]] = {}
+        self.loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prism-replay-load")
+        self.errors: list[str] = []
+        self.state: dict[str, str] = {}  # thread -> what it is doing now (diagnosis)
+        self.ops = 0
+        self.messages = 0
+
+    # building the virtual members
+    def _build(self, group: str) -> None:
+        members = self.plan.groups[group]
+        self.state[f"group {group}"] = f"creating its {len(self.plan.virtual(group))} virtual members " \
+                                       f"(waits for the slice ranks to create group {group})"
+        made: dict[int, ProcessGroupGloo] = {}
+        failed: list[BaseException] = []
+
+        def make(v: int) -> None:
+            try:
+                store = PrefixStore("gloo/", slice_store(group, own_client=True))
+                pg = ProcessGroupGloo(store, members.index(v), len(members), self.timeout)
+                made[v] = pg
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failed.append(exc)
+
+        threads = [threading.Thread(target=make, args=(v,), daemon=True) for v in self.plan.virtual(group)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
+        self.pgs[group] = made
+
+    def _load(self, digest: str):
+        try:
+            return self.payloads.get(digest)
+        except FileNotFoundError:
+            raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
+
+    def _prefetched(self, items: list, load):
+        """Yield (item, load(item)) in order, with up to PREFETCH loads running ahead."""
+        ahead: deque = deque()
+        it = iter(items)
+
+        def fill() -> None:
+            while len(ahead) <= PREFETCH:
+                item = next(it, _END)
+                if item is _END:
+                    return
+                ahead.append((item, self.loader.submit(load, item)))
+
+        fill()
+        while ahead:
+            item, fut = ahead.popleft()
+            fill()
+            yield item, fut.result()
+
+    def _group(self, group: str) -> None:
+        """Create the group's virtual members, then replay its collectives in order."""
+        name = f"group {group}"
+        self._build(group)
+        members = self.plan.groups[group]
+        n = len(members)
+        virtual = self.plan.virtual(group)
+        payload = self.plan.payload
+
+        def load(c: Collective):
+            mine = {v: self._load(payload[(v, c.key)]) for v in virtual if (v, c.key) in payload}
+            root_payload = None
+            if c.root >= 0 and c.op in ("broadcast", "scatter"):
+                root_rank = members[c.root]  # (a slice rank's capture contribution has the shapes too)
+                root_payload = mine.get(root_rank) or self._load(payload[(root_rank, c.key)])
+            return mine, root_payload
+
+        for c, (mine, root_payload) in self._prefetched(self.plan.collectives[group], load):
+            self.state[name] = f"{c.op} #{c.seq}"
+            works = [issue(self.pgs[group][v], c.op, members.index(v), n, c.root, mine.get(v), root_payload)
+                     for v in virtual]
+            for w in works:
+                w.wait()
+            self.ops += 1
+        self.state[name] = "done"
+
+    def _channel(self, ch: Channel) -> None:
+        name = f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"
+        members = self.plan.groups[ch.group]
+        while ch.group not in self.pgs:  # its group's virtual members are being created
+            if self.errors:
+                return
+            time.sleep(0.005)
+        sending = ch.src not in self.plan.slice_ranks
+        pg = self.pgs[ch.group][ch.src if sending else ch.dst]
+        for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
+            self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            if sending:
+                pg.send(list(ts), members.index(ch.dst), ch.tag).wait()
+            else:
+                pg.recv([torch.empty_like(t) for t in ts], members.index(ch.src), ch.tag).wait()
+            self.messages += 1
+        self.state[name] = "done"
+
+    def _run(self, fn, arg, name: str) -> None:
+        try:
+            fn(arg)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            self.errors.append(f"{name}: {type(exc).__name__}: {exc} (while {self.state.get(name, 'starting')})")
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._run, args=(self._group, g, f"group {g}"), daemon=True,
+                                    name=f"prism-replay-g{g}") for g in self.plan.order]
+        threads += [threading.Thread(target=self._run, args=(self._channel, ch,
+                                                             f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"),
+                                     daemon=True, name=f"prism-replay-p2p") for ch in self.plan.channels]
+        for t in threads:
+            t.start()
+        return threads
+
+    def pending(self) -> list[str]:
+        return [f"{who}: {what}" for who, what in sorted(self.state.items()) if what != "done"]
+
+
+def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: float) -> int:
+    """The replay server's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM.
+
+    Returns 0 when stopped after replaying everything, 1 on an error or when stopped before (printing
+    what it still waited for)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    torch.set_num_threads(1)
+    try:
+        plan = load_plan(capture, slice_ranks)
+    except (ReplayError, OSError, pa.ArrowInvalid) as exc:
+        print(f"[prism] replay server: cannot read the capture: {exc}", file=sys.stderr, flush=True)
+        return 1
+    server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
+    started = time.monotonic()
+    threads = server.start()
+    while any(t.is_alive() for t in threads):
+        if server.errors:
+            print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
+            return 1
+        if stop.is_set():
+            print("[prism] replay server stopped before it replayed everything; still waiting for: "
+                  + "; ".join(server.pending()), file=sys.stderr, flush=True)
+            return 1
+        for t in threads:
+            t.join(0.05)
+            if t.is_alive():
+                break
+    if server.errors:
+        print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
+        return 1
+    summary = {"groups": len(plan.order), "virtual_members": sum(len(plan.virtual(g)) for g in plan.order),
+               "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started}
+    (status_dir / "replay.done").write_text(json.dumps(summary))
+    while not stop.wait(0.1):
+        pass
+    return 0
