@@ -14,7 +14,9 @@ import pytest
 
 from prism import schemas
 from prism.artifacts import write_parquet
-from prism.calibrate import stage
+from prism.calibrate import reference, stage
+from prism.calibrate.durations import bare_graph
+from prism.calibrate.sweep import discover
 from tests.conftest import REPO, make_env, run_prism
 
 pytestmark = pytest.mark.slow
@@ -77,6 +79,19 @@ def test_stage_writes_a_consistent_timeline(graph_job):
         assert rank.start_ns.iloc[0] == 0 and rank.start_ns.iloc[1] == rank.end_ns.iloc[0]
     ends = t[(events.set_index("event_id").loc[t.event_id, "op"].to_numpy() == "iteration_end")]
     assert sorted(ends.end_ns.tolist()) == sorted(iters.end_ns.tolist())
+
+
+def test_real_graph_numba_equals_reference(graph_job):
+    job = stage.load_graph(graph_job)
+    g, c = job.graph, job.columns
+    durations, transfer = bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+                                     c["t_complete_ns"], g.n_comms)
+    assert (durations >= 0).all() and (transfer >= 0).all() and transfer.max() > 0
+    want = reference.sweep(g, durations, transfer)
+    sched, got = discover(g, durations, transfer)
+    for timeline in (got, sched.replay(durations, transfer)):
+        for name in ("start_ns", "end_ns", "comm_start_ns", "comm_end_ns"):
+            assert np.array_equal(getattr(timeline, name), getattr(want, name)), name
 
 
 def test_explicit_durations_are_used(graph_job, tmp_path):
