@@ -149,6 +149,11 @@ SLICE_PLAN = pa.schema(
     ]
 )
 
+# A slice run (`slices/slice=K/events.parquet`): the events of the slice's ranks, measured while they ran
+# for real together (the other ranks replayed). Same columns as the graph's EVENTS, rows aligned with the
+# capture graph's events of those ranks (same event_id, comm_id, op_event_id), times from the slice run.
+SLICE_EVENTS = pa.schema(list(EVENTS))
+
 # The calibrated timeline (`calibrated/timeline.parquet`): every event on one global clock, ns from the
 # job's start (every rank starts at 0).
 TIMELINE = pa.schema(
@@ -182,6 +187,7 @@ ALL: dict[str, pa.Schema] = {
     "groups": GROUPS,
     "ranks": RANKS,
     "slice_plan": SLICE_PLAN,
+    "slice_events": SLICE_EVENTS,
     "timeline": TIMELINE,
     "iterations": ITERATIONS,
 }

@@ -1,0 +1,194 @@
+"""Slice run: the ranks of one planned slice run the real program together, every other rank replayed.
+
+    python -m prism.slices.run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
+        ->  DIR/slices/slice=K/events.parquet
+
+Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism launch --mode slice`
+(pinned, one core each, on the real transport among them; a replay server answers for the other ranks
+from the capture's payloads, so data-dependent behaviour is exact), and writes the slice ranks' events:
+the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
+`event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`device_ns`/`cpu_ns`: the rank's
+own thread CPU time, never across a context switch).
+
+The capture is `DIR/capture` (the pipeline's layout) or `DIR` itself when it holds `raw/` (a job folder
+made by `prism launch --mode capture --out DIR`); `--capture` names it explicitly. The graph is
+`DIR/graph`. The program is the job config's workload (`--config-json`), else the capture's own command.
+Each slice rank must issue exactly the events it issued in the capture; otherwise the run is reported
+(rank, first differing event) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism import artifacts, schemas
+from prism import config as prism_config
+from prism.runtime import launcher
+
+# What must be equal, event by event, between a slice rank's run and its capture.
+SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
+
+
+class SliceError(Exception):
+    """Bad input (exit 2): the message says what is missing and how to fix it."""
+
+
+class MismatchError(Exception):
+    """The slice run did not issue the capture's events (exit 1)."""
+
+
+def _capture_dir(job: Path, explicit: Path | None) -> Path:
+    if explicit is not None:
+        candidates = [explicit]
+    else:
+        candidates = [job / "capture", job]
+    for cand in candidates:
+        if (cand / "raw" / "meta.json").is_file():
+            meta = json.loads((cand / "raw" / "meta.json").read_text())
+            if meta.get("mode") != "capture":
+                raise SliceError(f"{cand / 'raw'} is a {meta.get('mode')!r} run, not a capture")
+            if not (cand / "payloads").is_dir():
+                raise SliceError(f"{cand}: no payloads/ (captured with --no-payloads?): capture again with payloads")
+            return cand
+    where = " or ".join(str(c / "raw" / "meta.json") for c in candidates)
+    raise SliceError(f"no capture found ({where} missing): run the capture stage first")
+
+
+def _plan(job: Path, k: int) -> list[int]:
+    path = job / "slices" / "plan.parquet"
+    if not path.is_file():
+        raise SliceError(f"{path}: missing; run `python -m prism.slices.plan --job {job} --devices P` first")
+    try:
+        plan = artifacts.read_parquet(path)
+    except artifacts.ArtifactError as exc:
+        raise SliceError(str(exc)) from None
+    slices = sorted(set(plan["slice"].to_pylist()))
+    if k not in slices:
+        raise SliceError(f"slice {k} is not in the plan {path} (its slices: "
+                         f"{', '.join(map(str, slices)) or 'none'})")
+    ranks = plan.filter(pc.equal(plan["slice"], k))["rank"].to_pylist()
+    return sorted(ranks)
+
+
+def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str | None, list[str]]:
+    """(W, script, module, args) of the program to run."""
+    world = int(meta["world_size"])
+    if config_json:
+        try:
+            job = prism_config.from_dict(json.loads(config_json), "--config-json")
+        except (prism_config.ConfigError, json.JSONDecodeError) as exc:
+            raise SliceError(str(exc)) from None
+        if job.nproc != world:
+            raise SliceError(f"the config's nproc {job.nproc} differs from the capture's world size {world}: "
+                             "re-run the capture with this config")
+        return world, job.workload.script, job.workload.module, list(job.workload.args)
+    cmd = list(meta.get("command") or [])
+    if not cmd:
+        raise SliceError("the capture's meta.json has no command; pass --config-json")
+    if cmd[0] == "-m":
+        return world, None, cmd[1], cmd[2:]
+    return world, cmd[0], None, cmd[1:]
+
+
+def _strings(table: pa.Table) -> list[tuple]:
+    cols = []
+    for name in SAME:
+        col = table[name]
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        cols.append(col.to_pylist())
+    return list(zip(*cols))
+
+
+def _describe(row: tuple | None) -> str:
+    if row is None:
+        return "nothing (the sequence ended)"
+    return ", ".join(f"{name}={value}" for name, value in zip(SAME, row) if value not in (None, -1) or name == "kind")
+
+
+def align(rank: int, measured: pa.Table, graph: pa.Table) -> pa.Table:
+    """The rank's slice events with the graph's ids; raises MismatchError at the first differing event."""
+    measured = measured.sort_by("seq")
+    graph = graph.sort_by("seq")
+    got, want = _strings(measured), _strings(graph)
+    if got != want:
+        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise MismatchError(
+            f"rank {rank} did not repeat its capture: event {i} (seq) is {_describe(got[i] if i < len(got) else None)} "
+            f"in the slice run but {_describe(want[i] if i < len(want) else None)} in the capture graph "
+            f"({len(got)} vs {len(want)} events). The slice ran another program or arguments than the capture "
+            "(slice outputs from another capture?), or the program is nondeterministic; re-run the capture, "
+            "graph and plan with the same program")
+    out = measured
+    for name in ("event_id", "comm_id", "op_event_id"):
+        out = out.append_column(name, graph[name])
+    return out
+
+
+def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: bool) -> int:
+    ranks = _plan(job, k)
+    cap = _capture_dir(job, capture)
+    graph_path = job / "graph" / "events.parquet"
+    if not graph_path.is_file():
+        raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
+    meta = json.loads((cap / "raw" / "meta.json").read_text())
+    world, script, module, args = _program(config_json, meta)
+    staging = job / "slices" / f".slice={k}.run"
+    shutil.rmtree(staging, ignore_errors=True)
+    spec = launcher.LaunchSpec(nproc=world, script=script, module=module, args=args, mode="slice",
+                               out=staging, pin=pin, slice_ranks=ranks, capture=cap)
+    try:
+        try:
+            code = launcher.launch(spec)
+        except launcher.LaunchError as exc:
+            raise SliceError(str(exc)) from None
+        if code != 0:
+            print(f"prism slices run: slice {k} (ranks {ranks}) failed (exit code {code}); nothing written",
+                  file=sys.stderr)
+            return code
+        graph = artifacts.read_parquet(graph_path)
+        parts = []
+        for r in ranks:
+            measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+            parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
+        table = pa.concat_tables(parts)
+        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
+        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    replay = run_meta.get("replay", {})
+    print(f"prism slices run: slice {k} ranks {','.join(map(str, ranks))}: {table.num_rows} events in "
+          f"{run_meta.get('wall_s', 0):.1f} s; replay server: {replay.get('virtual_members', '?')} virtual members "
+          f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
+          f"{replay.get('messages', '?')} messages -> {job / 'slices' / f'slice={k}' / 'events.parquet'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.slices.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True, help="job folder (capture/, graph/, slices/plan.parquet)")
+    parser.add_argument("--slice", type=int, required=True, help="the slice number K in the plan")
+    parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
+    parser.add_argument("--capture", type=Path, help="the capture folder (default: JOB/capture, or JOB)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the slice ranks to cores")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.job, args.slice, args.config_json, args.capture, not args.no_pin)
+    except (SliceError, artifacts.ArtifactError) as exc:
+        print(f"prism slices run: error: {exc}", file=sys.stderr)
+        return 2
+    except MismatchError as exc:
+        print(f"prism slices run: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
