@@ -20,8 +20,8 @@ e.g. a TP group, or a whole pipeline stage of identical DP replicas: they advanc
 (one event per lane) at a time, so the per-event branch on the code is paid once per step and the lane
 loops vectorize. Lockstep can only delay a lane, never change a time (every event's time depends only on
 its own dependencies), so the result is exact; it can, on an unusual graph, block a bundle that would
-progress rank by rank, in which case discover falls back to one rank per bundle, where blocking means a
-real dependency cycle.
+progress rank by rank: discover then splits the bundles that blocked into single ranks and sweeps again.
+Single ranks that block are a real dependency cycle.
 """
 
 from __future__ import annotations
@@ -132,14 +132,21 @@ def _bundles(graph: SweepGraph, code: np.ndarray, link: np.ndarray, bundle: bool
     if ok.all():
         return lane_ptr, lane_rank
     # a hash collision: the odd lanes become bundles of their own
-    odd = lane_rank[~ok]
-    keep = lane_rank[ok]
-    keep_roots = roots[keep]
-    groups = [keep[keep_roots == r] for r in np.unique(keep_roots)] + [np.array([r]) for r in odd]
-    groups.sort(key=lambda g: int(g[0]))
-    lane_rank = np.concatenate(groups).astype(np.int64)
-    lane_ptr = np.r_[0, np.cumsum([len(g) for g in groups])].astype(np.int64)
-    return lane_ptr, lane_rank
+    return _split(lane_ptr, lane_rank, lane_rank[~ok])
+
+
+def _split(lane_ptr: np.ndarray, lane_rank: np.ndarray, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bundles with `ranks` taken out, each into a bundle of its own (bundles ordered by first rank)."""
+    out = set(ranks.tolist())
+    groups: list[list[int]] = []
+    for b in range(len(lane_ptr) - 1):
+        lanes = lane_rank[lane_ptr[b] : lane_ptr[b + 1]].tolist()
+        kept = [r for r in lanes if r not in out]
+        groups += ([kept] if kept else []) + [[r] for r in lanes if r in out]
+    groups.sort(key=lambda g: g[0])
+    new_rank = np.array([r for g in groups for r in g], dtype=np.int64)
+    new_ptr = np.r_[0, np.cumsum([len(g) for g in groups])].astype(np.int64)
+    return new_ptr, new_rank
 
 
 # ------------------------------------------------------------------------------------------ discover
@@ -480,7 +487,7 @@ class Schedule:
     step_comm: np.ndarray  # int32[comm events], schedule order, schedule comm numbering
     comm_order: np.ndarray  # int64[m]: original comm id of schedule comm i
     recv_of: np.ndarray  # int64[m]: a p2p comm's recv event (-1 for collectives)
-    bundled: bool  # False: one rank per bundle (asked for, or lockstep blocked and discover fell back)
+    bundled: bool  # some bundle has several ranks
     _scratch: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -570,9 +577,8 @@ def discover(
     """
     code, link, need = prepare(graph)
     durations, transfer = check_durations(graph, durations, transfer)
-    use_bundles = bundle
+    lane_ptr, lane_rank = _bundles(graph, code, link, bundle)
     while True:
-        lane_ptr, lane_rank = _bundles(graph, code, link, use_bundles)
         lane_base = graph.rank_ptr[lane_rank].astype(np.int64)
         nsteps = np.diff(graph.rank_ptr)[lane_rank[lane_ptr[:-1]]].astype(np.int64)
         max_seg = _max_segments(code, lane_ptr, lane_base, nsteps)
@@ -583,10 +589,19 @@ def discover(
         )
         if finished == len(lane_ptr) - 1:
             break
-        if len(lane_ptr) - 1 < graph.n_ranks:  # lockstep blocked: retry rank by rank
-            use_bundles = False
+        size = np.diff(lane_ptr)
+        if np.any((cursor < nsteps) & (size > 1)):  # lockstep may be what blocked: split, sweep again
+            culprits = _lockstep_culprits(graph, code, link, lane_ptr, lane_rank, cursor, nsteps, parked_on)
+            ranks = np.concatenate([lane_rank[lane_ptr[b] : lane_ptr[b + 1]] for b in culprits])
+            lane_ptr, lane_rank = _split(lane_ptr, lane_rank, ranks)
             continue
-        _raise_stuck(graph, code, link, lane_base + cursor, parked_on)
+        # only single ranks are blocked: a real cycle among them
+        next_event = np.zeros(graph.n_ranks, dtype=np.int64)
+        parked = np.full(graph.n_ranks, -1, dtype=np.int64)
+        single = np.flatnonzero(size == 1)
+        next_event[lane_rank[lane_ptr[single]]] = lane_base[lane_ptr[single]] + cursor[single]
+        parked[lane_rank[lane_ptr[single]]] = parked_on[single]
+        _raise_stuck(graph, code, link, next_event, parked)
     seg_b, seg_lo, seg_n = seg_b[:ns].copy(), seg_lo[:ns].copy(), seg_n[:ns].copy()
     n_comm_events = int(np.count_nonzero(code != PLAIN))
     step_code, step_comm, comm_order = _layout(
@@ -600,6 +615,49 @@ def discover(
         recv_of, len(lane_ptr) - 1 < graph.n_ranks,
     )
     return sched, _finish(sched, end, acc, transfer)
+
+
+def _lockstep_culprits(graph, code, link, lane_ptr, lane_rank, cursor, nsteps, parked_on) -> list[int]:
+    """The multi-rank bundles to split after a blocked discover.
+
+    Every unfinished bundle is parked on a comm; it waits for the bundles of that comm's members that
+    have not issued it yet. A multi-rank bundle on a cycle of these waits (a self-loop included: one lane
+    waiting for a later step of another) may be blocked by lockstep alone: split those. Bundles that only
+    wait for a cycle stay whole. When the cycles hold single ranks only, split every unfinished bundle, so
+    that the next sweep stops with the whole state rank by rank, to report the cycle.
+    """
+    n_bundles = len(lane_ptr) - 1
+    bundle_of = np.empty(graph.n_ranks, dtype=np.int64)
+    bundle_of[lane_rank] = np.repeat(np.arange(n_bundles), np.diff(lane_ptr))
+    arrivals = np.flatnonzero(code == ARRIVE)
+    by_comm = arrivals[np.argsort(link[arrivals], kind="stable")]
+    comm_ptr = np.searchsorted(link[by_comm], np.arange(graph.n_comms + 1))
+    rank_of = np.searchsorted(graph.rank_ptr, by_comm, side="right") - 1
+    seq_of = by_comm - graph.rank_ptr[rank_of]
+    unfinished = np.flatnonzero(cursor < nsteps)
+    waits_for: dict[int, set[int]] = {}
+    for b in unfinished.tolist():
+        c = parked_on[b]
+        lo, hi = comm_ptr[c], comm_ptr[c + 1]
+        owners = bundle_of[rank_of[lo:hi]]
+        missing = seq_of[lo:hi] >= cursor[owners]
+        waits_for[b] = set(owners[missing].tolist())
+    culprits = []
+    for b in unfinished.tolist():
+        if lane_ptr[b + 1] - lane_ptr[b] < 2:
+            continue
+        seen, todo = set(), list(waits_for[b])
+        while todo:
+            x = todo.pop()
+            if x == b:
+                culprits.append(b)
+                break
+            if x not in seen:
+                seen.add(x)
+                todo += waits_for.get(x, ())
+    if culprits:
+        return culprits
+    return [b for b in unfinished.tolist() if lane_ptr[b + 1] - lane_ptr[b] > 1]
 
 
 def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Timeline:

@@ -153,14 +153,17 @@ def test_zero_durations_and_empty_ranks():
 
 def test_lockstep_that_would_block_falls_back_to_rank_by_rank():
     # ranks 0 and 1 look alike and share collective A, so they form a bundle; but rank 0's wait at step 3
-    # needs rank 1's send at step 4: in lockstep that blocks, rank by rank it does not
+    # needs rank 1's send at step 4: in lockstep that blocks, rank by rank it does not. Ranks 3 and 4 form
+    # a bundle that never blocks: it stays one.
     syn = from_programs([
         [("coll", "A", 1), ("wait", 0, 1), ("recv", "X", 1), ("wait", 2, 1), ("send", "Y", 1), ("compute", 1)],
         [("coll", "A", 1), ("wait", 0, 1), ("recv", "Z", 1), ("wait", 2, 1), ("send", "X", 1), ("compute", 1)],
-        [("send", "Z", 5), ("compute", 3), ("recv", "Y", 1), ("wait", 2, 1)],
-    ], transfer={"A": 10, "X": 7, "Z": 3, "Y": 2})
+        [("send", "Z", 5), ("compute", 3), ("recv", "Y", 1), ("wait", 2, 1), ("coll", "C", 1), ("wait", 4, 1)],
+        [("compute", 2), ("coll", "B", 1), ("wait", 1, 3), ("coll", "C", 1), ("wait", 3, 1)],
+        [("compute", 4), ("coll", "B", 2), ("wait", 1, 1), ("coll", "C", 1), ("wait", 3, 1)],
+    ], transfer={"A": 10, "X": 7, "Z": 3, "Y": 2, "B": 4, "C": 1})
     sched, _ = discover(syn.graph, syn.durations, syn.transfer)
-    assert not sched.bundled
+    assert sched.bundled and sched.lane_ptr.tolist() == [0, 1, 2, 3, 5]
     times(syn)
 
 
