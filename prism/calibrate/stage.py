@@ -244,22 +244,23 @@ def iterations_table(job: JobGraph, timeline: Timeline) -> pa.Table:
     ptr = job.graph.rank_ptr
     ends = np.flatnonzero(job.iteration_end)
     end_rank = job.rank[ends].astype(np.int64)
-    first = np.r_[True, end_rank[1:] != end_rank[:-1]] if len(ends) else np.zeros(0, dtype=bool)
-    start = np.where(first, timeline.start_ns[ptr[end_rank]] if len(ends) else 0,
-                     timeline.end_ns[np.r_[ends[:1], ends[:-1]]] if len(ends) else 0)
+    start = np.empty(len(ends), dtype=np.int64)
+    if len(ends):
+        first = np.r_[True, end_rank[1:] != end_rank[:-1]]  # a rank's first marker
+        start[first] = timeline.start_ns[ptr[end_rank[first]]]
+        start[~first] = timeline.end_ns[ends[:-1][~first[1:]]]  # the previous marker's end
     rows = {
         "rank": end_rank,
         "iteration": job.iteration[ends].astype(np.int64),
-        "start_ns": np.asarray(start, dtype=np.int64),
+        "start_ns": start,
         "end_ns": timeline.end_ns[ends],
     }
-    # ranks without markers: one row per value of `iteration`
+    # ranks without markers: one row per run of equal `iteration` (it never decreases along a rank)
     bare = np.setdiff1d(np.flatnonzero(np.diff(ptr) > 0), np.unique(end_rank))
     if len(bare):
         sel = np.isin(job.rank, bare)
         idx = np.flatnonzero(sel)
         key = job.rank[idx].astype(np.int64) * (1 << 32) + job.iteration[idx].astype(np.int64)
-        # events are rank-major and iteration never decreases within a rank: runs of equal keys
         cut = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         last = np.r_[cut[1:], len(idx)] - 1
         rows = {

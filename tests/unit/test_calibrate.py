@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism.calibrate import reference
+from prism.calibrate import reference, stage
 from prism.calibrate.arrays import SweepError
 from prism.calibrate.sweep import Timeline, discover
 from prism.calibrate.synthetic import Layout, from_programs, random_graph, training_graph
@@ -237,3 +237,22 @@ def test_schedule_layout_round_trips():
     end_s, acc = sched.replay_scheduled(sched.to_schedule(syn.durations), sched.transfer_to_schedule(syn.transfer))
     assert np.array_equal(sched.from_schedule(end_s), timeline.end_ns)
     assert sched.nbytes > 0
+
+
+def test_iterations_from_markers_or_the_iteration_column():
+    syn = from_programs([
+        [("compute", 5), ("marker", 1), ("compute", 7), ("marker", 2), ("compute", 100)],  # iteration_end x2
+        [("compute", 3), ("compute", 4), ("compute", 6)],  # no markers: iterations 0, 0, 1
+        [],
+    ])
+    g = syn.graph
+    _, timeline = discover(g, syn.durations, syn.transfer)
+    n = g.n_events
+    job = stage.JobGraph(
+        graph=g, event_ids=np.arange(n), rank=np.repeat([0, 1], [5, 3]).astype(np.int32),
+        seq=np.r_[np.arange(5), np.arange(3)], iteration=np.array([0, 0, 1, 1, 2, 0, 0, 1], dtype=np.int32),
+        iteration_end=np.array([0, 1, 0, 1, 0, 0, 0, 0], dtype=bool), comm_ids=np.arange(0), columns={},
+    )
+    rows = stage.iterations_table(job, timeline).to_pylist()
+    assert [(r["rank"], r["iteration"], r["start_ns"], r["end_ns"], r["duration_ns"]) for r in rows] == [
+        (0, 0, 0, 6, 6), (0, 1, 6, 15, 9), (1, 0, 0, 7, 7), (1, 1, 7, 13, 6)]
