@@ -153,11 +153,16 @@ def _split(lane_ptr: np.ndarray, lane_rank: np.ndarray, ranks: np.ndarray) -> tu
 
 
 @njit(cache=True)
-def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segments, end, acc):
+def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segments, n_steps, n_comm_events,
+              end, acc):
     """The worklist sweep; fills `end` (event order) and `acc` (max arrival per comm).
 
-    Returns (number of segments, segment bundle, first step, steps, bundles finished, cursor per bundle,
-    comm each bundle is parked on (-1: none), lane each bundle is parked at).
+    It also lays out what a replay reads, in the order it runs the steps: a code per step, and the comm
+    of every comm event, renumbered by first use (so that a replay reads its per-comm arrays almost in
+    order; ``order[i]`` is the original id of schedule comm i).
+
+    Returns (segments, their bundle, first step, steps, bundles finished, cursor per bundle, comm each
+    bundle is parked on (-1: none), step codes, step comms, comm order).
     """
     nb = len(lane_ptr) - 1
     m = len(need)
@@ -172,6 +177,13 @@ def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segm
     seg_b = np.empty(max_segments, dtype=np.int64)
     seg_lo = np.empty(max_segments, dtype=np.int64)
     seg_n = np.empty(max_segments, dtype=np.int64)
+    step_code = np.empty(n_steps, dtype=np.uint8)
+    cid = np.empty(n_comm_events, dtype=np.int32)
+    renum = np.full(m, -1, dtype=np.int32)
+    order = np.empty(m, dtype=np.int64)
+    nc = 0
+    kp = 0
+    cp = 0
     sp = 0
     for b in range(nb - 1, -1, -1):
         stack[sp] = b
@@ -238,6 +250,17 @@ def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segm
                         t = r
                     clock[l] = t
                     end[e] = t
+            step_code[kp] = cd
+            kp += 1
+            if cd != PLAIN:
+                for l in range(l0, l1):
+                    c = link[lane_base[l] + st]
+                    if renum[c] < 0:
+                        renum[c] = nc
+                        order[nc] = c
+                        nc += 1
+                    cid[cp] = renum[c]
+                    cp += 1
             st += 1
         if st > lo:
             seg_b[ns] = b
@@ -247,7 +270,7 @@ def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segm
         cursor[b] = st
         if st == n_st:
             finished += 1
-    return ns, seg_b, seg_lo, seg_n, finished, cursor, parked_on, check
+    return ns, seg_b, seg_lo, seg_n, finished, cursor, parked_on, step_code, cid, order[:nc]
 
 
 @njit(cache=True)
@@ -264,44 +287,6 @@ def _max_segments(code, lane_ptr, lane_base, nsteps):
 
 
 # ---------------------------------------------------------------------------------- schedule layout
-
-
-@njit(cache=True)
-def _layout(seg_b, seg_lo, seg_n, lane_ptr, lane_base, code, link, n_comm_events, n_comms):
-    """The replay's static arrays in schedule order.
-
-    Returns (code per segment step, comm per comm event, comm order). Comms are renumbered in the order
-    of their first use, so that the replay reads its per-comm arrays almost sequentially; ``order[i]``
-    is the original id of schedule comm ``i``.
-    """
-    total_steps = 0
-    for s in range(len(seg_b)):
-        total_steps += seg_n[s]
-    step_code = np.empty(total_steps, dtype=np.uint8)
-    cid = np.empty(n_comm_events, dtype=np.int32)
-    renum = np.full(n_comms, -1, dtype=np.int32)
-    order = np.empty(n_comms, dtype=np.int64)
-    nc = 0
-    sp = 0
-    cp = 0
-    for s in range(len(seg_b)):
-        b = seg_b[s]
-        l0 = lane_ptr[b]
-        l1 = lane_ptr[b + 1]
-        for st in range(seg_lo[s], seg_lo[s] + seg_n[s]):
-            cd = code[lane_base[l0] + st]
-            step_code[sp] = cd
-            sp += 1
-            if cd != PLAIN:
-                for l in range(l0, l1):
-                    c = link[lane_base[l] + st]
-                    if renum[c] < 0:
-                        renum[c] = nc
-                        order[nc] = c
-                        nc += 1
-                    cid[cp] = renum[c]
-                    cp += 1
-    return step_code, cid, order[:nc]
 
 
 # The layout's transpositions (rank-major <-> lockstep steps) move blocks of lanes x steps: each lane's
@@ -577,6 +562,7 @@ def discover(
     """
     code, link, need = prepare(graph)
     durations, transfer = check_durations(graph, durations, transfer)
+    n_comm_events = int(np.count_nonzero(code != PLAIN))
     lane_ptr, lane_rank = _bundles(graph, code, link, bundle)
     while True:
         lane_base = graph.rank_ptr[lane_rank].astype(np.int64)
@@ -584,8 +570,9 @@ def discover(
         max_seg = _max_segments(code, lane_ptr, lane_base, nsteps)
         end = np.empty(graph.n_events, dtype=np.int64)
         acc = np.full(graph.n_comms, NEG, dtype=np.int64)
-        ns, seg_b, seg_lo, seg_n, finished, cursor, parked_on, _ = _discover(
-            code, link, durations, transfer, need, lane_ptr, lane_base, nsteps, max_seg, end, acc
+        ns, seg_b, seg_lo, seg_n, finished, cursor, parked_on, step_code, step_comm, comm_order = _discover(
+            code, link, durations, transfer, need, lane_ptr, lane_base, nsteps, max_seg,
+            int(nsteps.sum()), n_comm_events, end, acc,
         )
         if finished == len(lane_ptr) - 1:
             break
@@ -603,10 +590,6 @@ def discover(
         parked[lane_rank[lane_ptr[single]]] = parked_on[single]
         _raise_stuck(graph, code, link, next_event, parked)
     seg_b, seg_lo, seg_n = seg_b[:ns].copy(), seg_lo[:ns].copy(), seg_n[:ns].copy()
-    n_comm_events = int(np.count_nonzero(code != PLAIN))
-    step_code, step_comm, comm_order = _layout(
-        seg_b, seg_lo, seg_n, lane_ptr, lane_base, code, link, n_comm_events, graph.n_comms
-    )
     recv_events = np.flatnonzero(graph.kind == K_RECV)
     recv_of = np.full(graph.n_comms, -1, dtype=np.int64)
     recv_of[graph.comm[recv_events]] = recv_events
