@@ -37,7 +37,12 @@ def _ensure_recorder() -> Recorder | None:
         if _state["out"] is not None:
             rank = int(os.environ.get("RANK", "0"))
             device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
-            rec = Recorder(rank, _state["out"], device=device)
+            if _state["mode"] == "slice":  # checks every op against the capture as it is issued
+                from prism.runtime.slicing import SliceRecorder
+
+                rec = SliceRecorder(rank, _state["out"], Path(os.environ["PRISM_CAPTURE"]), device=device)
+            else:
+                rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
         drain = _drain if _state["mode"] == "capture" else None
         _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
