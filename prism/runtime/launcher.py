@@ -270,6 +270,8 @@ def launch(spec: LaunchSpec) -> int:
             proc.wait()
         if shm_dir is not None:
             shutil.rmtree(shm_dir, ignore_errors=True)
+    if code < 0:  # the zygote died of a signal: report it as a shell would
+        code = 128 - code
     stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
     shutil.rmtree(status_dir, ignore_errors=True)
