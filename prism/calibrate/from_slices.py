@@ -1,0 +1,134 @@
+"""Durations and transfers measured in the slice runs, for the calibration sweep.
+
+    python -m prism.calibrate.from_slices --job DIR   ->  DIR/slices/{durations,transfers}.parquet
+
+Every event takes its duration from the slice run where its rank ran for real (`slices/slice=K/events.parquet`,
+rows aligned with the graph by `event_id`), by the same rules as the bare graph (`durations.bare_graph`):
+compute and markers their own device time, ops their issue time, waits what they spend besides waiting.
+A collective's transfer (last member's issue to completion, measured without waiting) comes from the slice
+runs that hold members of it, each on its own clock (one run's times are never compared with another's):
+the smallest measurement wins, as in the bare graph. Ranks whose slice was not measured (the planner's
+`--representative`) take the events of the rank at the same place in the slice that stands for theirs.
+Comms no slice saw complete keep the bare graph's transfer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prism import artifacts
+from prism.calibrate import durations as rules
+from prism.calibrate.arrays import K_COLLECTIVE, K_RECV, K_SEND, K_WAIT
+from prism.calibrate.stage import CalibrateError, load_graph
+
+_I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
+def _slice_transfers(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int):
+    """Transfers measured by one slice run (its rows only); returns (transfer, known) per comm."""
+    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
+    ops = rows[is_op[rows]]
+    last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
+    np.maximum.at(last_start, comm[ops], t_start[ops])
+    seen = np.full(len(kind), -1, dtype=np.int64)
+    counts = ops[kind[ops] != K_SEND]
+    seen[counts] = t_complete[counts]
+    waits = rows[kind[rows] == K_WAIT]
+    target = wait_op[waits]
+    ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
+    seen[target[ok]] = t_end[waits[ok]]
+    members = ops[seen[ops] >= 0]
+    first_seen = np.full(n_comms, _I64_MAX, dtype=np.int64)
+    np.minimum.at(first_seen, comm[members], seen[members])
+    known = first_seen != _I64_MAX
+    transfer = np.zeros(n_comms, dtype=np.int64)
+    transfer[known] = np.maximum(first_seen[known] - last_start[known], 0)
+    return transfer, known
+
+
+def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
+    job_dir = Path(job_dir)
+    job = load_graph(job_dir)
+    g, c = job.graph, job.columns
+    n = len(job.event_ids)
+    position = {int(e): i for i, e in enumerate(job.event_ids)}
+    plan = artifacts.read_parquet(job_dir / "slices" / "plan.parquet").to_pylist()
+    device = np.full(n, -1, dtype=np.int64)
+    t_start, t_end, t_complete = (np.full(n, -1, dtype=np.int64) for _ in range(3))
+    measured = np.zeros(n, dtype=bool)
+    transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"],
+                                c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
+    best = np.full(g.n_comms, _I64_MAX, dtype=np.int64)
+    slices = sorted({row["slice"] for row in plan if row["measured"]})
+    for k in slices:
+        path = job_dir / "slices" / f"slice={k}" / "events.parquet"
+        if not path.is_file():
+            raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
+                                 f"{job_dir} --slice {k})")
+        ev = pq.read_table(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
+        try:
+            rows = np.array([position[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
+        except KeyError as exc:
+            raise CalibrateError(f"{path}: event_id {exc.args[0]} is not in {job_dir / 'graph'}: the slice "
+                                 "comes from another capture; re-run the slices") from None
+        for name, dest in (("device_ns", device), ("t_start_ns", t_start), ("t_end_ns", t_end),
+                           ("t_complete_ns", t_complete)):
+            dest[rows] = ev[name].to_numpy()
+        measured[rows] = True
+        xfer, seen = _slice_transfers(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms)
+        best = np.where(seen, np.minimum(best, xfer), best)
+    # ranks of unmeasured slices borrow from the rank at the same place in the slice measuring theirs
+    by_slice: dict[int, list[int]] = {}
+    for row in plan:
+        by_slice.setdefault(row["slice"], []).append(row["rank"])
+    ranks = np.asarray(job.rank)
+    for row in plan:
+        if row["measured"]:
+            continue
+        src_ranks = sorted(by_slice[row["measured_by"]])
+        mine = sorted(by_slice[row["slice"]])
+        src = src_ranks[mine.index(row["rank"])]
+        dst_rows = np.flatnonzero(ranks == row["rank"])
+        src_rows = np.flatnonzero(ranks == src)
+        if len(dst_rows) != len(src_rows):
+            raise CalibrateError(f"rank {row['rank']} and rank {src} are not equivalent (different event "
+                                 "counts): plan without --representative")
+        for arr in (device, t_start, t_end, t_complete):
+            arr[dst_rows] = arr[src_rows]
+        measured[dst_rows] = measured[src_rows]
+    if not measured.all():
+        missing = int(np.flatnonzero(~measured)[0])
+        raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
+                             "by no slice: the plan does not cover every rank")
+    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, device, t_start, t_end, t_complete, g.n_comms)
+    transfer = np.where(best != _I64_MAX, best, transfer)
+    durations = pa.table({"event_id": pa.array(job.event_ids, pa.int64()), "duration_ns": pa.array(dur, pa.int64())})
+    transfers = pa.table({"comm_id": pa.array(job.comm_ids, pa.int64()), "transfer_ns": pa.array(transfer, pa.int64())})
+    return durations, transfers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.calibrate.from_slices", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        durations, transfers = from_slices(args.job)
+    except (CalibrateError, artifacts.ArtifactError) as exc:
+        print(f"prism calibrate from_slices: error: {exc}", file=sys.stderr)
+        return 2
+    schema = {"durations": durations.schema, "transfers": transfers.schema}
+    artifacts.write_outputs(args.job / "slices", {"durations": durations, "transfers": transfers}, schema)
+    print(f"prism calibrate from_slices: {durations.num_rows} event durations, {transfers.num_rows} transfers "
+          f"-> {args.job / 'slices'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
