@@ -106,8 +106,24 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
         cpu = sorted(c for _, _, c in per_iter)
         lines.append(f"compute per rank and iteration (CPU time, iterations >= 1): median {_ms(statistics.median(cpu))}, "
                      f"min {_ms(cpu[0])}, max {_ms(cpu[-1])}")
-    lines.append("iteration time: a bare capture graph has no global clock yet; the slices and calibration "
-                 "stages predict it")
+    iters = job_dir / "calibrated" / "iterations.parquet"
+    if iters.is_file():
+        rows = con.execute(f"""
+            WITH last AS (SELECT iteration, max(end_ns) AS t FROM read_parquet('{iters}') GROUP BY iteration)
+            SELECT iteration, t - lag(t) OVER (ORDER BY iteration) AS dur FROM last ORDER BY iteration
+        """).fetchall()
+        steady = [d for _, d in rows if d is not None]
+        if steady:
+            lines.append(f"PREDICTED iteration time (calibrated from the slice runs, iterations 1..{len(steady)}): "
+                         f"median {_ms(statistics.median(steady))}, min {_ms(min(steady))}, max {_ms(max(steady))}")
+        per_rank = con.execute(f"""
+            SELECT rank, median(duration_ns) FROM read_parquet('{iters}') WHERE iteration >= 1
+            GROUP BY rank ORDER BY rank""").fetchall()
+        if per_rank:
+            lines.append("predicted per-rank iteration time (median): " + ", ".join(
+                f"r{r} {m / 1e6:.1f}" for r, m in per_rank[:32]) + (" ..." if len(per_rank) > 32 else "") + " ms")
+    else:
+        lines.append("iteration time: not predicted yet (the slices and calibrate stages predict it)")
     top = con.execute("""
         SELECT c.op, coalesce(g.desc, c.group) AS grp, count(DISTINCT c.group) AS groups, count(*) AS n,
                sum(c.bytes) AS bytes

@@ -1,12 +1,13 @@
 # The real run of every rank (ground truth), its graph, and its summary.
 
 
-rule baseline_run:
+rule baseline_run:  # runs alone: its timings must not share the machine with another stage
     output:
         directory(f"{JOB_DIR}/baseline/raw"),
     params:
         section=section("baseline"),
         out=lambda w, output: os.path.dirname(output[0]),
+    threads: workflow.cores
     log:
         f"{JOB_DIR}/logs/baseline_run.log",
     conda:

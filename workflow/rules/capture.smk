@@ -1,12 +1,13 @@
 # Context-switching capture of the W ranks on P slots, then the bare graph and its summary.
 
 
-rule capture:
+rule capture:  # runs alone: its timings must not share the machine with another stage
     output:
         directory(f"{JOB_DIR}/capture/raw"),
     params:
         section=section("capture"),
         out=lambda w, output: os.path.dirname(output[0]),
+    threads: workflow.cores
     log:
         f"{JOB_DIR}/logs/capture.log",
     conda:
@@ -34,6 +35,7 @@ rule graph:
 rule summary:
     input:
         rules.graph.output,
+        f"{JOB_DIR}/calibrated/iterations.parquet",
     output:
         f"{JOB_DIR}/summary.txt",
     params:

@@ -20,6 +20,16 @@ def section(name):
     return json.dumps(keep, sort_keys=True)
 
 
+def measured_slices(wildcards):
+    """The events of every measured slice: known once the slice_plan checkpoint has run."""
+    import pyarrow.parquet as pq
+
+    plan = checkpoints.slice_plan.get().output[0]
+    rows = pq.read_table(plan, columns=["slice", "measured"]).to_pylist()
+    ks = sorted({r["slice"] for r in rows if r["measured"]})
+    return [f"{JOB_DIR}/slices/slice={k}/events.parquet" for k in ks]
+
+
 def final_targets():
     targets = [f"{JOB_DIR}/summary.txt"]
     if JOB.baseline.wanted(JOB.nproc):

@@ -1,0 +1,72 @@
+# Slice planning (a checkpoint: the number of slices is known only after it), one real run per measured
+# slice, the durations they measured, and the calibrated global timeline.
+
+
+checkpoint slice_plan:
+    input:
+        rules.graph.output,
+    output:
+        f"{JOB_DIR}/slices/plan.parquet",
+    params:
+        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+        devices=JOB.capture.devices,
+    log:
+        f"{JOB_DIR}/logs/slice_plan.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.slices.plan --job {params.job:q} --devices {params.devices} > {log:q} 2>&1"
+
+
+rule slice_run:  # runs alone: its timings must not share the machine with another stage
+    input:
+        plan=f"{JOB_DIR}/slices/plan.parquet",
+        raw=rules.capture.output,
+    output:
+        f"{JOB_DIR}/slices/slice={{k}}/events.parquet",
+    params:
+        job=lambda w, output: os.path.dirname(os.path.dirname(os.path.dirname(output[0]))),
+        section=section("capture"),
+    threads: workflow.cores
+    log:
+        f"{JOB_DIR}/logs/slice_run_{{k}}.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
+        "> {log:q} 2>&1"
+
+
+rule slice_durations:
+    input:
+        measured_slices,
+    output:
+        f"{JOB_DIR}/slices/durations.parquet",
+        f"{JOB_DIR}/slices/transfers.parquet",
+    params:
+        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    log:
+        f"{JOB_DIR}/logs/slice_durations.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.calibrate.from_slices --job {params.job:q} > {log:q} 2>&1"
+
+
+rule calibrate:
+    input:
+        rules.graph.output,
+        durations=f"{JOB_DIR}/slices/durations.parquet",
+        transfers=f"{JOB_DIR}/slices/transfers.parquet",
+    output:
+        f"{JOB_DIR}/calibrated/timeline.parquet",
+        f"{JOB_DIR}/calibrated/iterations.parquet",
+    params:
+        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    log:
+        f"{JOB_DIR}/logs/calibrate.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
+        "--transfers {input.transfers:q} > {log:q} 2>&1"
