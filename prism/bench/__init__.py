@@ -9,6 +9,7 @@ BENCHES = {
     "overhead": "prism.bench.overhead",
     "capture": "prism.bench.capture",
     "calibrate": "prism.bench.calibrate",
+    "fidelity": "prism.bench.fidelity",
 }
 
 

@@ -1,0 +1,479 @@
+"""`prism bench fidelity`: prism's predicted iteration time against the truth, over a matrix of layouts.
+
+    prism bench fidelity [--matrix local|device|all] [--configs NAME,...] [--repeats 5] [--devices P]
+                         [--steps 8] [--out DIR] [--work DIR]
+
+Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, truth, truth, ... (the truth
+`--repeats` times, prism `--prism-runs` times, prism after the 1st, 2nd, ... truth run):
+
+- truth: ``prism launch --nproc W --mode real --pin`` (every rank on its own core); the iteration time of a
+  run is the median over iterations k >= 1 of the gap between the job's (k-1)-th and k-th iteration end,
+  the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/summary.py`);
+- prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``,
+  every slice ``prism.slices.run``, durations and transfers from the slice runs
+  (`prism.calibrate.from_slices`), ``prism.calibrate`` with them; the predicted iteration time comes from
+  the calibrated timeline by the same definition;
+- ablation ("bare"): the same capture graph calibrated with its bare-graph durations (no slice runs).
+
+Printed per config: W, P, layout, the true iteration time (median over runs of the per-run medians), the
+truth's spread (min-max of the per-run medians), the prediction, its error, whether it is inside the
+spread, per-event start and duration errors of the calibrated timeline against the first truth run
+(events matched by (rank, seq), only events after the job's iteration 0, both clocks taken from the end of
+iteration 0; absolute errors, median and p95), and the bare-graph prediction's error. Then the mean and
+max |error| over the matrix. `--out DIR` also writes DIR/fidelity.md (the table) and DIR/fidelity.json.
+
+Everything runs as subprocesses of this Python (``python -m prism.cli``), so it works from a source tree
+with ``PYTHONPATH=.``. A config that fails prints its row as FAILED with the reason and the matrix goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
+         "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2"]
+SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2"]
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    world: int
+    layout: tuple[str, ...]
+    devices: int  # default P for this config
+
+    def args(self, steps: int, model: list[str]) -> list[str]:
+        return list(self.layout) + model + ["--steps", str(steps)]
+
+
+def _c(name: str, world: int, devices: int, *layout: str) -> Config:
+    return Config(name, world, tuple(layout), devices)
+
+
+# W=2 on this 2-core box (P=1), then W=8 (P=4) and W=16 (P=8) on the 16-core host.
+LOCAL = [
+    _c("dp2", 2, 1, "--dp", "2"),
+    _c("tp2", 2, 1, "--tp", "2"),
+    _c("pp2-mb4", 2, 1, "--pp", "2", "--microbatches", "4"),
+]
+DEVICE = [
+    _c("dp8", 8, 4, "--dp", "8"),
+    _c("dp8-ep4", 8, 4, "--dp", "8", "--ep", "4"),
+    _c("dp8-var", 8, 4, "--dp", "8", "--var-seq"),
+    _c("tp2dp4", 8, 4, "--tp", "2", "--dp", "4"),
+    _c("tp2dp4-ep4-var", 8, 4, "--tp", "2", "--dp", "4", "--ep", "4", "--var-seq"),
+    _c("tp4dp2", 8, 4, "--tp", "4", "--dp", "2"),
+    _c("tp2pp2dp2-mb4", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4"),
+    _c("tp2pp2dp2-ep2-mb4", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "4"),
+    _c("tp2pp2dp2-mb4-var", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4", "--var-seq"),
+    _c("pp2dp4-ep4-mb2", 8, 4, "--pp", "2", "--dp", "4", "--ep", "4", "--microbatches", "2"),
+    _c("pp2dp4-mb8", 8, 4, "--pp", "2", "--dp", "4", "--microbatches", "8"),
+    _c("pp4dp2-mb8", 8, 4, "--pp", "4", "--dp", "2", "--microbatches", "8"),
+    _c("tp2pp4-mb4", 8, 4, "--tp", "2", "--pp", "4", "--microbatches", "4"),
+    _c("tp2pp2dp4-ep2-mb4", 16, 8, "--tp", "2", "--pp", "2", "--dp", "4", "--ep", "2", "--microbatches", "4"),
+    _c("dp16-ep4", 16, 8, "--dp", "16", "--ep", "4"),
+    _c("tp2pp4dp2-mb4-var", 16, 8, "--tp", "2", "--pp", "4", "--dp", "2", "--microbatches", "4", "--var-seq"),
+]
+MATRICES = {"local": LOCAL, "device": DEVICE, "all": LOCAL + DEVICE}
+BY_NAME = {c.name: c for c in LOCAL + DEVICE}
+
+
+class StepError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> None:
+    """Run one pipeline step; its output goes to `log`; StepError with the log's tail on failure."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(log, "ab") as f:
+        f.write(("$ " + " ".join(cmd) + "\n").encode())
+        f.flush()
+        try:
+            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    if code != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-6:]
+        raise StepError(f"{' '.join(cmd[2:5])} ... exited {code}: " + " | ".join(tail))
+
+
+def _prism(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prism.cli", *args]
+
+
+def _py(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+WORKLOAD = ["-m", "prism.workloads.moe_gpt"]
+
+
+def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float, graph: bool) -> None:
+    _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "real", "--pin", "--out", str(out),
+                *WORKLOAD, *args), log, timeout)
+    if graph:
+        _run(_prism("graph", "--job", str(out)), log, timeout)
+
+
+def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float) -> dict:
+    """Capture, graph, plan, slices; returns the stage wall times (s)."""
+    times = {}
+    t = time.perf_counter()
+    _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
+                "--out", str(job / "capture"), *WORKLOAD, *args), log, timeout)
+    times["capture"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _run(_prism("graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")),
+         log, timeout)
+    _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p)), log, timeout)
+    times["graph+plan"] = time.perf_counter() - t
+    t = time.perf_counter()
+    plan = pq.read_table(job / "slices" / "plan.parquet")
+    for k in sorted(set(plan.column("slice").to_pylist())):
+        _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k)), log, timeout)
+    times["slices"] = time.perf_counter() - t
+    return times
+
+
+# ---------------------------------------------------------------------------------------- measuring
+
+
+def _job_iteration_ends(rank: np.ndarray, iteration: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The job's iteration ends (max over ranks), in iteration order."""
+    out: dict[int, int] = {}
+    for r, k, e in zip(rank.tolist(), iteration.tolist(), end.tolist()):
+        out[k] = max(out.get(k, e), e)
+    return np.array([out[k] for k in sorted(out)], dtype=np.int64)
+
+
+def _median_gap_ms(ends: np.ndarray) -> float:
+    """Median over k >= 1 of end(k) - end(k-1), in ms."""
+    if len(ends) < 2:
+        raise StepError(f"only {len(ends)} iteration end(s): use more --steps")
+    return float(np.median(np.diff(ends))) / 1e6
+
+
+def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    return np.asarray(col.to_pylist(), dtype=object)
+
+
+def truth_ends(run_dir: Path) -> np.ndarray:
+    """The job's iteration ends of a real run, from its raw per-rank streams (no graph needed)."""
+    from prism import artifacts, schemas
+
+    ranks, its, ends = [], [], []
+    for path in sorted((run_dir / "raw").glob("rank=*/events.arrow")):
+        t = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)
+        sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
+        ranks.append(t.column("rank").to_numpy()[sel])
+        its.append(t.column("iteration").to_numpy()[sel])
+        ends.append(t.column("t_end_ns").to_numpy()[sel])
+    if not ranks:
+        raise StepError(f"{run_dir / 'raw'}: no rank streams")
+    return _job_iteration_ends(np.concatenate(ranks), np.concatenate(its), np.concatenate(ends))
+
+
+def calibrated(job: Path, slices: bool) -> tuple[pa.Table, np.ndarray]:
+    """(timeline, job iteration ends) of the job's graph calibrated with slice or bare-graph durations."""
+    from prism.calibrate.stage import calibrate
+
+    durations = transfers = None
+    if slices:
+        durations, transfers = durations_from_slices(job)
+    tables, _, _ = calibrate(job, durations, transfers)
+    it = tables["iterations"]
+    ends = _job_iteration_ends(it.column("rank").to_numpy(), it.column("iteration").to_numpy(),
+                               it.column("end_ns").to_numpy())
+    return tables["timeline"], ends
+
+
+def durations_from_slices(job: Path) -> tuple[Path, Path]:
+    """JOB/slices/{durations,transfers}.parquet from the slice runs (`prism.calibrate.from_slices`)."""
+    try:
+        from prism.calibrate.from_slices import from_slices
+    except ImportError:  # a tree without that module: the same rules, every slice measured
+        from_slices = _from_slices_fallback
+    durations, transfers = from_slices(job)
+    d, t = job / "slices" / "durations.parquet", job / "slices" / "transfers.parquet"
+    pq.write_table(durations, d)
+    pq.write_table(transfers, t)
+    return d, t
+
+
+def _from_slices_fallback(job: Path) -> tuple[pa.Table, pa.Table]:
+    """Every event's slice-run columns through `durations.bare_graph` (each slice on its own clock: a
+    comm's transfer is the smallest one measured by a slice holding members of it)."""
+    from prism.calibrate import durations as rules
+    from prism.calibrate.arrays import K_COMPUTE
+    from prism.calibrate.stage import load_graph
+
+    g = load_graph(job)
+    sg, n = g.graph, len(g.event_ids)
+    pos = {int(e): i for i, e in enumerate(g.event_ids.tolist())}
+    cols = {k: np.full(n, -1, dtype=np.int64) for k in ("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
+    _, bare_x = rules.bare_graph(sg.kind, sg.comm, sg.wait_op, *(g.columns[k] for k in cols), sg.n_comms)
+    best = np.full(sg.n_comms, np.iinfo(np.int64).max, dtype=np.int64)
+    seen_any = np.zeros(n, dtype=bool)
+    for path in sorted((job / "slices").glob("slice=*/events.parquet")):
+        ev = pq.read_table(path)
+        rows = np.array([pos[int(e)] for e in ev.column("event_id").to_pylist()], dtype=np.int64)
+        one = {k: g.columns[k].copy() for k in cols}
+        mine = np.zeros(n, dtype=bool)
+        mine[rows] = True
+        for k in cols:
+            v = ev.column(k).to_numpy()
+            cols[k][rows] = v
+            one[k][rows] = v
+        # transfers seen by this slice alone: other ranks' events count as plain compute
+        kind = np.where(mine, sg.kind, K_COMPUTE).astype(sg.kind.dtype)
+        _, x = rules.bare_graph(kind, sg.comm, sg.wait_op, one["device_ns"], one["t_start_ns"], one["t_end_ns"],
+                                one["t_complete_ns"], sg.n_comms)
+        has = np.zeros(sg.n_comms, dtype=bool)
+        members = rows[sg.comm[rows] >= 0]
+        has[sg.comm[members]] = True
+        best = np.where(has, np.minimum(best, x), best)
+        seen_any[rows] = True
+    if not seen_any.all():
+        raise StepError("some ranks ran in no slice")
+    dur, _ = rules.bare_graph(sg.kind, sg.comm, sg.wait_op, *(cols[k] for k in cols), sg.n_comms)
+    xfer = np.where(best != np.iinfo(np.int64).max, best, bare_x)
+    return (pa.table({"event_id": g.event_ids.astype(np.int64), "duration_ns": dur.astype(np.int64)}),
+            pa.table({"comm_id": g.comm_ids.astype(np.int64), "transfer_ns": xfer.astype(np.int64)}))
+
+
+def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, t0_truth: int,
+                 t0_pred: int) -> dict:
+    """Per-event |start error| and |duration error| (ms; median, p95) after the job's iteration 0.
+
+    Events are matched by (rank, seq); the capture graph and the real graph must list the same events
+    (same kind and op at every (rank, seq)) -- `aligned` says whether they do (mismatches are counted and
+    left out)."""
+    cols = ["rank", "seq", "kind", "op", "t_start_ns", "t_end_ns"]
+    real = pq.read_table(truth_graph / "events.parquet", columns=cols).sort_by([("rank", "ascending"),
+                                                                                ("seq", "ascending")])
+    cap = pq.read_table(capture_graph / "events.parquet", columns=["rank", "seq", "kind", "op"]).sort_by(
+        [("rank", "ascending"), ("seq", "ascending")])
+    tl = timeline.sort_by([("rank", "ascending"), ("seq", "ascending")])
+    n_real, n_cap = real.num_rows, cap.num_rows
+    key = lambda t: list(zip(t.column("rank").to_pylist(), t.column("seq").to_pylist()))  # noqa: E731
+    same_keys = n_real == n_cap and key(real) == key(cap)
+    if not same_keys:
+        # match on the common (rank, seq) only
+        rk = {k: i for i, k in enumerate(key(real))}
+        pairs = [(rk[k], j) for j, k in enumerate(key(cap)) if k in rk]
+        ri = np.array([a for a, _ in pairs], dtype=np.int64)
+        ci = np.array([b for _, b in pairs], dtype=np.int64)
+    else:
+        ri = ci = np.arange(n_real)
+    same = (_strings(real.column("kind"))[ri] == _strings(cap.column("kind"))[ci]) & (
+        _strings(real.column("op"))[ri] == _strings(cap.column("op"))[ci])
+    ri, ci = ri[same], ci[same]
+    ts = real.column("t_start_ns").to_numpy()[ri] - t0_truth
+    te = real.column("t_end_ns").to_numpy()[ri] - t0_truth
+    ps = tl.column("start_ns").to_numpy()[ci] - t0_pred
+    pe = tl.column("end_ns").to_numpy()[ci] - t0_pred
+    after = ts >= 0
+    ds = np.abs(ps - ts)[after] / 1e6
+    dd = np.abs((pe - ps) - (te - ts))[after] / 1e6
+    return {
+        "aligned": bool(same_keys and same.all()),
+        "n_real": int(n_real), "n_capture": int(n_cap), "mismatched": int(len(same) - int(same.sum())),
+        "n_compared": int(after.sum()),
+        "start_med_ms": float(np.median(ds)) if len(ds) else float("nan"),
+        "start_p95_ms": float(np.percentile(ds, 95)) if len(ds) else float("nan"),
+        "dur_med_ms": float(np.median(dd)) if len(dd) else float("nan"),
+        "dur_p95_ms": float(np.percentile(dd, 95)) if len(dd) else float("nan"),
+    }
+
+
+# ------------------------------------------------------------------------------------------ a config
+
+
+@dataclass
+class Result:
+    cfg: Config
+    p: int
+    truth_ms: list[float] = field(default_factory=list)
+    pred_ms: list[float] = field(default_factory=list)
+    bare_ms: list[float] = field(default_factory=list)
+    events: dict | None = None
+    stage_s: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def truth(self) -> float:
+        return statistics.median(self.truth_ms)
+
+    @property
+    def pred(self) -> float:
+        return statistics.median(self.pred_ms)
+
+    @property
+    def bare(self) -> float:
+        return statistics.median(self.bare_ms)
+
+    def err(self, value: float) -> float:
+        return 100.0 * (value - self.truth) / self.truth
+
+    def inside(self) -> bool:
+        return min(self.truth_ms) <= self.pred <= max(self.truth_ms)
+
+
+def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
+               timeout: float) -> Result:
+    res = Result(cfg, p)
+    args = cfg.args(steps, model)
+    base = work / cfg.name
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    log = base / "log.txt"
+    truth0 = base / "truth0"
+    try:
+        for i in range(max(repeats, prism_runs)):
+            if i < repeats:
+                t = time.perf_counter()
+                run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=(i == 0))
+                res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
+                res.truth_ms.append(_median_gap_ms(truth_ends(base / f"truth{i}")))
+                if i > 0:
+                    shutil.rmtree(base / f"truth{i}", ignore_errors=True)
+            if i < prism_runs:
+                job = base / f"prism{i}"
+                res.stage_s.update({f"prism{i}-{k}": round(v, 1)
+                                    for k, v in run_prism(cfg, args, p, job, log, timeout).items()})
+                t = time.perf_counter()
+                timeline, ends = calibrated(job, slices=True)
+                res.pred_ms.append(_median_gap_ms(ends))
+                _, bare_ends = calibrated(job, slices=False)
+                res.bare_ms.append(_median_gap_ms(bare_ends))
+                res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
+                if i == 0:
+                    res.events = event_errors(truth0 / "graph", job / "graph", timeline,
+                                              int(truth_ends(truth0)[0]), int(ends[0]))
+                    shutil.rmtree(job / "capture" / "payloads", ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+HEADER = ("| config | W | P | layout | truth ms | truth spread ms | prism ms | error % | in spread "
+          "| ev start err ms med/p95 | ev dur err ms med/p95 | aligned | bare ms | bare error % |")
+
+
+def row(r: Result) -> str:
+    layout = " ".join(r.cfg.layout)
+    if r.error or not r.truth_ms or not r.pred_ms:
+        return (f"| {r.cfg.name} | {r.cfg.world} | {r.p} | {layout} | "
+                f"FAILED: {(r.error or 'no measurement')[:300].replace('|', '/')} |")
+    ev = r.events or {}
+    return (f"| {r.cfg.name} | {r.cfg.world} | {r.p} | {layout} | {r.truth:.2f} | "
+            f"{min(r.truth_ms):.2f}-{max(r.truth_ms):.2f} | {r.pred:.2f} | {r.err(r.pred):+.1f} | "
+            f"{'yes' if r.inside() else 'no'} | {ev.get('start_med_ms', float('nan')):.2f}/"
+            f"{ev.get('start_p95_ms', float('nan')):.2f} | {ev.get('dur_med_ms', float('nan')):.3f}/"
+            f"{ev.get('dur_p95_ms', float('nan')):.3f} | {'yes' if ev.get('aligned') else 'NO'} | "
+            f"{r.bare:.2f} | {r.err(r.bare):+.1f} |")
+
+
+def totals(results: list[Result]) -> list[str]:
+    ok = [r for r in results if not r.error and r.truth_ms and r.pred_ms]
+    if not ok:
+        return ["no config succeeded"]
+    e = [abs(r.err(r.pred)) for r in ok]
+    b = [abs(r.err(r.bare)) for r in ok]
+    worst = max(ok, key=lambda r: abs(r.err(r.pred)))
+    return [
+        f"configs: {len(ok)} of {len(results)} succeeded; prediction inside the truth's spread: "
+        f"{sum(r.inside() for r in ok)} of {len(ok)}",
+        f"calibrated from slices: mean |error| {statistics.mean(e):.1f} %, max {max(e):.1f} % ({worst.cfg.name})",
+        f"bare graph (ablation):  mean |error| {statistics.mean(b):.1f} %, max {max(b):.1f} %",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prism bench fidelity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="local",
+                        help="local: W=2 (2 cores); device: W=8 and W=16 (16 cores); all")
+    parser.add_argument("--configs", help=f"comma-separated config names (any of {', '.join(BY_NAME)})")
+    parser.add_argument("--repeats", type=int, default=5, help="truth runs per config")
+    parser.add_argument("--prism-runs", type=int, default=1, help="prism predictions per config")
+    parser.add_argument("--devices", type=int, help="device slots P (default: per config, W/2)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--small", action="store_true", help="the small default model (smoke test)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
+    parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here")
+    parser.add_argument("--work", type=Path, help="job folders (default: a temporary folder, removed)")
+    args = parser.parse_args(argv)
+    if args.configs:
+        unknown = [n for n in args.configs.split(",") if n not in BY_NAME]
+        if unknown:
+            print(f"prism bench fidelity: unknown configs {unknown}; known: {', '.join(BY_NAME)}", file=sys.stderr)
+            return 2
+        configs = [BY_NAME[n] for n in args.configs.split(",")]
+    else:
+        configs = MATRICES[args.matrix]
+    cores = os.cpu_count() or 1
+    too_big = [c.name for c in configs if c.world > cores]
+    if too_big:
+        print(f"prism bench fidelity: {too_big} need more ranks than this machine's {cores} cores "
+              "(the truth pins one rank per core)", file=sys.stderr)
+        return 2
+    model = SMALL_MODEL if args.small else MODEL
+    work = args.work or Path(tempfile.mkdtemp(prefix="prism-fidelity-"))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    import torch
+
+    intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
+             f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs}, "
+             f"{args.steps} steps; model {' '.join(model)}", "", HEADER, "|" + "---|" * 14]
+    print("\n".join(intro), flush=True)
+    results = []
+    t_all = time.perf_counter()
+    try:
+        for cfg in configs:
+            p = args.devices or cfg.devices
+            r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
+                           args.steps, model, work, args.timeout)
+            results.append(r)
+            print(row(r), flush=True)
+    finally:
+        tail = [""] + totals(results) + [f"wall: {time.perf_counter() - t_all:.0f} s"]
+        print("\n".join(tail), flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "fidelity.md").write_text("\n".join(intro + [row(r) for r in results] + tail) + "\n")
+            (args.out / "fidelity.json").write_text(json.dumps([{
+                "config": r.cfg.name, "world": r.cfg.world, "devices": r.p, "layout": list(r.cfg.layout),
+                "truth_ms": r.truth_ms, "pred_ms": r.pred_ms, "bare_ms": r.bare_ms, "events": r.events,
+                "stage_s": r.stage_s, "error": r.error} for r in results], indent=1))
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if results and all(not r.error for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
