@@ -64,7 +64,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
         transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
     else:
         # slice: the real transport, in a key space the replay server (the virtual members) can reach
-        store = slice_store(name) if _state["mode"] == "slice" else dist_opts.store
+        store = slice_store(name, dist_opts.store) if _state["mode"] == "slice" else dist_opts.store
         transport = RealTransport(
             store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
             want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,

@@ -45,6 +45,7 @@ from prism.runtime import shm
 from prism.runtime.transport import slice_store
 
 PREFETCH = 4  # payloads loaded ahead of use, per replay thread
+_alive: list = []
 _END = object()
 
 
@@ -233,6 +234,60 @@ def issue(pg: ProcessGroupGloo, op: str, me: int, n: int, root: int, mine: tuple
     raise ReplayError(f"the replay server cannot replay {op!r} yet")
 
 
+class _PollingStore(dist.Store):
+    """A store client shared by many members that rendezvous at once: a blocking get or wait would hold
+    the client (and block every other member's set), so it polls `check` instead."""
+
+    POLL_S = 0.002
+
+    def __init__(self, base, lock: threading.Lock) -> None:
+        super().__init__()
+        self.base, self.lock = base, lock
+
+    def _await(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        limit = (timeout or self.base.timeout).total_seconds()
+        deadline = time.monotonic() + limit
+        while True:
+            with self.lock:
+                if self.base.check(keys):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the store did not get keys {keys} within {limit:.0f} s")
+            time.sleep(self.POLL_S)
+
+    def set(self, key, value):
+        with self.lock:
+            self.base.set(key, value)
+
+    def get(self, key):
+        self._await([key])
+        with self.lock:
+            return self.base.get(key)
+
+    def wait(self, keys, timeout=None):
+        self._await(list(keys), timeout)
+
+    def check(self, keys):
+        with self.lock:
+            return self.base.check(keys)
+
+    def add(self, key, amount):
+        with self.lock:
+            return self.base.add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        with self.lock:
+            return self.base.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        with self.lock:
+            return self.base.delete_key(key)
+
+    def num_keys(self):
+        with self.lock:
+            return self.base.num_keys()
+
+
 # -- the server ----------------------------------------------------------------------------------------------
 class ReplayServer:
     def __init__(self, plan: ReplayPlan, capture: Path, timeout: timedelta) -> None:
@@ -245,6 +300,12 @@ class ReplayServer:
         self.state: dict[str, str] = {}  # thread -> what it is doing now (diagnosis)
         self.ops = 0
         self.messages = 0
+        # one client of the job's store for every virtual member (each client costs a connection, and
+        # connections to a TCPStore are slow to open by the dozen), shared without blocking (_PollingStore)
+        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                   wait_for_workers=False, timeout=timeout)
+        self._store_lock = threading.Lock()
+        self._keep: list = []
 
     # building the virtual members
     def _build(self, group: str) -> None:
@@ -256,9 +317,10 @@ class ReplayServer:
 
         def make(v: int) -> None:
             try:
-                store = PrefixStore("gloo/", slice_store(group, own_client=True))
-                pg = ProcessGroupGloo(store, members.index(v), len(members), self.timeout)
-                made[v] = pg
+                shared = _PollingStore(self.store, self._store_lock)
+                self._keep.append(shared)  # the Python object must outlive its use from C++
+                store = PrefixStore("gloo/", slice_store(group, shared))
+                made[v] = ProcessGroupGloo(store, members.index(v), len(members), self.timeout)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failed.append(exc)
 
@@ -374,6 +436,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         print(f"[prism] replay server: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
     server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
+    _alive.append(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     started = time.monotonic()
     threads = server.start()
     while any(t.is_alive() for t in threads):

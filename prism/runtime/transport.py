@@ -10,7 +10,6 @@ server can stand in for the group's virtual members.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Protocol
 
@@ -40,24 +39,21 @@ _BACKEND_METHOD = {
 
 # Mode `slice`: the stores of every group live under this prefix of the job's store (the supervisor's).
 SLICE_PREFIX = "prism-slice"
-_slice_client: dict = {}
 
 
-def slice_store(group_name: str, own_client: bool = False):
-    """The store of group `group_name` in mode `slice`: `SLICE_PREFIX/<group>/` on the job's store.
+def job_store(store):
+    """The job's store under torch's prefixes (`default_pg/`, `<group>/`): the store a group was made with."""
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def slice_store(group_name: str, base):
+    """The store of group `group_name` in mode `slice`: `SLICE_PREFIX/<group>/` on the job's store `base`.
 
     Group names are torch's (creation order: the same in every run of the program), so the replay server
-    reaches the same keys for the group's virtual members. The job's store is reached through a client of
-    MASTER_ADDR:MASTER_PORT, one per process; `own_client`: a new one (a client serves one blocking call at
-    a time, so members created concurrently in one process each need their own)."""
-    base = None if own_client else _slice_client.get(os.getpid())
-    if base is None:
-        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                             wait_for_workers=False, timeout=timedelta(minutes=30))
-        if not own_client:
-            _slice_client.clear()
-            _slice_client[os.getpid()] = base
-    return PrefixStore(f"{SLICE_PREFIX}/{group_name}/", base)
+    reaches the same keys for the group's virtual members."""
+    return PrefixStore(f"{SLICE_PREFIX}/{group_name}/", job_store(base))
 
 
 class RealTransport:

@@ -100,3 +100,27 @@ def test_a_slice_of_another_program_is_named_and_writes_nothing(job, tmp_path):
     assert re.search(r"rank \d+ diverged from its capture", proc.stderr), proc.stderr[-2000:]
     assert not (work / "slices" / "slice=0").exists()
     assert not list((work / "slices").glob(".slice=*"))
+
+
+def test_w8_tp_pp_dp_ep_last_stage_slice_prints_the_capture_losses(tmp_path):
+    """W=8 (TP2 x PP2 x DP2, EP2): the slice of the loss-printing last-stage ranks gets its activations from
+    the replayed first stage (p2p), its DP and EP peers from the replay server, and prints the same losses."""
+    job = tmp_path / "job"
+    program = ["-m", "prism.workloads.moe_gpt", "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--steps", "2"]
+    cap = run_prism(["launch", "--nproc", "8", "--mode", "capture", "--devices", "2", "--out", str(job / "capture"),
+                     *program])
+    assert cap.returncode == 0, cap.stderr
+    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
+    assert graph.returncode == 0, graph.stderr
+    assert _module("prism.slices.plan", ["--job", str(job), "--devices", "2"]).returncode == 0
+    plan = pq.read_table(job / "slices" / "plan.parquet").to_pylist()
+    k = next(p["slice"] for p in plan if p["rank"] == 4)  # tp 0 of the last stage prints the loss
+    ranks = sorted(p["rank"] for p in plan if p["slice"] == k)
+    proc = _module("prism.slices.run", ["--job", str(job), "--slice", str(k)])
+    assert proc.returncode == 0, proc.stderr
+    printers = 2 if 6 in ranks else 1  # ranks 4 and 6 print in the capture
+    want = _steps(cap.stdout)
+    assert len(want) == 4 and _steps(proc.stdout) == (want if printers == 2 else sorted(set(want)))
+    rows = pq.read_table(job / "slices" / f"slice={k}" / "events.parquet").to_pylist()
+    assert sorted({r["rank"] for r in rows}) == ranks
+    assert {"send", "recv", "collective"} <= {r["kind"] for r in rows}
