@@ -32,6 +32,7 @@ SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("real", "capture", "slice", "off")
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
 
 
 class LaunchError(Exception):
@@ -247,6 +248,10 @@ def launch(spec: LaunchSpec) -> int:
     if spec.mode == "slice":  # the store is hosted by the supervisor, as in capture
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
                    PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)))
+        if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
+            # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
+            # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
+            env["TORCH_GLOO_LAZY_INIT"] = "1"
     zspec = {
         "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
         "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
@@ -324,7 +329,9 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
     if spec.mode == "capture":
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
     if spec.mode == "slice":
-        meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats)
+        meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats,
+                    gloo_lazy_init=os.environ.get("TORCH_GLOO_LAZY_INIT",
+                                                  "1" if spec.nproc > SLICE_LAZY_GLOO_FROM else "0") == "1")
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
 

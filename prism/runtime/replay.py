@@ -95,6 +95,16 @@ class ReplayPlan:
     def virtual(self, group: str) -> list[int]:
         return [r for r in self.groups[group] if r not in self.slice_ranks]
 
+    def to_build(self, group: str, lazy: bool) -> list[int]:
+        """The virtual members the server must create. Eager gloo waits for every member at creation: all
+        of them. Lazy gloo (TORCH_GLOO_LAZY_INIT=1) connects a pair on its first op: only the members that
+        communicate with a slice rank (every member if the group has collectives, else the peers of its
+        messages); a group that never communicates is not created at all."""
+        if not lazy or self.collectives[group]:
+            return self.virtual(group)
+        peers = {ch.src if ch.src not in self.slice_ranks else ch.dst for ch in self.channels if ch.group == group}
+        return [r for r in self.virtual(group) if r in peers]
+
 
 def _group_order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
@@ -305,12 +315,15 @@ class ReplayServer:
         self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                    wait_for_workers=False, timeout=timeout)
         self._store_lock = threading.Lock()
+        self.lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").lower() in ("1", "true")
+        self.built = [g for g in plan.order if plan.to_build(g, self.lazy)]
         self._keep: list = []
 
     # building the virtual members
     def _build(self, group: str) -> None:
         members = self.plan.groups[group]
-        self.state[f"group {group}"] = f"creating its {len(self.plan.virtual(group))} virtual members " \
+        build = self.plan.to_build(group, self.lazy)
+        self.state[f"group {group}"] = f"creating its {len(build)} virtual members " \
                                        f"(waits for the slice ranks to create group {group})"
         made: dict[int, ProcessGroupGloo] = {}
         failed: list[BaseException] = []
@@ -324,7 +337,7 @@ class ReplayServer:
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failed.append(exc)
 
-        threads = [threading.Thread(target=make, args=(v,), daemon=True) for v in self.plan.virtual(group)]
+        threads = [threading.Thread(target=make, args=(v,), daemon=True) for v in build]
         for t in threads:
             t.start()
         for t in threads:
@@ -409,7 +422,7 @@ class ReplayServer:
 
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._run, args=(self._group, g, f"group {g}"), daemon=True,
-                                    name=f"prism-replay-g{g}") for g in self.plan.order]
+                                    name=f"prism-replay-g{g}") for g in self.built]
         threads += [threading.Thread(target=self._run, args=(self._channel, ch,
                                                              f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"),
                                      daemon=True, name=f"prism-replay-p2p") for ch in self.plan.channels]
@@ -454,7 +467,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     if server.errors:
         print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
         return 1
-    summary = {"groups": len(plan.order), "virtual_members": sum(len(plan.virtual(g)) for g in plan.order),
+    summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started}
     (status_dir / "replay.done").write_text(json.dumps(summary))
     while not stop.wait(0.1):

@@ -141,6 +141,9 @@ def _run_replay(spec: dict) -> int:
     os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
                       WORLD_SIZE=str(spec["nproc"]), TORCHELASTIC_RUN_ID=spec["run_id"])
     os.environ.pop("PRISM_OUT", None)  # the server records nothing
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         from prism.runtime import replay
 
