@@ -9,6 +9,7 @@ COMMANDS = {
     "launch": ("prism.runtime.launcher", "run a program's W ranks (torchrun-compatible) with PrismTrace"),
     "graph": ("prism.graph", "build the graph tables of a job from its raw trace"),
     "sql": ("prism.sql", "DuckDB SQL over a job's artifacts"),
+    "calibrate": ("prism.calibrate.stage", "one global clock for a job's graph (calibrated timeline)"),
     "baseline": ("prism.baseline", "the real run of a job config, its graph and summary"),
     "bench": ("prism.bench", "benchmarks that print tables (overhead, ...)"),
 }
