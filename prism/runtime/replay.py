@@ -5,13 +5,19 @@ The ranks of a slice run the real program on the real transport (`transport.Real
 group that holds a slice rank and a virtual one, it creates one `ProcessGroupGloo` per virtual member
 (same store key space, that member's group rank and the group's size; the members of a group are built
 concurrently, since a gloo rendezvous waits for all of them). Groups without a slice rank are never
-created (group reduction). Then, per group, one thread replays the group's collectives in `group_seq`
+created (group reduction); with lazy gloo (TORCH_GLOO_LAZY_INIT=1, the launcher's default above W=64) only
+the virtual members that communicate with a slice rank are, and groups that never communicate are not
+(lazy gloo connects a pair on its first op and does not wait for the other members at creation). Then, per group, one thread replays the group's collectives in `group_seq`
 order: every virtual member issues the op on its own instance with its recorded contribution as input
 (reduce op, root, splits and output shapes come from the payload's meta) and the outputs are discarded.
 Point-to-point messages between a virtual and a slice rank are replayed per channel (group, sender,
 receiver, tag) in the recorded order: virtual -> slice sends carry the recorded payload, slice -> virtual
 messages are received into buffers shaped like the slice rank's recorded send. Payloads are loaded ahead
 of use (a small prefetch per thread).
+
+Values: the data comes from the capture, the reductions are gloo's. For groups of two members that equals
+the capture bitwise (addition commutes); for larger groups gloo's reduction order differs from prism's
+(`semantics`), so results agree within float rounding, as a real gloo run does.
 
 Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
 `raw/rank=R/{groups,events,payloads}.arrow`, `payloads/<hash[:2]>/<hash>.bin`.
