@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
-         "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2"]
-SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2"]
+         "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2", "--device", "cpu"]
+SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2", "--device", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -72,22 +72,22 @@ LOCAL = [
     _c("tp2", 2, 1, "--tp", "2"),
     _c("pp2-mb4", 2, 1, "--pp", "2", "--microbatches", "4"),
 ]
-DEVICE = [
-    _c("dp8", 8, 4, "--dp", "8"),
-    _c("dp8-ep4", 8, 4, "--dp", "8", "--ep", "4"),
-    _c("dp8-var", 8, 4, "--dp", "8", "--var-seq"),
-    _c("tp2dp4", 8, 4, "--tp", "2", "--dp", "4"),
-    _c("tp2dp4-ep4-var", 8, 4, "--tp", "2", "--dp", "4", "--ep", "4", "--var-seq"),
-    _c("tp4dp2", 8, 4, "--tp", "4", "--dp", "2"),
+DEVICE = [  # in the order they run: the most varied first (a --budget may cut the tail)
     _c("tp2pp2dp2-mb4", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4"),
+    _c("dp8-ep4", 8, 4, "--dp", "8", "--ep", "4"),
+    _c("tp2dp4-ep4-var", 8, 4, "--tp", "2", "--dp", "4", "--ep", "4", "--var-seq"),
+    _c("pp4dp2-mb8", 8, 4, "--pp", "4", "--dp", "2", "--microbatches", "8"),
+    _c("tp2pp2dp4-ep2-mb4", 16, 8, "--tp", "2", "--pp", "2", "--dp", "4", "--ep", "2", "--microbatches", "4"),
+    _c("tp4dp2", 8, 4, "--tp", "4", "--dp", "2"),
+    _c("dp8-var", 8, 4, "--dp", "8", "--var-seq"),
+    _c("pp2dp4-mb8", 8, 4, "--pp", "2", "--dp", "4", "--microbatches", "8"),
     _c("tp2pp2dp2-ep2-mb4", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "4"),
+    _c("tp2pp4-mb4", 8, 4, "--tp", "2", "--pp", "4", "--microbatches", "4"),
+    _c("dp16-ep4", 16, 8, "--dp", "16", "--ep", "4"),
+    _c("dp8", 8, 4, "--dp", "8"),
+    _c("tp2dp4", 8, 4, "--tp", "2", "--dp", "4"),
     _c("tp2pp2dp2-mb4-var", 8, 4, "--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4", "--var-seq"),
     _c("pp2dp4-ep4-mb2", 8, 4, "--pp", "2", "--dp", "4", "--ep", "4", "--microbatches", "2"),
-    _c("pp2dp4-mb8", 8, 4, "--pp", "2", "--dp", "4", "--microbatches", "8"),
-    _c("pp4dp2-mb8", 8, 4, "--pp", "4", "--dp", "2", "--microbatches", "8"),
-    _c("tp2pp4-mb4", 8, 4, "--tp", "2", "--pp", "4", "--microbatches", "4"),
-    _c("tp2pp2dp4-ep2-mb4", 16, 8, "--tp", "2", "--pp", "2", "--dp", "4", "--ep", "2", "--microbatches", "4"),
-    _c("dp16-ep4", 16, 8, "--dp", "16", "--ep", "4"),
     _c("tp2pp4dp2-mb4-var", 16, 8, "--tp", "2", "--pp", "4", "--dp", "2", "--microbatches", "4", "--var-seq"),
 ]
 MATRICES = {"local": LOCAL, "device": DEVICE, "all": LOCAL + DEVICE}
@@ -425,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--small", action="store_true", help="the small default model (smoke test)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
-    parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here")
+    parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
+    parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
+                        "carry past this (the rest are listed as skipped)")
     parser.add_argument("--work", type=Path, help="job folders (default: a temporary folder, removed)")
     args = parser.parse_args(argv)
     if args.configs:
@@ -453,16 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(intro), flush=True)
     results = []
     t_all = time.perf_counter()
-    try:
-        for cfg in configs:
-            p = args.devices or cfg.devices
-            r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
-                           args.steps, model, work, args.timeout)
-            results.append(r)
-            print(row(r), flush=True)
-    finally:
+    skipped: list[str] = []
+
+    def write(final: bool) -> None:
         tail = [""] + totals(results) + [f"wall: {time.perf_counter() - t_all:.0f} s"]
-        print("\n".join(tail), flush=True)
+        if skipped:
+            tail.append(f"skipped (--budget {args.budget:.0f} s): {', '.join(skipped)}")
+        if final:
+            print("\n".join(tail), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "fidelity.md").write_text("\n".join(intro + [row(r) for r in results] + tail) + "\n")
@@ -470,6 +470,24 @@ def main(argv: list[str] | None = None) -> int:
                 "config": r.cfg.name, "world": r.cfg.world, "devices": r.p, "layout": list(r.cfg.layout),
                 "truth_ms": r.truth_ms, "pred_ms": r.pred_ms, "bare_ms": r.bare_ms, "events": r.events,
                 "stage_s": r.stage_s, "error": r.error} for r in results], indent=1))
+
+    slowest = 0.0
+    try:
+        for cfg in configs:
+            elapsed = time.perf_counter() - t_all
+            if args.budget and elapsed + slowest * (cfg.world / 8 if cfg.world > 8 else 1) > args.budget:
+                skipped.append(cfg.name)
+                continue
+            p = args.devices or cfg.devices
+            t = time.perf_counter()
+            r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
+                           args.steps, model, work, args.timeout)
+            slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
+            results.append(r)
+            print(row(r), flush=True)
+            write(False)
+    finally:
+        write(True)
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if results and all(not r.error for r in results) else 1
