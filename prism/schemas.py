@@ -52,7 +52,9 @@ RAW_EVENT_FIELDS = [
     pa.field("t_end_ns", pa.int64(), nullable=False),
     pa.field("cpu_ns", pa.int64(), nullable=False),  # CPU time of the rank's thread inside the event
     pa.field("device_ns", pa.int64(), nullable=False),  # device-clock duration (CPU: = cpu_ns); -1
-    pa.field("t_complete_ns", pa.int64(), nullable=False),  # when an async op's result was ready; -1
+    # when the op's result was ready: exact for ops consumed through their future (a completion callback),
+    # an upper bound for waited ops (the wait's start if the result was already there, else its end); -1
+    pa.field("t_complete_ns", pa.int64(), nullable=False),
     pa.field("mem_bytes", pa.int64(), nullable=False),  # memory in use at the event's end; -1: not measured
     pa.field("mem_peak_bytes", pa.int64(), nullable=False),  # peak so far; -1: not measured
     pa.field("stream", pa.int32(), nullable=False),  # 0: the program's stream

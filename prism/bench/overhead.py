@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -37,7 +38,15 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True,
                                mode="real" if variant == "prismtrace" else "off",
                                out=out if variant == "prismtrace" else None)
-    code = launcher.launch(spec)
+    saved = os.dup(1)  # the workload's loss lines are not the benchmark's output
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    try:
+        code = launcher.launch(spec)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
     if code != 0:
         raise RuntimeError(f"benchmark run '{variant}' failed with exit code {code}")
     per_rank = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]

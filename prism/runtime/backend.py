@@ -88,6 +88,7 @@ class PrismWork(Work):
         super().__init__()
         self._inner, self._rec, self._ids, self._op, self._group = inner, recorder, work_ids, op, group
         self._waited = False
+        self._futured = False
 
     @_nodynamo
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -103,13 +104,23 @@ class PrismWork(Work):
                 continue
             rec.waited(wid, sync)
             start = rec.begin()
+            ready = inner.is_completed()
             inner.wait()
             rec.end(start, schemas.KIND_WAIT, self._op, group=self._group, work_id=wid)
+            # an upper bound of when the result was ready: the wait's start if it was there already,
+            # else the wait's end
+            rec.completed_by(wid, start[0] if ready else rec.last_end_ns)
         return True
 
     @_nodynamo
     def get_future(self) -> torch.futures.Future:
         futs = [_future_of(w) or _future_by_waiting(w) for w in self._inner]
+        if self._rec is not None and not self._futured:
+            # consumed through its future (DDP): its completion time is only known from a callback
+            self._futured = True
+            rec = self._rec
+            for fut, wid in zip(futs, self._ids):
+                fut.add_done_callback(lambda _f, wid=wid: rec.completed(wid))
         if len(futs) == 1:
             return futs[0]
         # several works (a coalesced op, a batch of p2p ops): one future of all their output tensors
@@ -206,9 +217,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)
-            fut = _future_of(inner)  # gloo's p2p and reduce_scatter works have none: completion unknown
-            if fut is not None:
-                fut.add_done_callback(lambda _f, wid=wid: rec.completed(wid))
+            # No completion callback here: it runs on the backend's thread and costs a GIL hand-off per
+            # op. A waited op's completion is seen at its wait; a future's consumer gets one (get_future).
         if self._coalesced is not None:
             self._coalesced.append((inner, wid))
         return PrismWork([inner], rec, [wid], op, self._name)

@@ -98,12 +98,20 @@ class Recorder:
         """Called from a communication thread when an op's result is ready."""
         self._completions[work_id] = _wall()
 
+    def completed_by(self, work_id: int, wall_ns: int) -> None:
+        """The op's result was ready at the latest at `wall_ns` (when a wait found it, or started)."""
+        self._completions.setdefault(work_id, wall_ns)
+
     def waited(self, work_id: int, sync: bool) -> None:
         """The program waits on `work_id`; `sync`: torch's own blocking call waits right after issuing."""
         index = self._pending_async.pop(work_id, None)
         if index is not None and not sync:
             row = self._rows[index]
             self._rows[index] = row[:10] + (True,) + row[11:]
+
+    @property
+    def last_end_ns(self) -> int:
+        return self._last_end_wall
 
     def resync(self) -> None:
         """Forget the time since the last event (capture: the rank was parked outside any event)."""
