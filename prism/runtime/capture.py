@@ -185,7 +185,8 @@ class CaptureWork:
             return
         self.completed = True
         if self._complete is not None:
-            self._complete()
+            with torch.no_grad():  # a backend writes results into tensors outside autograd (leaf buffers too)
+                self._complete()
         if self.keys:
             self.client.send(("done", self.keys))
         self.future.set_result(self._result)
