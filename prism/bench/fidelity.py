@@ -211,56 +211,13 @@ def calibrated(job: Path, slices: bool) -> tuple[pa.Table, np.ndarray]:
 
 def durations_from_slices(job: Path) -> tuple[Path, Path]:
     """JOB/slices/{durations,transfers}.parquet from the slice runs (`prism.calibrate.from_slices`)."""
-    try:
-        from prism.calibrate.from_slices import from_slices
-    except ImportError:  # a tree without that module: the same rules, every slice measured
-        from_slices = _from_slices_fallback
+    from prism.calibrate.from_slices import from_slices
+
     durations, transfers = from_slices(job)
     d, t = job / "slices" / "durations.parquet", job / "slices" / "transfers.parquet"
     pq.write_table(durations, d)
     pq.write_table(transfers, t)
     return d, t
-
-
-def _from_slices_fallback(job: Path) -> tuple[pa.Table, pa.Table]:
-    """Every event's slice-run columns through `durations.bare_graph` (each slice on its own clock: a
-    comm's transfer is the smallest one measured by a slice holding members of it)."""
-    from prism.calibrate import durations as rules
-    from prism.calibrate.arrays import K_COMPUTE
-    from prism.calibrate.stage import load_graph
-
-    g = load_graph(job)
-    sg, n = g.graph, len(g.event_ids)
-    pos = {int(e): i for i, e in enumerate(g.event_ids.tolist())}
-    cols = {k: np.full(n, -1, dtype=np.int64) for k in ("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
-    _, bare_x = rules.bare_graph(sg.kind, sg.comm, sg.wait_op, *(g.columns[k] for k in cols), sg.n_comms)
-    best = np.full(sg.n_comms, np.iinfo(np.int64).max, dtype=np.int64)
-    seen_any = np.zeros(n, dtype=bool)
-    for path in sorted((job / "slices").glob("slice=*/events.parquet")):
-        ev = pq.read_table(path)
-        rows = np.array([pos[int(e)] for e in ev.column("event_id").to_pylist()], dtype=np.int64)
-        one = {k: g.columns[k].copy() for k in cols}
-        mine = np.zeros(n, dtype=bool)
-        mine[rows] = True
-        for k in cols:
-            v = ev.column(k).to_numpy()
-            cols[k][rows] = v
-            one[k][rows] = v
-        # transfers seen by this slice alone: other ranks' events count as plain compute
-        kind = np.where(mine, sg.kind, K_COMPUTE).astype(sg.kind.dtype)
-        _, x = rules.bare_graph(kind, sg.comm, sg.wait_op, one["device_ns"], one["t_start_ns"], one["t_end_ns"],
-                                one["t_complete_ns"], sg.n_comms)
-        has = np.zeros(sg.n_comms, dtype=bool)
-        members = rows[sg.comm[rows] >= 0]
-        has[sg.comm[members]] = True
-        best = np.where(has, np.minimum(best, x), best)
-        seen_any[rows] = True
-    if not seen_any.all():
-        raise StepError("some ranks ran in no slice")
-    dur, _ = rules.bare_graph(sg.kind, sg.comm, sg.wait_op, *(cols[k] for k in cols), sg.n_comms)
-    xfer = np.where(best != np.iinfo(np.int64).max, best, bare_x)
-    return (pa.table({"event_id": g.event_ids.astype(np.int64), "duration_ns": dur.astype(np.int64)}),
-            pa.table({"comm_id": g.comm_ids.astype(np.int64), "transfer_ns": xfer.astype(np.int64)}))
 
 
 def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, truth_ends_: np.ndarray,
