@@ -10,7 +10,6 @@ can say the timings are not ground truth.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,15 +20,11 @@ from prism.runtime import launcher
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism baseline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="job config YAML (default: the embedded default job)")
-    parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
+    prism_config.add_job_arguments(parser)
     parser.add_argument("--out", type=Path, help="output folder (default: <results>/<job>/baseline)")
     args = parser.parse_args(argv)
     try:
-        if args.config_json:
-            job = prism_config.from_dict(json.loads(args.config_json), "--config-json")
-        else:
-            job = prism_config.load(args.config)
+        job = prism_config.from_arguments(args)
     except prism_config.ConfigError as exc:
         print(f"prism baseline: error: {exc}", file=sys.stderr)
         return 2

@@ -115,3 +115,22 @@ def load(path: str | Path | None = None) -> JobConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
     return from_dict(raw, str(path))
+
+
+def add_job_arguments(parser) -> None:
+    """`--config FILE` / `--config-json JSON`: how a stage is told its job."""
+    parser.add_argument("--config", type=Path, help="job config YAML (default: the embedded default job)")
+    parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
+
+
+def from_arguments(args) -> JobConfig:
+    """The job a stage was given with `add_job_arguments` (ConfigError if it is invalid)."""
+    if getattr(args, "config_json", None):
+        import json
+
+        try:
+            raw = json.loads(args.config_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config-json: not valid JSON: {exc}") from None
+        return from_dict(raw, "--config-json")
+    return load(getattr(args, "config", None))
