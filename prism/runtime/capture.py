@@ -159,6 +159,23 @@ class CaptureClient:
         os.replace(tmp, folder / "payloads.arrow")
 
 
+class _CaptureFuture(torch.futures.Future):
+    """The future of a capture op: a Python `wait()`/`value()` on it waits through the coordinator (giving
+    the slot back) instead of blocking while holding it. (torch's C++ waits use the drain points.)"""
+
+    def __init__(self, work: "CaptureWork") -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self):
+        self._work.wait()
+        return super().wait()
+
+    def value(self):
+        self._work.wait()
+        return super().value()
+
+
 class CaptureWork:
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 
@@ -169,7 +186,7 @@ class CaptureWork:
         self.needs = needs  # files whose presence means the result can be computed (None: ask)
         self._complete = complete  # computes and writes this rank's outputs
         self._result = result
-        self.future: torch.futures.Future = torch.futures.Future()
+        self.future: torch.futures.Future = _CaptureFuture(self)
         self.completed = False
         if not keys or needs == []:
             self.finish()
@@ -201,6 +218,9 @@ class CaptureWork:
 
     def get_future(self) -> torch.futures.Future:
         return self.future
+
+    def _source_rank(self) -> int:
+        return getattr(self, "source", -1)
 
     def is_completed(self) -> bool:
         return self.completed
@@ -237,6 +257,7 @@ class CaptureTransport:
         self.seq = 0
         self.sent: dict[tuple[int, int], int] = {}
         self.received: dict[tuple[int, int], int] = {}
+        self.received_any: dict[int, int] = {}
         self.c.send(("group", group_name, desc, self.members))
 
     def start_coalescing(self, device) -> None:
@@ -394,13 +415,21 @@ class CaptureTransport:
     def _barrier(self, work_id, op, opts):
         return self._collective(op, work_id, None, lambda key: None, [], reads=None)
 
+    def _allgather_coalesced(self, work_id, op, output_lists, input_tensors, opts):
+        def complete(key):
+            for k, (_, ts) in enumerate(self._inputs(key)):
+                for j, out in enumerate(output_lists[k]):
+                    out.copy_(ts[j])
+
+        return self._collective(op, work_id, list(input_tensors), complete, output_lists)
+
     # -- point to point ------------------------------------------------------------------------------------
     def _send(self, work_id, op, tensors, dst, tag):
         peer = self.members[dst]
         k = self.sent.get((peer, tag), 0)
         self.sent[(peer, tag)] = k + 1
         key = ("p", self.group, self.members[self.me], peer, tag, k)
-        nbytes = self.c.contribute(key, "", list(tensors), None, work_id)
+        nbytes = self.c.contribute(key, "", list(tensors), {"src": self.me}, work_id)
         t = tensors[0]
         self.c.send(("arrive", key, (self.members[self.me], peer),
                      (op, str(t.dtype).removeprefix("torch."), "x".join(map(str, t.shape)), nbytes, "send")))
@@ -421,3 +450,26 @@ class CaptureTransport:
                 t.copy_(src_t)
 
         return CaptureWork(self.c, [key], lambda: complete(key), list(tensors), [self.c.path(key, "")])
+
+    def _recv_anysource(self, work_id, op, tensors, tag):
+        """A recv from whichever rank sends first (the coordinator pairs it; the data says who)."""
+        me = self.members[self.me]
+        k = self.received_any.get(tag, 0)
+        self.received_any[tag] = k + 1
+        key = ("a", self.group, me, tag, k)
+        t = tensors[0]
+        self.c.send(("arrive", key, (me,),
+                     (op, str(t.dtype).removeprefix("torch."), "x".join(map(str, t.shape)), 0, "recv")))
+        work = None
+
+        def complete():
+            meta, ts = self.c.read(key, "")
+            for t_, src_t in zip(tensors, ts):
+                t_.copy_(src_t)
+            src = meta["src"]
+            peer = self.members[src]
+            self.received[(peer, tag)] = self.received.get((peer, tag), 0) + 1  # it consumed that message
+            work.source = src
+
+        work = CaptureWork(self.c, [key], complete, list(tensors), [self.c.path(key, "")])
+        return work

@@ -54,9 +54,13 @@ class KeyState:
     done: set[int] = field(default_factory=set)
     mismatch: str | None = None  # why the members disagree (such a collective never completes)
 
+    matched: tuple | None = None  # an any-source recv ("a" key): the message ("p" key) it received
+
     def complete(self) -> bool:
         if self.mismatch:
             return False
+        if self.matched is not None:
+            return True
         if self.p2p:  # sends are buffered: a message is there once it was sent
             return any(a.role == "send" for a in self.arrived.values())
         return len(self.arrived) == len(self.members)
@@ -85,6 +89,9 @@ class Coordinator:
         self.policy = policy  # device-state decisions (None: host memory, nothing moves)
         self.sticky = sticky  # a rank always runs on slot rank % slots (CUDA: its context's GPU)
         self.device_actions: list[tuple[str, int]] = []  # ("suspend"|"resume", rank), done before "go"
+        self.any_waiting: dict[tuple, list[tuple]] = {}  # (group, dst, tag) -> any-source recv keys
+        self.unclaimed: dict[tuple, list[tuple]] = {}  # (group, dst, tag) -> sent message keys
+        self.file_moves: list[tuple[tuple, tuple]] = []  # (message key, any-recv key): rename, before "go"
         self.footprint = [0] * world
         self.free_slots = list(range(slots))
         heapq.heapify(self.free_slots)
@@ -165,7 +172,7 @@ class Coordinator:
     def _arrive(self, rank: int, key: tuple, members: tuple[int, ...], info: Arrival) -> None:
         st = self.keys.get(key)
         if st is None:
-            st = self.keys[key] = KeyState(key[0] == "p", members)
+            st = self.keys[key] = KeyState(key[0] in ("p", "a"), members)
         elif info.role == "member" and st.mismatch is None:
             first = next(iter(st.arrived.values()), None)
             if first is not None:
@@ -173,6 +180,12 @@ class Coordinator:
         if rank in st.arrived and info.role == "member":
             raise CaptureError(f"rank {rank} arrived twice at {self.describe_key(key)}")
         st.arrived[rank] = info
+        if key[0] == "a":
+            self.any_waiting.setdefault((key[1], key[2], key[3]), []).append(key)
+            self._match_any((key[1], key[2], key[3]))
+        elif key[0] == "p" and info.role == "send":
+            self.unclaimed.setdefault((key[1], key[3], key[4]), []).append(key)
+            self._match_any((key[1], key[3], key[4]))
         if st.mismatch and len(st.arrived) == len(st.members):
             raise CaptureError("collective mismatch at " + self._explain(key, st))
         if st.complete():
@@ -182,6 +195,26 @@ class Coordinator:
                 if prs.state == "blocked" and key in prs.waiting and self._ready(prs):
                     self._set(peer, "runnable")
                     heapq.heappush(self.runnable, (prs.logical_ns, peer))
+
+    def _match_any(self, where: tuple) -> None:
+        """Pair any-source recvs on (group, dst, tag) with sent messages no specific recv has claimed."""
+        waiting, sent = self.any_waiting.get(where), self.unclaimed.get(where)
+        while waiting and sent:
+            p_key = sent.pop(0)
+            pst = self.keys.get(p_key)
+            if pst is None or any(a.role == "recv" for a in pst.arrived.values()):
+                continue  # a specific recv takes it
+            a_key = waiting.pop(0)
+            ast = self.keys[a_key]
+            ast.matched = p_key
+            del self.keys[p_key]  # the message now belongs to the any-source recv
+            self.file_moves.append((p_key, a_key))
+            self.completed_keys += 1
+            dst = a_key[2]
+            prs = self.ranks[dst]
+            if prs.state == "blocked" and a_key in prs.waiting and self._ready(prs):
+                self._set(dst, "runnable")
+                heapq.heappush(self.runnable, (prs.logical_ns, dst))
 
     def _ready(self, rs: RankState) -> bool:
         for key in rs.waiting:
@@ -253,6 +286,9 @@ class Coordinator:
         if key[0] == "c":
             _, group, seq = key
             return f"{op + ' ' if op else ''}#{seq} on {self.group_label(group)}"
+        if key[0] == "a":
+            _, group, dst, tag, k = key
+            return f"receive #{k} from any rank by rank {dst} (tag {tag}) on {self.group_label(group)}"
         _, group, src, dst, tag, k = key
         return f"message #{k} from rank {src} to rank {dst} (tag {tag}) on {self.group_label(group)}"
 
@@ -289,6 +325,8 @@ class Coordinator:
         return "\n".join(lines)
 
     def _explain(self, key: tuple, st: KeyState) -> str:
+        if key[0] == "a":
+            return f"{self.describe_key(key)}: no rank sent it a message with that tag"
         if key[0] == "p":
             _, _, src, dst, tag, _ = key
             return f"{self.describe_key(key)}: rank {dst} waits to receive it; {self.doing(src)}"

@@ -251,6 +251,12 @@ class _CoordinatorLink:
         except CaptureError as exc:
             self.error = str(exc)
             return
+        for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
+            try:
+                os.replace(self.shm_dir / key_name(p_key), self.shm_dir / key_name(a_key))
+            except FileNotFoundError:
+                pass
+        self.coord.file_moves.clear()
         for action, victim in self.coord.device_actions:  # device state moves before anyone runs
             getattr(self.devices, action)(self.pids[victim])
         self.coord.device_actions.clear()
@@ -261,7 +267,7 @@ class _CoordinatorLink:
                 pass
         for key in self.coord.finished_keys:
             stem = key_name(key)
-            if key[0] == "p":
+            if key[0] in ("p", "a"):
                 names = [stem]
             else:
                 names = [f"{stem}-r{i}" for i in range(self._group_size(key))]

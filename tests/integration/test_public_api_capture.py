@@ -18,6 +18,7 @@ CASES = [  # program, ranks, arguments
     ("fsdp_tp", 4, []),
     ("pipelining", 2, ["--schedule", "both"]),
     ("functional", 2, ["--compile", "aot_eager"]),
+    ("alltoall", 2, []),  # uneven all_to_all_single, recv from any source, every collective async
 ]
 _reference: dict[str, list[str]] = {}
 

@@ -175,3 +175,30 @@ def test_coordinator_passes_device_decisions_and_keeps_cuda_ranks_on_their_slot(
     # ranks 0 and 2 hold 80 bytes each on slot 0 (capacity 100): rank 2 must leave before rank 0 runs
     assert c.device_actions == [("suspend", 2)]
     assert c.handle(3, ("wait", [key], 1, 10)) == [(3, ("go", 1, True))]
+
+
+def test_any_source_recv_takes_the_first_unclaimed_message():
+    c, _ = started(3, 3)
+    specific = ("p", "g", 1, 0, 5, 0)
+    arrive(c, 0, specific, (1, 0), op="recv", role="recv")           # rank 0 waits for rank 1's message
+    any_key = ("a", "g", 0, 5, 0)
+    arrive(c, 0, any_key, (0,), op="recv", role="recv")               # ... and for one from anyone
+    c.handle(0, ("wait", [any_key], 0))
+    assert c.ranks[0].state == "blocked"
+    arrive(c, 1, specific, (1, 0), op="send", role="send")            # claimed by the specific recv
+    assert c.keys[any_key].matched is None and c.file_moves == []
+    from_two = ("p", "g", 2, 0, 5, 0)
+    out = arrive(c, 2, from_two, (2, 0), op="send", role="send")
+    assert c.keys[any_key].matched == from_two
+    assert c.file_moves == [(from_two, any_key)]                       # the link renames the data file
+    assert out == [(0, ("go", 0, False))]
+
+
+def test_any_source_recv_never_sent_is_diagnosed():
+    c, _ = started(2, 2)
+    key = ("a", "g", 1, 3, 0)
+    arrive(c, 1, key, (1,), op="recv", role="recv")
+    c.handle(1, ("wait", [key], 0))
+    c.handle(0, ("exit", 0))
+    assert c.stuck()
+    assert "receive #0 from any rank by rank 1 (tag 3)" in c.diagnose()
