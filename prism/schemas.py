@@ -79,6 +79,9 @@ RAW_PAYLOADS = pa.schema(
         pa.field("rank", pa.int32(), nullable=False),
         pa.field("work_id", pa.int64(), nullable=False),  # the op event's work_id in this rank's stream
         pa.field("key", pa.string(), nullable=False),  # the communication key (collective or message)
+        # "in": the rank's contribution (what a replay sends); "out": the capture's result of a reduction
+        # that slice runs must reproduce bitwise (groups of > 2 members, whose real reduction order differs)
+        pa.field("role", pa.string(), nullable=False),
         pa.field("hash", pa.string(), nullable=False),  # content hash (blake2b-128, hex)
         pa.field("nbytes", pa.int64(), nullable=False),
     ]

@@ -212,6 +212,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         else:
             gseq = -1
         if rec is not None:
+            rec.check(kind, op, self._name, gseq, peer, tag, nbytes)
             start = rec.begin()
         inner = self._transport.call(method, device, *args, work_id=wid, op=op)
         if rec is not None:

@@ -133,8 +133,17 @@ class CaptureClient:
         shm.write(self.shm_dir / f"{key_name(key)}{suffix}", data)
         if self.payloads is not None:
             digest = self.payloads.put(data)
-            self.payload_rows.append((self.rank, work_id, key_name(key), digest, len(data)))
+            self.payload_rows.append((self.rank, work_id, key_name(key), "in", digest, len(data)))
         return len(data)
+
+    def keep_result(self, key: tuple, tensors: list[torch.Tensor], work_id: int) -> None:
+        """Store this rank's result of a reduction whose value depends on the reduction order (floating
+        point, > 2 members): a slice run reproduces it bitwise (`prism.runtime.slicing`), where the real
+        backend's order would differ in the last bits (and data-dependent programs, MoE routing, diverge)."""
+        if self.payloads is None or not any(t.is_floating_point() for t in tensors):
+            return
+        data = shm.encode(tensors)
+        self.payload_rows.append((self.rank, work_id, key_name(key), "out", self.payloads.put(data), len(data)))
 
     def path(self, key: tuple, suffix: str) -> Path:
         return self.shm_dir / f"{key_name(key)}{suffix}"
@@ -174,6 +183,19 @@ class _CaptureFuture(torch.futures.Future):
     def value(self):
         self._work.wait()
         return super().value()
+
+    def then(self, callback):
+        """A chained future (`get_future().then(f).wait()`) waits through the coordinator too."""
+        child = _CaptureFuture(self._work)
+
+        def run(fut):
+            try:
+                child.set_result(callback(fut))
+            except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the chained future
+                child.set_exception(exc)
+
+        self.add_done_callback(run)
+        return child
 
 
 class CaptureWork:
@@ -295,6 +317,11 @@ class CaptureTransport:
         needs = None if reads is None else [self.c.path(key, f"-r{i}") for i in reads]
         return CaptureWork(self.c, [key], lambda: complete(key), result, needs)
 
+    def _keep(self, key: tuple, outputs, work_id: int) -> None:
+        """A reduction's result, kept for slice runs where its value depends on the order (> 2 members)."""
+        if self.n > 2:
+            self.c.keep_result(key, list(outputs), work_id)
+
     def _inputs(self, key: tuple, members=None) -> list[tuple[dict, list[torch.Tensor]]]:
         return [self.c.read(key, f"-r{i}") for i in (range(self.n) if members is None else members)]
 
@@ -305,6 +332,7 @@ class CaptureTransport:
             contribs = [ts for _, ts in self._inputs(key)]
             for j, t in enumerate(tensors):
                 t.copy_(semantics.reduce([c[j] for c in contribs], red))
+            self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
 
@@ -334,6 +362,7 @@ class CaptureTransport:
             per = len(output_tensors)
             for j, out in enumerate(output_tensors):
                 out.copy_(semantics.reduce([c[j * self.n + self.me] for c in contribs], red))
+            self._keep(key, output_tensors, work_id)
 
         flat = [t for lst in input_tensors for t in lst]
         return self._collective(op, work_id, flat, complete, output_tensors, meta={"reduce_op": red.name})
@@ -344,6 +373,7 @@ class CaptureTransport:
         def complete(key):
             contribs = [ts[0] for _, ts in self._inputs(key)]
             output.copy_(semantics.reduce_scatter_chunk(contribs, red, self.me, self.n).view_as(output))
+            self._keep(key, [output], work_id)
 
         return self._collective(op, work_id, [input], complete, [output], info_tensors=[input],
                                 meta={"reduce_op": red.name})
@@ -386,6 +416,7 @@ class CaptureTransport:
                 contribs = [ts for _, ts in self._inputs(key)]
                 for j, t in enumerate(tensors):
                     t.copy_(semantics.reduce([c[j] for c in contribs], red))
+                self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors),
                                 reads="all" if self.me == root else [], meta={"reduce_op": red.name, "root": root})

@@ -20,6 +20,7 @@ import torch.distributed.distributed_c10d as c10d
 from prism.runtime import capture, markers
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
+from prism.runtime.slicing import SliceRecorder, SliceTransport
 from prism.runtime.transport import RealTransport, slice_store
 
 MODES = ("real", "capture", "slice")  # emulate arrives with its transport
@@ -38,8 +39,6 @@ def _ensure_recorder() -> Recorder | None:
             rank = int(os.environ.get("RANK", "0"))
             device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
             if _state["mode"] == "slice":  # checks every op against the capture as it is issued
-                from prism.runtime.slicing import SliceRecorder
-
                 rec = SliceRecorder(rank, _state["out"], Path(os.environ["PRISM_CAPTURE"]), device=device)
             else:
                 rec = Recorder(rank, _state["out"], device=device)
@@ -47,6 +46,15 @@ def _ensure_recorder() -> Recorder | None:
         drain = _drain if _state["mode"] == "capture" else None
         _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
     return _state["recorder"]
+
+
+def _captured_results():
+    """Slice mode: the capture's results of this rank's order-dependent reductions (one per rank)."""
+    from prism.runtime.slicing import CapturedResults
+
+    if _state.get("results") is None:
+        _state["results"] = CapturedResults(Path(os.environ["PRISM_CAPTURE"]), int(os.environ.get("RANK", "0")))
+    return _state["results"]
 
 
 def _drain() -> None:
@@ -63,12 +71,14 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     if _state["mode"] == "capture":
         transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
     else:
-        # slice: the real transport, in a key space the replay server (the virtual members) can reach
-        store = slice_store(name, dist_opts.store) if _state["mode"] == "slice" else dist_opts.store
-        transport = RealTransport(
-            store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout,
-            want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name,
-        )
+        args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
+        kwargs = dict(want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name)
+        if _state["mode"] == "slice":
+            # the real transport, in a key space the replay server (the virtual members) can reach
+            transport = SliceTransport(slice_store(name, dist_opts.store), *args, results=_captured_results(),
+                                       **kwargs)
+        else:
+            transport = RealTransport(dist_opts.store, *args, **kwargs)
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"

@@ -50,6 +50,9 @@ class Recorder:
         self._last_end_cpu = _cpu()
 
     # -- the hot path -------------------------------------------------------------------------------
+    def check(self, kind: str, op: str, group: str, group_seq: int, peer: int, tag: int, nbytes: int) -> None:
+        """Called before a communication op is issued (a slice run checks it against its capture)."""
+
     def begin(self) -> tuple[int, int]:
         """Start an event: closes the compute segment since the previous event; returns (wall, cpu)."""
         wall, cpu = _wall(), _cpu()

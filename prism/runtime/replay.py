@@ -163,8 +163,10 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     payload: dict[tuple[int, str], str] = {}
     channels: dict[tuple[str, int, int, int], list[tuple[int, str]]] = defaultdict(list)
     for r in sorted(readers):
-        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "hash"]).to_pydict()
-        for key, digest in zip(table["key"], table["hash"]):
+        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "role", "hash"]).to_pydict()
+        for key, role, digest in zip(table["key"], table["role"], table["hash"]):
+            if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slicing)
+                continue
             if key.startswith("c-"):
                 payload[(r, key)] = digest
                 continue

@@ -6,6 +6,13 @@ program) would otherwise hang waiting for an op no one replays, or exchange wron
 `SliceRecorder` compares each op (kind, op, group, per-group sequence, peer, tag, bytes) with the rank's
 captured op stream (`PRISM_CAPTURE/raw/rank=R/events.arrow`) as it is issued, and stops the rank at the
 first difference with a message naming both.
+
+`SliceTransport` is the real transport with one correction: a floating-point reduction in a group of more
+than two members gets the capture's result (`role == "out"` rows of the rank's payload index). The real
+backend reduces in its own order (gloo's ring, chunked), prism's capture in a fixed left fold, and the last
+bits differ; a data-dependent program (MoE routing) would then take another path than in the capture. The
+op still runs on the real transport (its timing is the real one); once it completes, its outputs are
+overwritten with the captured values (read ahead of use by a helper thread).
 """
 
 from __future__ import annotations
@@ -15,8 +22,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+from torch._C._distributed_c10d import Work
+
 from prism import schemas
+from prism.runtime import shm
 from prism.runtime.recorder import Recorder
+from prism.runtime.transport import RealTransport
 
 FIELDS = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
 _COMM = (schemas.KIND_COLLECTIVE, schemas.KIND_SEND, schemas.KIND_RECV)
@@ -49,20 +64,135 @@ class SliceRecorder(Recorder):
         self._expected = captured_ops(capture, rank)
         self._next = 0
 
-    def end(self, start, kind, op, group=None, group_seq=-1, peer=-1, tag=0, nbytes=0, dtype=None, shape=None,
-            work_id=-1, mem=(-1, -1)) -> int:
-        if kind in _COMM:
-            got = (kind, op, group, group_seq, peer, tag, nbytes)
-            i = self._next
-            self._next += 1
-            want = self._expected[i] if i < len(self._expected) else None
-            if want is None or tuple(want[:-1]) != got:
-                where = (f"its op #{i} (seq {want[-1]} in the capture) is [{_show(got)}] here but "
-                         f"[{_show(want[:-1])}] in the capture" if want is not None else
-                         f"it issued [{_show(got)}] after the {len(self._expected)} ops of its capture")
-                raise SliceDivergence(
-                    f"prism slice: rank {self.rank} diverged from its capture: {where}. The slice runs another "
-                    "program or arguments than the capture, or the program is nondeterministic; capture again "
-                    "with the same program")
-        return super().end(start, kind, op, group=group, group_seq=group_seq, peer=peer, tag=tag, nbytes=nbytes,
-                           dtype=dtype, shape=shape, work_id=work_id, mem=mem)
+    def check(self, kind, op, group, group_seq, peer, tag, nbytes) -> None:
+        """Before the op reaches the transport: a divergent op must not be sent to the replayed peers."""
+        got = (kind, op, group, group_seq, peer, tag, nbytes)
+        i = self._next
+        self._next += 1
+        want = self._expected[i] if i < len(self._expected) else None
+        if want is None or tuple(want[:-1]) != got:
+            where = (f"its op #{i} (seq {want[-1]} in the capture) is [{_show(got)}] here but "
+                     f"[{_show(want[:-1])}] in the capture" if want is not None else
+                     f"it issued [{_show(got)}] after the {len(self._expected)} ops of its capture")
+            raise SliceDivergence(
+                f"prism slice: rank {self.rank} diverged from its capture: {where}. The slice runs another "
+                "program or arguments than the capture, or the program is nondeterministic; capture again "
+                "with the same program")
+
+
+# -- the capture's results of order-dependent reductions ---------------------------------------------------
+_P2P = ("send", "recv", "recv_anysource")
+# method -> the outputs among its arguments
+_REDUCING = {
+    "allreduce": lambda args: list(args[0]),
+    "allreduce_coalesced": lambda args: list(args[0]),
+    "reduce": lambda args: list(args[0]),
+    "reduce_scatter": lambda args: list(args[0]),
+    "reduce_scatter_single": lambda args: [args[0]],
+}
+READ_AHEAD = 8  # results loaded ahead of use
+
+
+class CapturedResults:
+    """This rank's captured results of order-dependent reductions, by communication key, read ahead in the
+    rank's program order by one helper thread."""
+
+    def __init__(self, capture: Path, rank: int) -> None:
+        path = Path(capture) / "raw" / f"rank={rank}" / "payloads.arrow"
+        with pa.OSFile(str(path)) as source:
+            table = ipc.open_stream(source).read_all()
+        rows = sorted((w, k, h) for w, k, r, h in zip(*(table[c].to_pylist() for c in
+                                                        ("work_id", "key", "role", "hash"))) if r == "out")
+        self._hash = {k: h for _, k, h in rows}
+        self._order = [k for _, k, _ in rows]
+        self._pos = {k: i for i, k in enumerate(self._order)}
+        self._store = shm.PayloadStore(Path(capture) / "payloads")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prism-results") if rows else None
+        self._loading: dict[str, Future] = {}
+        self._next = 0  # first key of the order not yet submitted
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._hash
+
+    def take(self, key: str) -> Future:
+        """The result of `key` (a future of its tensors); loads the next few ahead."""
+        with self._lock:
+            stop = min(len(self._order), self._pos[key] + READ_AHEAD + 1)
+            self._next = max(self._next, self._pos[key])
+            while self._next < stop:
+                k = self._order[self._next]
+                self._loading.setdefault(k, self._pool.submit(self._store.get, self._hash[k]))
+                self._next += 1
+            return self._loading.pop(key)
+
+
+class _ResultWork(Work):
+    """The real backend's work of a reduction; its outputs get the captured result when it completes."""
+
+    def __init__(self, inner: Work, outputs: list[torch.Tensor], result: Future) -> None:
+        super().__init__()
+        self._inner, self._outputs, self._result = inner, outputs, result
+        self._fixed = False
+
+    def _fix(self) -> None:
+        if self._fixed:
+            return
+        _, values = self._result.result()
+        with torch.no_grad():
+            for out, value in zip(self._outputs, values):
+                out.copy_(value.view_as(out))
+        self._fixed = True
+
+    def wait(self, timeout=None) -> bool:
+        self._inner.wait()
+        self._fix()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        try:
+            fut = self._inner.get_future()
+        except RuntimeError:  # gloo's reduce_scatter has none
+            from prism.runtime.backend import _future_by_waiting
+
+            fut = _future_by_waiting(self._inner)
+
+        def fixed(f):
+            self._fix()
+            return f.value()
+
+        return fut.then(fixed)
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+
+class SliceTransport(RealTransport):
+    """The real transport of a slice rank: order-dependent reductions return the capture's result."""
+
+    def __init__(self, *args, results: CapturedResults, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._results = results
+        self._seq = 0  # collectives issued on this group (the capture's key sequence)
+
+    def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
+        work = super().call(method, device, *args, work_id=work_id, op=op)
+        if method in _P2P:
+            return work
+        key = f"c-{self._group_name}-{self._seq}".replace("/", "_")  # capture.key_name(("c", group, seq))
+        self._seq += 1
+        if method in _REDUCING and key in self._results:
+            return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
+        return work
