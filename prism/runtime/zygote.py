@@ -101,6 +101,8 @@ def _run_rank(spec: dict, rank: int) -> int:
 
             sys.argv = [spec["module"]] + spec["args"]
             sys.path.insert(0, os.getcwd())
+            # preloaded (its imports stay warm): runpy runs it anew as __main__ and warns if it is imported
+            sys.modules.pop(spec["module"], None)
             runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
         else:
             import runpy
@@ -141,6 +143,11 @@ def _run_replay(spec: dict) -> int:
     os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
                       WORLD_SIZE=str(spec["nproc"]), TORCHELASTIC_RUN_ID=spec["run_id"])
     os.environ.pop("PRISM_OUT", None)  # the server records nothing
+    if spec.get("pin"):  # keep off the slice ranks' cores where others are free (their timings are measured)
+        cores = sorted(os.sched_getaffinity(0))
+        free = cores[len(spec["ranks"]):]
+        if free:
+            os.sched_setaffinity(0, set(free))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
