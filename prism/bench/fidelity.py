@@ -2,6 +2,7 @@
 
     prism bench fidelity [--matrix local|device|all] [--configs NAME,...] [--repeats 5] [--devices P]
                          [--steps 8] [--out DIR] [--work DIR]
+    prism bench fidelity --rescore DIR [DIR ...] [--out DIR]     (saved runs, calibrated anew)
 
 Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, truth, truth, ... (the truth
 `--repeats` times, prism `--prism-runs` times, prism after the 1st, 2nd, ... truth run):
@@ -347,6 +348,45 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
     return res
 
 
+def rescore(folders: list[Path]) -> list[Result]:
+    """Results re-computed from saved runs (`--out DIR --work DIR`): the truth's iteration times from
+    DIR/fidelity.json, the prediction, ablation and per-event errors anew from DIR/<config>/prism0 and
+    DIR/<config>/truth0 -- the calibration of runs made earlier or elsewhere, with this prism."""
+    results = []
+    for folder in folders:
+        path = folder / "fidelity.json"
+        if not path.is_file():
+            raise StepError(f"{path}: missing (run the bench with --out {folder} --work {folder})")
+        for saved in json.loads(path.read_text()):
+            cfg = BY_NAME.get(saved["config"]) or Config(saved["config"], saved["world"], tuple(saved["layout"]),
+                                                           saved["devices"])
+            res = Result(cfg, saved["devices"], truth_ms=list(saved["truth_ms"]), stage_s=saved.get("stage_s", {}),
+                         error=saved.get("error"))
+            base, job = folder / cfg.name, folder / cfg.name / "prism0"
+            if res.error is None:
+                try:
+                    timeline, ends = calibrated(job, slices=True)
+                    res.pred_ms = [_median_gap_ms(ends)]
+                    res.bare_ms = [_median_gap_ms(calibrated(job, slices=False)[1])]
+                    truth0 = base / "truth0"
+                    res.events = event_errors(truth0 / "graph", job / "graph", timeline, truth_ends_from_graph(truth0),
+                                              ends)
+                except Exception as exc:  # noqa: BLE001 -- reported in the config's row
+                    res.error = f"rescore: {type(exc).__name__}: {exc}"
+            results.append(res)
+    return results
+
+
+def truth_ends_from_graph(run_dir: Path) -> np.ndarray:
+    """The job's iteration ends of a real run from its graph (saved runs keep the graph, not the raw streams)."""
+    if (run_dir / "raw").is_dir() and any((run_dir / "raw").glob("rank=*/events.arrow")):
+        return truth_ends(run_dir)
+    t = pq.read_table(run_dir / "graph" / "events.parquet", columns=["rank", "kind", "op", "iteration", "t_end_ns"])
+    sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
+    return _job_iteration_ends(t.column("rank").to_numpy()[sel], t.column("iteration").to_numpy()[sel],
+                               t.column("t_end_ns").to_numpy()[sel])
+
+
 # ---------------------------------------------------------------------------------------------- table
 
 HEADER = ("| config | W | P | layout | truth ms | truth spread ms | prism ms | error % | in spread "
@@ -398,7 +438,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
                         "carry past this (the rest are listed as skipped)")
     parser.add_argument("--work", type=Path, help="job folders (default: a temporary folder, removed)")
+    parser.add_argument("--rescore", type=Path, nargs="+", metavar="DIR",
+                        help="run nothing: re-compute the predictions of saved runs (folders given as both --out "
+                             "and --work of earlier benches) with this prism, and print their table")
     args = parser.parse_args(argv)
+    if args.rescore:
+        try:
+            results = rescore(args.rescore)
+        except StepError as exc:
+            print(f"prism bench fidelity: {exc}", file=sys.stderr)
+            return 2
+        lines = [f"prism bench fidelity --rescore {' '.join(map(str, args.rescore))}", "", HEADER,
+                 "|" + "---|" * 14] + [row(r) for r in results] + [""] + totals(results)
+        print("\n".join(lines))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "fidelity.md").write_text("\n".join(lines) + "\n")
+        return 0 if results and all(not r.error for r in results) else 1
     if args.configs:
         unknown = [n for n in args.configs.split(",") if n not in BY_NAME]
         if unknown:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the truth pins W=2 ranks to 2 cores")
 def test_fidelity_smoke(tmp_path):
     proc = run_prism(["bench", "fidelity", "--configs", "dp2", "--repeats", "2", "--steps", "3", "--small",
-                      "--out", str(tmp_path)], timeout=170)
+                      "--out", str(tmp_path), "--work", str(tmp_path)], timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "| config | W | P | layout | truth ms |" in out
@@ -37,3 +37,8 @@ def test_fidelity_smoke(tmp_path):
     result = json.loads((tmp_path / "fidelity.json").read_text())
     assert result[0]["error"] is None and len(result[0]["truth_ms"]) == 2
     assert (tmp_path / "fidelity.md").is_file()
+
+    # the saved runs calibrate again to the same row (nothing re-run; the truth comes from fidelity.json)
+    again = run_prism(["bench", "fidelity", "--rescore", str(tmp_path)], timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith("| dp2 ")] == rows
