@@ -198,6 +198,52 @@ class _CaptureFuture(torch.futures.Future):
         return child
 
 
+class _JoinedFuture(torch.futures.Future):
+    """`torch.futures.collect_all` of futures some of which are capture ops': its `wait()` first waits
+    for those ops through the coordinator."""
+
+    def __init__(self, joined: torch.futures.Future, works: list["CaptureWork"]) -> None:
+        super().__init__()
+        self._works = works
+        joined.add_done_callback(lambda f: self.set_result(f.value()))
+
+    def wait(self):
+        for work in self._works:
+            work.wait()
+        return super().wait()
+
+    def value(self):
+        for work in self._works:
+            work.wait()
+        return super().value()
+
+
+def install_future_helpers() -> None:
+    """`torch.futures.wait_all` / `collect_all` wait in C++: over capture ops they would block the rank
+    while it holds its device slot (a hang the coordinator cannot see). In capture mode they first wait
+    for the capture ops through the coordinator."""
+    futures = torch.futures
+    if getattr(futures.wait_all, "_prism", False):
+        return
+    original_wait_all, original_collect_all = futures.wait_all, futures.collect_all
+
+    def works_of(futs) -> list[CaptureWork]:
+        return [f._work for f in futs if isinstance(f, _CaptureFuture)]
+
+    def wait_all(futs):
+        for work in works_of(futs):
+            work.wait()
+        return original_wait_all(futs)
+
+    def collect_all(futs):
+        joined = original_collect_all(futs)
+        works = works_of(futs)
+        return _JoinedFuture(joined, works) if works else joined
+
+    wait_all._prism = collect_all._prism = True
+    futures.wait_all, futures.collect_all = wait_all, collect_all
+
+
 class CaptureWork:
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 

@@ -94,6 +94,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         return
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
+    if mode == "capture":
+        capture.install_future_helpers()
     original = c10d._new_process_group_helper
 
     def helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs):

@@ -119,6 +119,15 @@ def main() -> None:
     fut_t = torch.ones(2) * (rank + 1)
     fut = dist.all_reduce(fut_t, async_op=True).get_future()
     emit("all_reduce_future", rank, values(*fut.wait()))
+    # futures waited together (torch.futures waits in C++)
+    wa, wb = torch.ones(2) * (rank + 2), torch.ones(3) * (rank + 3)
+    futs = [dist.all_reduce(wa, async_op=True).get_future(), dist.all_reduce(wb, async_op=True).get_future()]
+    torch.futures.wait_all(futs)
+    emit("wait_all", rank, values(wa, wb))
+    wc = torch.ones(2) * (rank + 4)
+    joined = torch.futures.collect_all([dist.all_reduce(wc, async_op=True).get_future()])
+    joined.wait()
+    emit("collect_all", rank, values(wc))
     # the list form of coalesced all_gather
     agc_out = [[torch.empty(2), torch.empty(1)] for _ in range(world)]  # [source rank][input]
     dist.all_gather_coalesced(agc_out, [torch.full((2,), rank + 0.5), torch.full((1,), -rank - 1.0)])
