@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import shm
+from prism.runtime.capture import key_name
 from prism.runtime.transport import slice_store
 
 PREFETCH = 4  # payloads loaded ahead of use, per replay thread
@@ -149,7 +150,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
                 continue
             members = groups[group]
             root = members.index(peer) if op in ("broadcast", "reduce", "gather", "scatter") else -1
-            collectives[group].append(Collective(gseq, op, root, _key("c", group, gseq)))
+            collectives[group].append(Collective(gseq, op, root, key_name(("c", group, gseq))))
     for ops in collectives.values():
         ops.sort(key=lambda c: c.seq)
 
@@ -180,10 +181,6 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
         items.sort()
         chans.append(Channel(group, src, dst, tag, [h for _, h in items]))
     return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans)
-
-
-def _key(*parts) -> str:  # the capture's key naming (prism.runtime.capture.key_name)
-    return "-".join(str(p) for p in parts).replace("/", "_")
 
 
 def _split_p2p(key: str) -> tuple[str, int, int, int, int]:

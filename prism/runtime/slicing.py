@@ -30,6 +30,7 @@ from torch._C._distributed_c10d import Work
 
 from prism import schemas
 from prism.runtime import shm
+from prism.runtime.capture import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport
 
@@ -191,7 +192,7 @@ class SliceTransport(RealTransport):
         work = super().call(method, device, *args, work_id=work_id, op=op)
         if method in _P2P:
             return work
-        key = f"c-{self._group_name}-{self._seq}".replace("/", "_")  # capture.key_name(("c", group, seq))
+        key = key_name(("c", self._group_name, self._seq))
         self._seq += 1
         if method in _REDUCING and key in self._results:
             return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
