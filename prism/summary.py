@@ -3,8 +3,9 @@
     python -m prism.summary --job DIR          writes DIR/summary.txt and DIR/prism.duckdb, prints the summary
     python -m prism.summary --job DIR --show   prints an existing summary and where the artifacts are
 
-Iteration time: iteration k of the job ends when its last rank's optimizer step ends; the job's iteration
-time is the gap between consecutive such ends. The first iteration (warm-up, start-up) is reported apart.
+Iteration time: iteration k of the job ends when its last rank's ``iteration_end`` marker ends; the job's
+iteration time is the gap between consecutive such ends, iteration 0 (warm-up, start-up) left out: one
+definition, `prism/iterations.py`, shared with `prism calibrate` and `prism bench fidelity`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import duckdb
 
 from prism import sql as prism_sql
+from prism.iterations import iteration_times
 
 ITERATIONS_SQL = """
 -- per rank and iteration: when the optimizer step ended, and the time since the previous one
@@ -108,14 +110,11 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
                      f"min {_ms(cpu[0])}, max {_ms(cpu[-1])}")
     iters = job_dir / "calibrated" / "iterations.parquet"
     if iters.is_file():
-        rows = con.execute(f"""
-            WITH last AS (SELECT iteration, max(end_ns) AS t FROM read_parquet('{iters}') GROUP BY iteration)
-            SELECT iteration, t - lag(t) OVER (ORDER BY iteration) AS dur FROM last ORDER BY iteration
-        """).fetchall()
-        steady = [d for _, d in rows if d is not None]
-        if steady:
-            lines.append(f"PREDICTED iteration time (calibrated from the slice runs, iterations 1..{len(steady)}): "
-                         f"median {_ms(statistics.median(steady))}, min {_ms(min(steady))}, max {_ms(max(steady))}")
+        ends = con.execute(f"SELECT iteration, end_ns FROM read_parquet('{iters}')").fetchnumpy()
+        times = iteration_times(ends["iteration"], ends["end_ns"])
+        if times is not None:
+            lines.append(f"PREDICTED iteration time (calibrated from the slice runs, iterations 1..{len(times)}): "
+                         f"median {_ms(times.median_ns)}, min {_ms(times.min_ns)}, max {_ms(times.max_ns)}")
         per_rank = con.execute(f"""
             SELECT rank, median(duration_ns) FROM read_parquet('{iters}') WHERE iteration >= 1
             GROUP BY rank ORDER BY rank""").fetchall()
@@ -139,15 +138,12 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
 def _timing_lines(con) -> list[str]:
     lines = []
     con.execute(f"CREATE VIEW iters AS {ITERATIONS_SQL}")
-    job_iters = con.execute("""
-        WITH last AS (SELECT iteration, max(t_end) AS t FROM iters GROUP BY iteration)
-        SELECT iteration, t - lag(t) OVER (ORDER BY iteration) AS dur FROM last ORDER BY iteration
-    """).fetchall()
-    steady = [d for i, d in job_iters if d is not None]
+    ends = con.execute("SELECT iteration, t_end AS end_ns FROM iters").fetchnumpy()
+    times = iteration_times(ends["iteration"], ends["end_ns"])
     lines.append("")
-    if steady:
-        lines.append(f"iteration time (job, iterations 1..{len(steady)}): median "
-                     f"{_ms(statistics.median(steady))}, min {_ms(min(steady))}, max {_ms(max(steady))}")
+    if times is not None:
+        lines.append(f"iteration time (job, iterations 1..{len(times)}): median "
+                     f"{_ms(times.median_ns)}, min {_ms(times.min_ns)}, max {_ms(times.max_ns)}")
     else:
         lines.append("iteration time: fewer than two iterations recorded (run more steps)")
     per_rank = con.execute("""

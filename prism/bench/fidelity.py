@@ -31,36 +31,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
+from prism.bench.fidelity_table import row
+from prism.iterations import iteration_times, job_iteration_ends
 
 MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
          "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2", "--device", "cpu"]
 SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2", "--device", "cpu"]
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    world: int
-    layout: tuple[str, ...]
-    devices: int  # default P for this config
-
-    def args(self, steps: int, model: list[str]) -> list[str]:
-        return list(self.layout) + model + ["--steps", str(steps)]
 
 
 def _c(name: str, world: int, devices: int, *layout: str) -> Config:
@@ -159,19 +148,12 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
 # ---------------------------------------------------------------------------------------- measuring
 
 
-def _job_iteration_ends(rank: np.ndarray, iteration: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """The job's iteration ends (max over ranks), in iteration order."""
-    out: dict[int, int] = {}
-    for r, k, e in zip(rank.tolist(), iteration.tolist(), end.tolist()):
-        out[k] = max(out.get(k, e), e)
-    return np.array([out[k] for k in sorted(out)], dtype=np.int64)
-
-
-def _median_gap_ms(ends: np.ndarray) -> float:
-    """Median over k >= 1 of end(k) - end(k-1), in ms."""
-    if len(ends) < 2:
-        raise StepError(f"only {len(ends)} iteration end(s): use more --steps")
-    return float(np.median(np.diff(ends))) / 1e6
+def _median_gap_ms(iteration, end_ns) -> float:
+    """The job's iteration time (ms) by the one definition, `prism.iterations`."""
+    times = iteration_times(iteration, end_ns)
+    if times is None:
+        raise StepError(f"only {len(job_iteration_ends(iteration, end_ns))} iteration end(s): use more --steps")
+    return times.median_ms
 
 
 def _strings(col: pa.ChunkedArray) -> np.ndarray:
@@ -180,24 +162,25 @@ def _strings(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.to_pylist(), dtype=object)
 
 
-def truth_ends(run_dir: Path) -> np.ndarray:
-    """The job's iteration ends of a real run, from its raw per-rank streams (no graph needed)."""
+def truth_ends(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(iteration, end_ns) of every rank's ``iteration_end`` marker of a real run, from its raw per-rank
+    streams (no graph needed)."""
     from prism import artifacts, schemas
 
-    ranks, its, ends = [], [], []
+    its, ends = [], []
     for path in sorted((run_dir / "raw").glob("rank=*/events.arrow")):
         t = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)
         sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
-        ranks.append(t.column("rank").to_numpy()[sel])
         its.append(t.column("iteration").to_numpy()[sel])
         ends.append(t.column("t_end_ns").to_numpy()[sel])
-    if not ranks:
+    if not its:
         raise StepError(f"{run_dir / 'raw'}: no rank streams")
-    return _job_iteration_ends(np.concatenate(ranks), np.concatenate(its), np.concatenate(ends))
+    return np.concatenate(its), np.concatenate(ends)
 
 
-def calibrated(job: Path, slices: bool) -> tuple[pa.Table, np.ndarray]:
-    """(timeline, job iteration ends) of the job's graph calibrated with slice or bare-graph durations."""
+def calibrated(job: Path, slices: bool) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
+    """(timeline, (iteration, end_ns) per rank and iteration) of the job's graph calibrated with slice or
+    bare-graph durations."""
     from prism.calibrate.stage import calibrate
 
     durations = transfers = None
@@ -205,9 +188,7 @@ def calibrated(job: Path, slices: bool) -> tuple[pa.Table, np.ndarray]:
         durations, transfers = durations_from_slices(job)
     tables, _, _ = calibrate(job, durations, transfers)
     it = tables["iterations"]
-    ends = _job_iteration_ends(it.column("rank").to_numpy(), it.column("iteration").to_numpy(),
-                               it.column("end_ns").to_numpy())
-    return tables["timeline"], ends
+    return tables["timeline"], (it.column("iteration").to_numpy(), it.column("end_ns").to_numpy())
 
 
 def durations_from_slices(job: Path) -> tuple[Path, Path]:
@@ -282,39 +263,9 @@ def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, tru
 # ------------------------------------------------------------------------------------------ a config
 
 
-@dataclass
-class Result:
-    cfg: Config
-    p: int
-    truth_ms: list[float] = field(default_factory=list)
-    pred_ms: list[float] = field(default_factory=list)
-    bare_ms: list[float] = field(default_factory=list)
-    events: dict | None = None
-    stage_s: dict = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def truth(self) -> float:
-        return statistics.median(self.truth_ms)
-
-    @property
-    def pred(self) -> float:
-        return statistics.median(self.pred_ms)
-
-    @property
-    def bare(self) -> float:
-        return statistics.median(self.bare_ms)
-
-    def err(self, value: float) -> float:
-        return 100.0 * (value - self.truth) / self.truth
-
-    def inside(self) -> bool:
-        return min(self.truth_ms) <= self.pred <= max(self.truth_ms)
-
-
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
                timeout: float) -> Result:
-    res = Result(cfg, p)
+    res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
     shutil.rmtree(base, ignore_errors=True)
@@ -327,7 +278,7 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 t = time.perf_counter()
                 run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=(i == 0))
                 res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
-                res.truth_ms.append(_median_gap_ms(truth_ends(base / f"truth{i}")))
+                res.truth_ms.append(_median_gap_ms(*truth_ends(base / f"truth{i}")))
                 if i > 0:
                     shutil.rmtree(base / f"truth{i}", ignore_errors=True)
             if i < prism_runs:
@@ -335,91 +286,98 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
                                     for k, v in run_prism(cfg, args, p, job, log, timeout).items()})
                 t = time.perf_counter()
-                timeline, ends = calibrated(job, slices=True)
-                res.pred_ms.append(_median_gap_ms(ends))
-                _, bare_ends = calibrated(job, slices=False)
-                res.bare_ms.append(_median_gap_ms(bare_ends))
+                score_prism_run(res, job, truth0 if i == 0 else None)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
-                if i == 0:
-                    res.events = event_errors(truth0 / "graph", job / "graph", timeline, truth_ends(truth0), ends)
-                    shutil.rmtree(job / "capture" / "payloads", ignore_errors=True)
+                shutil.rmtree(job / "capture" / "payloads", ignore_errors=True)
     except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
         res.error = f"{type(exc).__name__}: {exc}"
     return res
 
 
+def score_prism_run(res: Result, job: Path, truth0: Path | None) -> None:
+    """Append one prism run's prediction (slices) and ablation (bare graph) to `res`; with `truth0`, also
+    the per-event errors against that truth run."""
+    timeline, ends = calibrated(job, slices=True)
+    res.pred_ms.append(_median_gap_ms(*ends))
+    res.bare_ms.append(_median_gap_ms(*calibrated(job, slices=False)[1]))
+    if truth0 is not None:
+        res.events = event_errors(truth0 / "graph", job / "graph", timeline,
+                                  job_iteration_ends(*truth_ends_from_graph(truth0)), job_iteration_ends(*ends))
+
+
+def scored_by() -> dict:
+    """Which prism computes a prediction: the UTC time and the git commit of this source tree (null outside
+    a git checkout; ``+dirty`` with uncommitted changes)."""
+    at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "prism"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, ""
+    return {"at": at, "commit": f"{commit}+dirty" if commit and dirty else commit}
+
+
 def rescore(folders: list[Path]) -> list[Result]:
     """Results re-computed from saved runs (`--out DIR --work DIR`): the truth's iteration times from
-    DIR/fidelity.json, the prediction, ablation and per-event errors anew from DIR/<config>/prism0 and
-    DIR/<config>/truth0 -- the calibration of runs made earlier or elsewhere, with this prism."""
+    DIR/fidelity.json, every prism run's prediction and ablation anew from DIR/<config>/prism<i>, the
+    per-event errors from prism0 against truth0 -- the calibration of runs made earlier or elsewhere, with
+    this prism. A config whose saved prism runs are not all there is reported as failed (a rescore never
+    mixes new predictions with old ones)."""
     results = []
     for folder in folders:
-        path = folder / "fidelity.json"
-        if not path.is_file():
-            raise StepError(f"{path}: missing (run the bench with --out {folder} --work {folder})")
-        for saved in json.loads(path.read_text()):
-            cfg = BY_NAME.get(saved["config"]) or Config(saved["config"], saved["world"], tuple(saved["layout"]),
-                                                           saved["devices"])
-            res = Result(cfg, saved["devices"], truth_ms=list(saved["truth_ms"]), stage_s=saved.get("stage_s", {}),
-                         error=saved.get("error"))
-            base, job = folder / cfg.name, folder / cfg.name / "prism0"
-            if res.error is None:
-                try:
-                    timeline, ends = calibrated(job, slices=True)
-                    res.pred_ms = [_median_gap_ms(ends)]
-                    res.bare_ms = [_median_gap_ms(calibrated(job, slices=False)[1])]
-                    truth0 = base / "truth0"
-                    res.events = event_errors(truth0 / "graph", job / "graph", timeline, truth_ends_from_graph(truth0),
-                                              ends)
-                except Exception as exc:  # noqa: BLE001 -- reported in the config's row
-                    res.error = f"rescore: {type(exc).__name__}: {exc}"
+        try:
+            saved = read_json(folder / "fidelity.json", BY_NAME)
+        except ResultsError as exc:
+            raise StepError(f"{exc} (a rescore reads the --out DIR of a bench run with --work DIR)") from None
+        for old in saved:
+            res = Result(old.cfg, old.p, truth_ms=old.truth_ms, stage_s=old.stage_s, error=old.error,
+                         scored=scored_by())
             results.append(res)
+            if res.error is not None:
+                continue
+            base = folder / old.cfg.name
+            runs = max(len(old.pred_ms), 1)
+            missing = [f"prism{i}" for i in range(runs) if not (base / f"prism{i}" / "graph").is_dir()]
+            if missing:
+                res.error = (f"rescore: {base}: saved run(s) {', '.join(missing)} missing ({runs} prism run(s) "
+                             "in fidelity.json); rescore a folder that kept every run")
+                continue
+            try:
+                for i in range(runs):
+                    score_prism_run(res, base / f"prism{i}", base / "truth0" if i == 0 else None)
+            except Exception as exc:  # noqa: BLE001 -- reported in the config's row
+                res.error = f"rescore: {type(exc).__name__}: {exc}"
+                res.pred_ms, res.bare_ms, res.events = [], [], None
     return results
 
 
-def truth_ends_from_graph(run_dir: Path) -> np.ndarray:
-    """The job's iteration ends of a real run from its graph (saved runs keep the graph, not the raw streams)."""
+def truth_ends_from_graph(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(iteration, end_ns) of the ``iteration_end`` markers of a real run, from its raw streams or, where
+    they are gone (saved runs keep the graph only), its graph."""
     if (run_dir / "raw").is_dir() and any((run_dir / "raw").glob("rank=*/events.arrow")):
         return truth_ends(run_dir)
-    t = pq.read_table(run_dir / "graph" / "events.parquet", columns=["rank", "kind", "op", "iteration", "t_end_ns"])
+    t = pq.read_table(run_dir / "graph" / "events.parquet", columns=["kind", "op", "iteration", "t_end_ns"])
     sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
-    return _job_iteration_ends(t.column("rank").to_numpy()[sel], t.column("iteration").to_numpy()[sel],
-                               t.column("t_end_ns").to_numpy()[sel])
+    return t.column("iteration").to_numpy()[sel], t.column("t_end_ns").to_numpy()[sel]
 
 
-# ---------------------------------------------------------------------------------------------- table
-
-HEADER = ("| config | W | P | layout | truth ms | truth spread ms | prism ms | error % | in spread "
-          "| ev start-in-iter err ms med/p95 | ev dur err ms med/p95 | aligned | bare ms | bare error % |")
-
-
-def row(r: Result) -> str:
-    layout = " ".join(r.cfg.layout)
-    if r.error or not r.truth_ms or not r.pred_ms:
-        return (f"| {r.cfg.name} | {r.cfg.world} | {r.p} | {layout} | "
-                f"FAILED: {(r.error or 'no measurement')[:300].replace('|', '/')} |")
-    ev = r.events or {}
-    return (f"| {r.cfg.name} | {r.cfg.world} | {r.p} | {layout} | {r.truth:.2f} | "
-            f"{min(r.truth_ms):.2f}-{max(r.truth_ms):.2f} | {r.pred:.2f} | {r.err(r.pred):+.1f} | "
-            f"{'yes' if r.inside() else 'no'} | {ev.get('start_med_ms', float('nan')):.2f}/"
-            f"{ev.get('start_p95_ms', float('nan')):.2f} | {ev.get('dur_med_ms', float('nan')):.3f}/"
-            f"{ev.get('dur_p95_ms', float('nan')):.3f} | {'yes' if ev.get('aligned') else 'NO'} | "
-            f"{r.bare:.2f} | {r.err(r.bare):+.1f} |")
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: right under `taskset`), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform
+        return os.cpu_count() or 1
 
 
-def totals(results: list[Result]) -> list[str]:
-    ok = [r for r in results if not r.error and r.truth_ms and r.pred_ms]
-    if not ok:
-        return ["no config succeeded"]
-    e = [abs(r.err(r.pred)) for r in ok]
-    b = [abs(r.err(r.bare)) for r in ok]
-    worst = max(ok, key=lambda r: abs(r.err(r.pred)))
-    return [
-        f"configs: {len(ok)} of {len(results)} succeeded; prediction inside the truth's spread: "
-        f"{sum(r.inside() for r in ok)} of {len(ok)}",
-        f"calibrated from slices: mean |error| {statistics.mean(e):.1f} %, max {max(e):.1f} % ({worst.cfg.name})",
-        f"bare graph (ablation):  mean |error| {statistics.mean(b):.1f} %, max {max(b):.1f} %",
-    ]
+def _write(out: Path, md_lines: list[str], results: list[Result]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "fidelity.json", results)
+    tmp = out / ".fidelity.md.tmp"
+    tmp.write_text("\n".join(md_lines) + "\n")
+    tmp.replace(out / "fidelity.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,20 +398,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="job folders (default: a temporary folder, removed)")
     parser.add_argument("--rescore", type=Path, nargs="+", metavar="DIR",
                         help="run nothing: re-compute the predictions of saved runs (folders given as both --out "
-                             "and --work of earlier benches) with this prism, and print their table")
+                             "and --work of earlier benches) with this prism, print their table and, with "
+                             "--out, write it and the JSON it scored there")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print the tables and means of results files (fidelity.json, e.g. "
+                             "docs/fidelity/*.json)")
     args = parser.parse_args(argv)
+    if args.summarize:
+        try:
+            print(summarize(args.summarize, BY_NAME), end="")
+        except ResultsError as exc:
+            print(f"prism bench fidelity: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.rescore:
         try:
             results = rescore(args.rescore)
         except StepError as exc:
             print(f"prism bench fidelity: {exc}", file=sys.stderr)
             return 2
-        lines = [f"prism bench fidelity --rescore {' '.join(map(str, args.rescore))}", "", HEADER,
-                 "|" + "---|" * 14] + [row(r) for r in results] + [""] + totals(results)
+        lines = [f"prism bench fidelity --rescore {' '.join(map(str, args.rescore))}", ""] + table(results)
         print("\n".join(lines))
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "fidelity.md").write_text("\n".join(lines) + "\n")
+            _write(args.out, lines, results)
         return 0 if results and all(not r.error for r in results) else 1
     if args.configs:
         unknown = [n for n in args.configs.split(",") if n not in BY_NAME]
@@ -463,11 +430,11 @@ def main(argv: list[str] | None = None) -> int:
         configs = [BY_NAME[n] for n in args.configs.split(",")]
     else:
         configs = MATRICES[args.matrix]
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     too_big = [c.name for c in configs if c.world > cores]
     if too_big:
-        print(f"prism bench fidelity: {too_big} need more ranks than this machine's {cores} cores "
-              "(the truth pins one rank per core)", file=sys.stderr)
+        print(f"prism bench fidelity: {too_big} need more ranks than the {cores} cores this process may use "
+              "(the truth pins one rank per core; see `taskset -p $$`)", file=sys.stderr)
         return 2
     model = SMALL_MODEL if args.small else MODEL
     work = args.work or Path(tempfile.mkdtemp(prefix="prism-fidelity-"))
@@ -476,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
 
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
              f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs}, "
-             f"{args.steps} steps; model {' '.join(model)}", "", HEADER, "|" + "---|" * 14]
+             f"{args.steps} steps; model {' '.join(model)}", ""] + table([])[:2]
     print("\n".join(intro), flush=True)
     results = []
     t_all = time.perf_counter()
@@ -489,12 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         if final:
             print("\n".join(tail), flush=True)
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "fidelity.md").write_text("\n".join(intro + [row(r) for r in results] + tail) + "\n")
-            (args.out / "fidelity.json").write_text(json.dumps([{
-                "config": r.cfg.name, "world": r.cfg.world, "devices": r.p, "layout": list(r.cfg.layout),
-                "truth_ms": r.truth_ms, "pred_ms": r.pred_ms, "bare_ms": r.bare_ms, "events": r.events,
-                "stage_s": r.stage_s, "error": r.error} for r in results], indent=1))
+            _write(args.out, intro + [row(r) for r in results] + tail, results)
 
     slowest = 0.0
     try:

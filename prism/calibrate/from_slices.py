@@ -12,9 +12,10 @@ the op complete (its wait's end, or the recorded completion), and the transfer i
 measured members of all slices. (The bare graph takes the smallest, because a captured member may resume
 long after completion; a slice rank never waits for a device slot. Members of a collective see its
 completion at different times -- gloo's ring finishes member by member -- and the next op of the group
-starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted TP/EP
-layouts by 18-28 %, the mean was within 7 % of the truth on all but one layout; docs/fidelity.md.) Ranks whose slice was not measured (the planner's
-`--representative`) take the events of the rank at the same place in the slice that stands for theirs.
+starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted the
+TP/EP layouts by 18-28 %, docs/fidelity.md.) Ranks whose slice was not measured (the planner's
+`--representative`) take the events of the rank of the same ``rank_class`` in the slice that measures
+theirs (`representatives`).
 Comms no slice saw complete keep the bare graph's transfer.
 """
 
@@ -61,6 +62,35 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     return total, count
 
 
+def representatives(plan: list[dict]) -> dict[int, int]:
+    """For every rank of an unmeasured slice, the rank whose measurement it takes: the rank of the same
+    ``rank_class`` in the slice that measures its slice (``measured_by``). Several ranks of one class in a
+    slice pair up in rank order. `plan` holds the rows of ``slices/plan.parquet``.
+
+    A plan whose unmeasured slice has a class its measuring slice lacks (or fewer ranks of it) is an
+    error: its slices are not equivalent."""
+    members: dict[int, dict[str, list[int]]] = {}
+    for row in plan:
+        members.setdefault(row["slice"], {}).setdefault(row["rank_class"], []).append(row["rank"])
+    measured_by = {row["slice"]: row["measured_by"] for row in plan}
+    out: dict[int, int] = {}
+    for k, by_class in sorted(members.items()):
+        m = measured_by[k]
+        if m == k:
+            continue
+        if m not in members:
+            raise CalibrateError(f"slices/plan.parquet: slice {k} is measured by slice {m}, which the plan does "
+                                 "not hold; plan again")
+        for cls, ranks in sorted(by_class.items()):
+            src = sorted(members[m].get(cls, []))
+            if len(src) != len(ranks):
+                raise CalibrateError(
+                    f"slices/plan.parquet: slice {k} has {len(ranks)} rank(s) of class {cls!r}, the slice measuring "
+                    f"it ({m}) has {len(src)}: these slices are not equivalent; plan again")
+            out.update(zip(sorted(ranks), src))
+    return out
+
+
 def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     job_dir = Path(job_dir)
     job = load_graph(job_dir)
@@ -94,22 +124,16 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
         part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms)
         total += part
         count += n_part
-    # ranks of unmeasured slices borrow from the rank at the same place in the slice measuring theirs
-    by_slice: dict[int, list[int]] = {}
-    for row in plan:
-        by_slice.setdefault(row["slice"], []).append(row["rank"])
+    # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
-    for row in plan:
-        if row["measured"]:
-            continue
-        src_ranks = sorted(by_slice[row["measured_by"]])
-        mine = sorted(by_slice[row["slice"]])
-        src = src_ranks[mine.index(row["rank"])]
-        dst_rows = np.flatnonzero(ranks == row["rank"])
+    classes = {row["rank"]: row["rank_class"] for row in plan}
+    for dst, src in representatives(plan).items():
+        dst_rows = np.flatnonzero(ranks == dst)
         src_rows = np.flatnonzero(ranks == src)
         if len(dst_rows) != len(src_rows):
-            raise CalibrateError(f"rank {row['rank']} and rank {src} are not equivalent (different event "
-                                 "counts): plan without --representative")
+            raise CalibrateError(f"rank {dst} and rank {src} (class {classes[dst]!r}) have different event "
+                                 "counts: the plan's rank classes do not fit this graph; plan again (python -m "
+                                 f"prism.slices.plan --job {job_dir} ...) or plan without --representative")
         for arr in (device, t_start, t_end, t_complete):
             arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]

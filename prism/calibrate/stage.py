@@ -28,6 +28,7 @@ from prism.artifacts import ArtifactError, read_parquet, write_outputs
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepError, SweepGraph
 from prism.calibrate.sweep import Schedule, Timeline, discover
+from prism.iterations import iteration_times
 
 EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group", "iteration", "comm_id", "op_event_id",
                  "t_start_ns", "t_end_ns", "device_ns", "t_complete_ns"]
@@ -317,13 +318,12 @@ def _summary(tables: dict[str, pa.Table], schedule: Schedule, seconds: float, ou
     g = schedule.graph
     text = (f"prism calibrate: {g.n_ranks} ranks, {g.n_events} events, {g.n_comms} comms "
             f"({schedule.n_bundles} bundles, {len(schedule.seg_bundle)} segments, {seconds:.2f} s)")
-    if it.num_rows:
-        per_iter: dict[int, int] = {}
-        for k, d in zip(it.column("iteration").to_pylist(), it.column("duration_ns").to_pylist()):
-            per_iter[k] = max(per_iter.get(k, 0), d)
-        times = [per_iter[k] / 1e6 for k in sorted(per_iter)]
-        shown = ", ".join(f"{t:.2f}" for t in times[:8]) + (" ..." if len(times) > 8 else "")
-        text += f"; iteration time (slowest rank) ms: {shown}; median {float(np.median(times)):.2f}"
+    times = iteration_times(it.column("iteration").to_numpy(), it.column("end_ns").to_numpy())
+    if times is not None:
+        ms = times.gaps_ns / 1e6
+        shown = ", ".join(f"{t:.2f}" for t in ms[:8]) + (" ..." if len(ms) > 8 else "")
+        text += (f"; iteration time (job, iterations 1..{len(times)}; prism/iterations.py) ms: {shown}; "
+                 f"median {times.median_ms:.2f}")
     return text + f" -> {out}"
 
 

@@ -1,0 +1,173 @@
+"""The fidelity bench's metrics on hand-computed values: the job's iteration ends and time (the one
+definition, `prism.iterations`), per-event errors, the table and means of results files (`--summarize`),
+and a rescore that scores every saved prism run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prism.bench import fidelity
+from prism.bench.fidelity_table import Config, Result, read_json, summarize, write_json
+from prism.iterations import iteration_times, job_iteration_ends
+
+MS = 1_000_000  # ns per ms: the hand values below are written in ms
+
+# ------------------------------------------------------------------------------------ iteration time
+
+
+def test_job_iteration_ends_take_the_last_rank_of_each_iteration():
+    # rank, iteration, end -- rows in no particular order
+    rows = [(1, 0, 105), (0, 0, 100), (0, 1, 300), (1, 2, 520), (1, 1, 290), (0, 2, 500)]
+    iteration = [r[1] for r in rows]
+    end = [r[2] for r in rows]
+    assert job_iteration_ends(iteration, end).tolist() == [105, 300, 520]
+    times = iteration_times(iteration, end)
+    assert times.gaps_ns.tolist() == [195, 220]  # iteration 0 has no gap
+    assert times.median_ns == 207.5 and times.min_ns == 195 and times.max_ns == 220 and len(times) == 2
+
+
+def test_iteration_time_is_the_median_gap_and_needs_two_iterations():
+    ends = [0, 10 * MS, 30 * MS, 35 * MS]  # gaps 10, 20, 5 ms
+    assert iteration_times(range(4), ends).median_ms == 10.0
+    assert fidelity._median_gap_ms(range(4), ends) == 10.0
+    assert iteration_times([0, 0], [5, 7]) is None  # one iteration (two ranks): no gap
+    with pytest.raises(fidelity.StepError, match="only 1 iteration end"):
+        fidelity._median_gap_ms([0, 0], [5, 7])
+
+
+# ------------------------------------------------------------------------------------ per-event errors
+
+# one rank, iterations 0, 1, 2; (seq, kind, op, iteration, truth start, truth end, predicted start, end) in ms
+EVENTS = [
+    (0, "compute", "compute", 0, 10, 60, 5, 50),
+    (1, "marker", "iteration_end", 0, 100, 100, 90, 90),
+    (2, "compute", "compute", 1, 120, 200, 100, 190),
+    (3, "marker", "iteration_end", 1, 300, 300, 290, 290),
+    (4, "compute", "compute", 2, 330, 400, 320, 380),
+    (5, "marker", "iteration_end", 2, 500, 500, 470, 470),
+]
+TRUTH_ENDS = np.array([100, 300, 500]) * MS
+PRED_ENDS = np.array([90, 290, 470]) * MS
+
+
+def _graphs(tmp_path: Path, capture_ops: list[str] | None = None) -> tuple[Path, Path, pa.Table]:
+    truth, capture = tmp_path / "truth" / "graph", tmp_path / "capture" / "graph"
+    truth.mkdir(parents=True)
+    capture.mkdir(parents=True)
+    ranks, seqs = [0] * len(EVENTS), [e[0] for e in EVENTS]
+    pq.write_table(pa.table({
+        "rank": ranks, "seq": seqs, "kind": [e[1] for e in EVENTS], "op": [e[2] for e in EVENTS],
+        "iteration": [e[3] for e in EVENTS], "t_start_ns": [e[4] * MS for e in EVENTS],
+        "t_end_ns": [e[5] * MS for e in EVENTS]}), truth / "events.parquet")
+    pq.write_table(pa.table({"rank": ranks, "seq": seqs, "kind": [e[1] for e in EVENTS],
+                             "op": capture_ops or [e[2] for e in EVENTS]}), capture / "events.parquet")
+    timeline = pa.table({"rank": ranks, "seq": seqs, "start_ns": [e[6] * MS for e in EVENTS],
+                         "end_ns": [e[7] * MS for e in EVENTS]})
+    return truth, capture, timeline
+
+
+def test_event_errors_by_hand(tmp_path):
+    truth, capture, timeline = _graphs(tmp_path)
+    got = fidelity.event_errors(truth, capture, timeline, TRUTH_ENDS, PRED_ENDS)
+    # iterations >= 1 only (seq 2..5). Start in the iteration, from the job's end of the previous one:
+    #   truth 120-100=20, 300-100=200, 330-300=30, 500-300=200; predicted 100-90=10, 200, 30, 470-290=180
+    #   -> |errors| 10, 0, 0, 20: median 5, p95 (linear) 10 + 0.85 * 10 = 18.5
+    # durations: truth 80, 0, 70, 0; predicted 90, 0, 60, 0 -> 10, 0, 10, 0: median 5, p95 10
+    # from the end of iteration 0: truth 20, 200, 230, 400; predicted 10, 200, 230, 380 -> 10, 0, 0, 20
+    assert got["aligned"] and got["mismatched"] == 0 and got["n_compared"] == 4
+    assert got["n_real"] == got["n_capture"] == 6
+    assert got["start_med_ms"] == pytest.approx(5.0) and got["start_p95_ms"] == pytest.approx(18.5)
+    assert got["dur_med_ms"] == pytest.approx(5.0) and got["dur_p95_ms"] == pytest.approx(10.0)
+    assert got["cum_start_med_ms"] == pytest.approx(5.0) and got["cum_start_p95_ms"] == pytest.approx(18.5)
+
+
+def test_event_errors_leave_out_events_the_graphs_disagree_on(tmp_path):
+    ops = [e[2] for e in EVENTS]
+    ops[4] = "something_else"  # seq 4: the capture saw another op
+    truth, capture, timeline = _graphs(tmp_path, ops)
+    got = fidelity.event_errors(truth, capture, timeline, TRUTH_ENDS, PRED_ENDS)
+    # seq 2, 3, 5 remain: start errors 10, 0, 20 -> median 10; durations 10, 0, 0 -> median 0
+    assert not got["aligned"] and got["mismatched"] == 1 and got["n_compared"] == 3
+    assert got["start_med_ms"] == pytest.approx(10.0) and got["dur_med_ms"] == pytest.approx(0.0)
+
+
+# ------------------------------------------------------------------------------------ results and table
+
+
+def _record(name: str, truth: list[float], pred: list[float], bare: list[float]) -> dict:
+    return {"config": name, "world": 2, "devices": 1, "layout": ["--dp", "2"], "truth_ms": truth,
+            "pred_ms": pred, "bare_ms": bare, "events": {"aligned": True, "start_med_ms": 1.0, "start_p95_ms": 2.0,
+                                                         "dur_med_ms": 0.1, "dur_p95_ms": 0.2},
+            "stage_s": {}, "error": None}
+
+
+def test_summarize_computes_the_table_from_the_json_alone(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    # truth median 100 (spread 90-110), prediction median of 3 runs 105: +5.0 %, inside; bare 150: +50.0 %
+    a.write_text(json.dumps([_record("one", [100, 110, 90], [95, 105, 120], [150, 140, 160])]))
+    # truth 200, prediction 180: -10.0 %, outside; bare 210: +5.0 %
+    b.write_text(json.dumps([_record("two", [200, 205, 198], [180], [210])]))
+    text = summarize([a, b])
+    assert ("| one | 2 | 1 | --dp 2 | 100.00 | 90.00-110.00 | 105.00 | +5.0 | yes | 1.00/2.00 | 0.100/0.200 | yes "
+            "| 150.00 | +50.0 | 3, 95.00-120.00 |") in text
+    assert "| two | 2 | 1 | --dp 2 | 200.00 | 198.00-205.00 | 180.00 | -10.0 | no |" in text
+    assert f"## {a} (predictions scored by: unrecorded)" in text
+    together = text.split("all 2 files together")[1]
+    assert "inside the truth's spread: 1 of 2" in together
+    assert "mean |error| 7.5 %, max 10.0 % (two)" in together  # (5 + 10) / 2
+    assert "bare graph (ablation):  mean |error| 27.5 %, max 50.0 %" in together  # (50 + 5) / 2
+
+
+def test_summarize_names_a_bad_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a list"}')
+    assert fidelity.main(["--summarize", str(bad)]) == 2
+    assert fidelity.main(["--summarize", str(tmp_path / "missing.json")]) == 2
+
+
+def test_json_round_trip_keeps_every_run(tmp_path):
+    r = Result(Config("x", 2, ("--tp", "2"), 1), 1, truth_ms=[1.0, 2.0], pred_ms=[3.0, 4.0, 5.0], bare_ms=[6.0],
+               scored={"at": "2026-01-01T00:00:00Z", "commit": "abc"})
+    write_json(tmp_path / "fidelity.json", [r])
+    (back,) = read_json(tmp_path / "fidelity.json")
+    assert back == r
+
+
+def test_rescore_scores_every_saved_prism_run_and_refuses_a_partial_folder(tmp_path, monkeypatch):
+    saved = [_record("dp2", [100, 100], [1.0, 2.0], [3.0, 4.0]), _record("tp2", [100, 100], [1.0, 2.0], [3.0, 4.0])]
+    saved[1]["config"], saved[1]["layout"] = "tp2", ["--tp", "2"]
+    (tmp_path / "fidelity.json").write_text(json.dumps(saved))
+    for name, runs in (("dp2", 2), ("tp2", 1)):  # tp2 kept only its first prism run
+        for i in range(runs):
+            (tmp_path / name / f"prism{i}" / "graph").mkdir(parents=True)
+    scored = []
+
+    def fake_score(res, job, truth0):  # stands for calibrating a saved run: its number is the run's index
+        scored.append((job.name, truth0 is not None))
+        res.pred_ms.append(90.0 + int(job.name[-1]))
+        res.bare_ms.append(80.0)
+
+    monkeypatch.setattr(fidelity, "score_prism_run", fake_score)
+    dp2, tp2 = fidelity.rescore([tmp_path])
+    assert scored == [("prism0", True), ("prism1", False)]  # per-event errors from the first run only
+    assert dp2.pred_ms == [90.0, 91.0] and dp2.error is None and dp2.scored["at"]
+    assert tp2.pred_ms == [] and "prism1 missing" in tp2.error
+
+    out = tmp_path / "rescored"
+    assert fidelity.main(["--rescore", str(tmp_path), "--out", str(out)]) == 1  # tp2 failed
+    written = json.loads((out / "fidelity.json").read_text())
+    assert written[0]["pred_ms"] == [90.0, 91.0] and written[0]["truth_ms"] == [100, 100]
+    assert "| dp2 |" in (out / "fidelity.md").read_text()
+
+
+def test_cores_follow_the_affinity(monkeypatch):
+    monkeypatch.setattr(fidelity.os, "sched_getaffinity", lambda pid: {3})
+    assert fidelity.usable_cores() == 1
+    monkeypatch.setattr(fidelity.os, "sched_getaffinity", lambda pid: {3})
+    assert fidelity.main(["--configs", "dp2", "--repeats", "1"]) == 2  # W=2 does not fit one usable core

@@ -1,0 +1,183 @@
+"""Durations and transfers from slice runs (`prism.calibrate.from_slices`), on hand-computed values: the
+per-slice member delays, the mean transfer over slices (each slice on its own clock), and the borrowing of
+an unmeasured slice's ranks by rank class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prism import artifacts, graph, schemas
+from prism.calibrate.arrays import K_COLLECTIVE, K_COMPUTE, K_RECV, K_SEND, K_WAIT
+from prism.calibrate.from_slices import from_slices, representatives, slice_delays
+from prism.calibrate.stage import CalibrateError
+from prism.slices.plan import rank_classes
+from tests.unit.rawgen import RawJob
+
+# ------------------------------------------------------------------------------------- slice_delays
+
+
+def _delay_graph():
+    """Two ranks: an all_reduce (comm 0) both wait on, a send 0 -> 1 (comm 1), an all_reduce (comm 2)
+    consumed through completion stamps, one seen before the other member's issue."""
+    #        pos:   0            1       2            3       4       5       6       7            8
+    kind = np.array([K_COLLECTIVE, K_WAIT, K_COLLECTIVE, K_WAIT, K_SEND, K_RECV, K_WAIT, K_COLLECTIVE, K_COLLECTIVE,
+                     K_COMPUTE])
+    comm = np.array([0, -1, 0, -1, 1, 1, -1, 2, 2, -1])
+    wait_op = np.array([-1, 0, -1, 2, -1, -1, 5, -1, -1, -1])
+    t_start = np.array([100, 110, 150, 160, 400, 380, 390, 600, 700, 0])
+    t_end = np.array([110, 300, 160, 250, 410, 390, 500, 610, 710, 50])
+    t_complete = np.array([-1, -1, -1, -1, 420, -1, -1, 650, 720, -1])
+    return kind, comm, wait_op, t_start, t_end, t_complete
+
+
+def test_slice_delays_by_hand():
+    kind, comm, wait_op, t_start, t_end, t_complete = _delay_graph()
+    rank_of = np.array([0, 0, 1, 1, 0, 1, 1, 0, 1, 0])
+    total, count = slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, np.arange(len(kind)), 3)
+    # comm 0: last issue 150; rank 0 sees it at its wait's end 300 (150), rank 1 at 250 (100)
+    # comm 1: last issue max(400, 380) = 400; the send says nothing; the recv's wait ends 500 (100)
+    # comm 2: last issue 700; rank 0 completed at 650 (before: clipped to 0), rank 1 at 720 (20)
+    assert total.tolist() == [250, 100, 20]
+    assert count.tolist() == [2, 1, 2]
+
+    # a slice holding rank 1 only: its own members' last issue (150, 380, 700), its own clock
+    total, count = slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, np.flatnonzero(rank_of == 1), 3)
+    assert total.tolist() == [100, 120, 20]
+    assert count.tolist() == [1, 1, 1]
+
+
+# ------------------------------------------------------------------------------------- from_slices
+
+
+def _job(tmp_path: Path, markers: list[str]) -> Path:
+    """4 ranks, 2 iterations of: compute, a marker (its op sets the rank's class), an all_reduce of all
+    four (sync, no wait), iteration_end."""
+    job = RawJob(4)
+    everyone = job.group("default_pg", [0, 1, 2, 3])
+    for _ in range(2):
+        for r in range(4):
+            job.compute(r)
+            job.marker(r, markers[r])
+        job.collective(everyone, "all_reduce", 4096)
+        for r in range(4):
+            job.marker(r, "iteration_end")
+    job.write(tmp_path)
+    assert graph.main(["--job", str(tmp_path)]) == 0
+    return tmp_path
+
+
+def _events(job: Path) -> pl.DataFrame:
+    return pl.from_arrow(pq.read_table(job / "graph" / "events.parquet")).with_columns(
+        pl.col("kind").cast(pl.Utf8), pl.col("op").cast(pl.Utf8)).sort("rank", "seq")
+
+
+def _write_plan(job: Path, rows: list[tuple[int, int, str, int]]) -> None:
+    """rows: (slice, rank, rank_class, measured_by)."""
+    table = pa.table({"slice": [r[0] for r in rows], "rank": [r[1] for r in rows],
+                      "rank_class": [r[2] for r in rows], "measured_by": [r[3] for r in rows],
+                      "measured": [r[0] == r[3] for r in rows]})
+    artifacts.write_parquet(table, job / "slices" / "plan.parquet", schemas.SLICE_PLAN)
+
+
+def _write_slice(job: Path, k: int, times) -> None:
+    """slices/slice=K/events.parquet for the ranks `times` knows: times(rank, seq, kind, iteration) ->
+    (device_ns, t_start_ns, t_end_ns, t_complete_ns)."""
+    ev = _events(job)
+    rows = {"event_id": [], "device_ns": [], "t_start_ns": [], "t_end_ns": [], "t_complete_ns": []}
+    for e in ev.iter_rows(named=True):
+        got = times(e["rank"], e["seq"], e["kind"], e["iteration"])
+        if got is None:
+            continue
+        rows["event_id"].append(e["event_id"])
+        for name, value in zip(("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"), got):
+            rows[name].append(value)
+    folder = job / "slices" / f"slice={k}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({k: pa.array(v, pa.int64()) for k, v in rows.items()}), folder / "events.parquet")
+
+
+def _by_rank_kind(job: Path, durations: pa.Table) -> dict[tuple[int, str], list[int]]:
+    ev = _events(job).join(pl.from_arrow(durations), on="event_id")
+    out: dict[tuple[int, str], list[int]] = {}
+    for e in ev.sort("rank", "seq").iter_rows(named=True):
+        out.setdefault((e["rank"], e["kind"]), []).append(e["duration_ns"])
+    return out
+
+
+# hand-chosen slice-run times of the all_reduce: (issue start, completion) per rank and iteration; slice 0
+# holds ranks 0 and 1, slice 1 ranks 2 and 3, each on its own clock
+ISSUE = {(0, 0): 1000, (1, 0): 1200, (2, 0): 50, (3, 0): 80,
+         (0, 1): 5000, (1, 1): 5100, (2, 1): 900, (3, 1): 910}
+DONE = {(0, 0): 1500, (1, 0): 1700, (2, 0): 200, (3, 0): 380,
+        (0, 1): 5400, (1, 1): 5300, (2, 1): 990, (3, 1): 1110}
+COMPUTE = {0: 5000, 1: 7000, 2: 6000, 3: 9000}
+
+
+def _times(ranks: set[int]):
+    def times(rank, seq, kind, iteration):
+        if rank not in ranks:
+            return None
+        if kind == "collective":
+            s = ISSUE[rank, iteration]
+            return (-1, s, s + 10, DONE[rank, iteration])
+        if kind == "compute":
+            return (COMPUTE[rank] + iteration, 10 * seq, 10 * seq + 5, -1)
+        return (0, 10 * seq, 10 * seq, -1)
+    return times
+
+
+def test_transfer_is_the_mean_of_every_measured_members_delay(tmp_path):
+    job = _job(tmp_path, ["mark"] * 4)
+    _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
+    _write_slice(job, 0, _times({0, 1}))
+    _write_slice(job, 1, _times({2, 3}))
+    durations, transfers = from_slices(job)
+    # iteration 0: slice 0's last issue 1200 -> delays 300, 500; slice 1's last issue 80 -> 120, 300
+    #   mean (300 + 500 + 120 + 300) / 4 = 305 (the bare graph's rule, the smallest, would give 120)
+    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200; mean 780 / 4 = 195
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [305, 195]
+    by = _by_rank_kind(job, durations)
+    for r in range(4):
+        assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # the slice run's device time
+        assert by[r, "collective"] == [10, 10]  # issue time: t_end - t_start
+
+
+def test_unmeasured_ranks_borrow_by_rank_class_not_by_position(tmp_path):
+    # ranks 0 and 3 do one kind of work, 1 and 2 another: slice {2, 3} is equivalent to slice {0, 1}, but
+    # in rank order its ranks are (Y, X) where the measured slice's are (X, Y)
+    job = _job(tmp_path, ["stage_x", "stage_y", "stage_y", "stage_x"])
+    ev = _events(job)
+    classes = rank_classes(ev, pl.DataFrame({"rank": [0, 1, 2, 3], "pp": [0, 0, 0, 0]}))
+    assert classes[0] == classes[3] != classes[1] == classes[2]
+    _write_plan(job, [(0, 0, classes[0], 0), (0, 1, classes[1], 0),
+                      (1, 2, classes[2], 0), (1, 3, classes[3], 0)])
+    assert representatives(pq.read_table(job / "slices" / "plan.parquet").to_pylist()) == {2: 1, 3: 0}
+    _write_slice(job, 0, _times({0, 1}))
+    durations, transfers = from_slices(job)
+    by = _by_rank_kind(job, durations)
+    assert by[3, "compute"] == [COMPUTE[0], COMPUTE[0] + 1]  # rank 3 (class X) takes rank 0's
+    assert by[2, "compute"] == [COMPUTE[1], COMPUTE[1] + 1]  # rank 2 (class Y) takes rank 1's
+    # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [400, 250]
+
+
+def test_representatives_pair_ranks_of_a_class_in_rank_order():
+    plan = [{"slice": 0, "rank": r, "rank_class": c, "measured_by": 0} for r, c in
+            [(0, "x"), (1, "y"), (2, "x")]] + [
+           {"slice": 1, "rank": r, "rank_class": c, "measured_by": 0} for r, c in [(3, "y"), (4, "x"), (5, "x")]]
+    assert representatives(plan) == {3: 1, 4: 0, 5: 2}
+
+
+def test_a_plan_whose_slices_are_not_equivalent_is_refused():
+    plan = [{"slice": 0, "rank": 0, "rank_class": "x", "measured_by": 0},
+            {"slice": 0, "rank": 1, "rank_class": "y", "measured_by": 0},
+            {"slice": 1, "rank": 2, "rank_class": "x", "measured_by": 0},
+            {"slice": 1, "rank": 3, "rank_class": "z", "measured_by": 0}]
+    with pytest.raises(CalibrateError, match=r"slice 1 has 1 rank\(s\) of class 'z'.*\(0\) has 0.*not equivalent"):
+        representatives(plan)
