@@ -156,6 +156,20 @@ def totals(results: list[Result]) -> list[str]:
     return lines
 
 
+STAGES = ("truth", "capture", "graph+plan", "slices", "calibrate")
+
+
+def stage_ranges(results: list[Result]) -> str:
+    """Min-max over configs and runs of each stage's wall time (``stage_s``: ``truth<i>``, ``prism<i>-<stage>``)."""
+    seen: dict[str, list[float]] = {}
+    for r in results:
+        for key, seconds in r.stage_s.items():
+            stage = "truth" if key.startswith("truth") else key.partition("-")[2]
+            seen.setdefault(stage, []).append(float(seconds))
+    parts = [f"{s} {min(seen[s]):.1f}-{max(seen[s]):.1f}" for s in STAGES if s in seen]
+    return "stage wall times per run (s, min-max): " + (", ".join(parts) if parts else "not recorded")
+
+
 def table(results: list[Result]) -> list[str]:
     return [HEADER, RULE] + [row(r) for r in results] + [""] + totals(results)
 
@@ -168,7 +182,9 @@ def summarize(paths: list[Path], known: dict[str, Config] | None = None) -> str:
         results = read_json(path, known)
         every += results
         scored = sorted({(r.scored or {}).get("commit") or "unrecorded" for r in results})
-        out += [f"## {path} (predictions scored by: {', '.join(scored)})", ""] + table(results) + [""]
+        out += [f"## {path} (predictions scored by: {', '.join(scored)})", ""] + table(results)
+        out += [stage_ranges(results), ""]
     if len(paths) > 1:
-        out += [f"## all {len(paths)} files together ({len(every)} configs)", ""] + totals(every) + [""]
+        out += [f"## all {len(paths)} files together ({len(every)} configs)", ""] + totals(every)
+        out += [stage_ranges(every), ""]
     return "\n".join(out)
