@@ -1,6 +1,7 @@
 """`prism bench fidelity` smoke test: one W=2 config (dp2, P=1), 2 truth runs, 1 prism run, small model.
 
-Checks that the table is printed with sane positive numbers -- not that the error is small (a 2-core box
+Checks that the table is printed with sane positive numbers, that a rescore repeats it and writes its JSON,
+and that --summarize of that JSON prints the same row -- not that the error is small (a 2-core box
 is too noisy for that; docs/fidelity.md has the measured matrices)."""
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def test_fidelity_smoke(tmp_path):
     assert (tmp_path / "fidelity.md").is_file()
 
     # the saved runs calibrate again to the same row (nothing re-run; the truth comes from fidelity.json)
-    again = run_prism(["bench", "fidelity", "--rescore", str(tmp_path)], timeout=60)
+    rescored = tmp_path / "rescored"
+    again = run_prism(["bench", "fidelity", "--rescore", str(tmp_path), "--out", str(rescored)], timeout=60)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [line for line in again.stdout.splitlines() if line.startswith("| dp2 ")] == rows
+    # ... and writes the JSON it scored: the table and the raw results are one thing
+    (record,) = json.loads((rescored / "fidelity.json").read_text())
+    assert record["pred_ms"] == result[0]["pred_ms"] and record["truth_ms"] == result[0]["truth_ms"]
+    assert record["scored"]["at"]
+    summary = run_prism(["bench", "fidelity", "--summarize", str(rescored / "fidelity.json")], timeout=60)
+    assert summary.returncode == 0 and rows[0] in summary.stdout, summary.stdout + summary.stderr
