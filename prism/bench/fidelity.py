@@ -3,25 +3,29 @@
     prism bench fidelity [--matrix local|device|all] [--configs NAME,...] [--repeats 5] [--devices P]
                          [--steps 8] [--out DIR] [--work DIR]
     prism bench fidelity --rescore DIR [DIR ...] [--out DIR]     (saved runs, calibrated anew)
+    prism bench fidelity --summarize FILE [FILE ...]             (tables and means of results JSON)
 
 Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, truth, truth, ... (the truth
 `--repeats` times, prism `--prism-runs` times, prism after the 1st, 2nd, ... truth run):
 
 - truth: ``prism launch --nproc W --mode real --pin`` (every rank on its own core); the iteration time of a
   run is the median over iterations k >= 1 of the gap between the job's (k-1)-th and k-th iteration end,
-  the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/summary.py`);
+  the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/iterations.py`,
+  the definition `prism calibrate` and the summary use);
 - prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``,
   every slice ``prism.slices.run``, durations and transfers from the slice runs
   (`prism.calibrate.from_slices`), ``prism.calibrate`` with them; the predicted iteration time comes from
   the calibrated timeline by the same definition;
 - ablation ("bare"): the same capture graph calibrated with its bare-graph durations (no slice runs).
 
-Printed per config: W, P, layout, the true iteration time (median over runs of the per-run medians), the
-truth's spread (min-max of the per-run medians), the prediction, its error, whether it is inside the
-spread, per-event start and duration errors of the calibrated timeline against the first truth run
-(events matched by (rank, seq), only events after the job's iteration 0, both clocks taken from the end of
-iteration 0; absolute errors, median and p95), and the bare-graph prediction's error. Then the mean and
-max |error| over the matrix. `--out DIR` also writes DIR/fidelity.md (the table) and DIR/fidelity.json.
+Printed per config (`prism/bench/fidelity_table.py`): W, P, layout, the true iteration time (median over
+runs of the per-run medians), the truth's spread (min-max of the per-run medians), the prediction (median
+over prism runs), its error, whether it is inside the spread, per-event start and duration errors of the
+first prism run's calibrated timeline against the first truth run (`event_errors`: events matched by
+(rank, seq), only events of iterations >= 1; a start measured from the job's end of the previous iteration
+in each clock; absolute errors, median and p95), the bare-graph prediction's error, and the prism runs'
+count and min-max. Then the mean and max |error| over the matrix. `--out DIR` also writes DIR/fidelity.md
+(the table) and DIR/fidelity.json (the raw results, every run; `--summarize` recomputes the table from it).
 
 Everything runs as subprocesses of this Python (``python -m prism.cli``), so it works from a source tree
 with ``PYTHONPATH=.``. A config that fails prints its row as FAILED with the reason and the matrix goes on.
