@@ -41,6 +41,31 @@ def test_iteration_time_is_the_median_gap_and_needs_two_iterations():
         fidelity._median_gap_ms([0, 0], [5, 7])
 
 
+def test_calibrate_summary_and_bench_report_the_same_iteration_time(tmp_path, capsys):
+    from prism import graph, summary
+    from prism.calibrate import stage
+    from tests.unit.rawgen import RawJob
+
+    # two ranks, no communication; compute per iteration (ms): rank 0 1, 3, 2, 5, 1; rank 1 2.5, 1, 4, 1, 3
+    # rank ends: 1, 4, 6, 11, 12 and 2.5, 3.5, 7.5, 8.5, 11.5 -> job ends 2.5, 4, 7.5, 11, 12
+    # -> gaps 1.5, 3.5, 3.5, 1: median 2.5 ms (the slowest rank's iteration, 2.5 3 4 5 3, has median 3)
+    job = RawJob(2)
+    job.group("default_pg", [0, 1])
+    for a, b in zip([1, 3, 2, 5, 1], [2.5, 1, 4, 1, 3]):
+        for rank, ms in ((0, a), (1, b)):
+            job.compute(rank, int(ms * MS))
+            job.marker(rank, "iteration_end")
+    job.write(tmp_path)
+    assert graph.main(["--job", str(tmp_path)]) == 0
+    assert fidelity._median_gap_ms(*fidelity.truth_ends(tmp_path)) == 2.5
+    assert "iteration time (job, iterations 1..4): median 2.50 ms, min 1.00 ms, max 3.50 ms" in \
+        summary.summarize(tmp_path)
+    capsys.readouterr()
+    assert stage.main(["--job", str(tmp_path)]) == 0  # bare-graph durations: the same times here
+    assert "ms: 1.50, 3.50, 3.50, 1.00; median 2.50" in capsys.readouterr().out
+    assert fidelity._median_gap_ms(*fidelity.calibrated(tmp_path, slices=False)[1]) == 2.5
+
+
 # ------------------------------------------------------------------------------------ per-event errors
 
 # one rank, iterations 0, 1, 2; (seq, kind, op, iteration, truth start, truth end, predicted start, end) in ms
