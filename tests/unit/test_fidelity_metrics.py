@@ -199,3 +199,47 @@ def test_cores_follow_the_affinity(monkeypatch):
     assert fidelity.usable_cores() == 1
     monkeypatch.setattr(fidelity.os, "sched_getaffinity", lambda pid: {3})
     assert fidelity.main(["--configs", "dp2", "--repeats", "1"]) == 2  # W=2 does not fit one usable core
+
+
+# ------------------------------------------------------------------------------ the doc is the JSON
+
+
+def test_docs_fidelity_figures_are_what_the_committed_json_gives():
+    """Each `prism bench fidelity --summarize FILES` in docs/fidelity.md is followed by rows and figures
+    (mean |error| ..., max ...; bare graph ...; N of M inside) that the command prints from those files."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "fidelity.md").read_text()
+    parts = re.split(r"`prism bench fidelity --summarize ([^`*]+\.json)`", doc)
+    checked = 0
+    for files, section in zip(parts[1::2], parts[2::2]):
+        section = section.split("\n## ")[0].split("\n### ")[0]
+        out = summarize([root / f for f in files.split()])
+        rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(
+            ("| config ", "| file "))]
+        assert rows, files
+        for line in rows:
+            assert line in out, f"{files}: {line}"
+        text = " ".join(section.split())
+        for mean, worst in re.findall(r"mean \|error\| ([\d.]+) %, max ([\d.]+) %", text):
+            assert f"mean |error| {mean} %, max {worst} %" in out, (files, mean, worst)
+        for bare in re.findall(r"bare graph ([\d.]+) %", text):
+            assert f"bare graph (ablation):  mean |error| {bare} %" in out, (files, bare)
+        for inside, n in re.findall(r"(\d+) of (\d+) inside", text):
+            assert f"inside the truth's spread: {inside} of {n}" in out, (files, inside, n)
+        checked += 1
+    assert checked == 5
+
+
+def test_readme_fidelity_figures_are_what_the_committed_json_gives():
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = " ".join((root / "README.md").read_text().split())
+    claims = re.findall(r"`((?:[\w.-]+\.json ?)+)`: \**([\d.]+) %", text)
+    assert len(claims) == 5, claims
+    for files, mean in claims:
+        out = summarize([root / "docs" / "fidelity" / f for f in files.split()])
+        last = [line for line in out.splitlines() if line.startswith("calibrated from slices:")][-1]
+        assert last.startswith(f"calibrated from slices: mean |error| {mean} %"), (files, last)
