@@ -62,10 +62,10 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     return total, count
 
 
-def representatives(plan: list[dict]) -> dict[int, int]:
+def representatives(plan: list[dict], source: str | Path = "slices/plan.parquet") -> dict[int, int]:
     """For every rank of an unmeasured slice, the rank whose measurement it takes: the rank of the same
     ``rank_class`` in the slice that measures its slice (``measured_by``). Several ranks of one class in a
-    slice pair up in rank order. `plan` holds the rows of ``slices/plan.parquet``.
+    slice pair up in rank order. `plan` holds the rows of ``slices/plan.parquet`` (`source`, for messages).
 
     A plan whose unmeasured slice has a class its measuring slice lacks (or fewer ranks of it) is an
     error: its slices are not equivalent."""
@@ -79,13 +79,13 @@ def representatives(plan: list[dict]) -> dict[int, int]:
         if m == k:
             continue
         if m not in members:
-            raise CalibrateError(f"slices/plan.parquet: slice {k} is measured by slice {m}, which the plan does "
+            raise CalibrateError(f"{source}: slice {k} is measured by slice {m}, which the plan does "
                                  "not hold; plan again")
         for cls, ranks in sorted(by_class.items()):
             src = sorted(members[m].get(cls, []))
             if len(src) != len(ranks):
                 raise CalibrateError(
-                    f"slices/plan.parquet: slice {k} has {len(ranks)} rank(s) of class {cls!r}, the slice measuring "
+                    f"{source}: slice {k} has {len(ranks)} rank(s) of class {cls!r}, the slice measuring "
                     f"it ({m}) has {len(src)}: these slices are not equivalent; plan again")
             out.update(zip(sorted(ranks), src))
     return out
@@ -127,7 +127,7 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
-    for dst, src in representatives(plan).items():
+    for dst, src in representatives(plan, job_dir / "slices" / "plan.parquet").items():
         dst_rows = np.flatnonzero(ranks == dst)
         src_rows = np.flatnonzero(ranks == src)
         if len(dst_rows) != len(src_rows):
