@@ -15,8 +15,8 @@ completion at different times -- gloo's ring finishes member by member -- and th
 starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted the
 TP/EP layouts by 18-28 %, docs/fidelity.md.) Ranks whose slice was not measured (the planner's
 `--representative`) take the events of the rank of the same ``rank_class`` in the slice that measures
-theirs (`representatives`).
-Comms no slice saw complete keep the bare graph's transfer.
+theirs (`representatives`); a comm among such ranks only takes the transfer of the comms their
+representatives' events belong to. Comms no slice saw complete otherwise keep the bare graph's transfer.
 """
 
 from __future__ import annotations
@@ -91,6 +91,24 @@ def representatives(plan: list[dict], source: str | Path = "slices/plan.parquet"
     return out
 
 
+def _borrowed_transfers(comm: np.ndarray, source: np.ndarray, known: np.ndarray, transfer: np.ndarray) -> np.ndarray:
+    """`transfer` where a comm no slice measured takes the mean transfer of the measured comms its
+    members' source events belong to (a comm among borrowed ranks only: its members' measurement is their
+    representatives'). Comms without such a source keep their value."""
+    members = np.flatnonzero((source >= 0) & (comm >= 0))
+    c_dst, c_src = comm[members], comm[source[members]]
+    use = ~known[c_dst] & (c_src >= 0)
+    use[use] &= known[c_src[use]]
+    total = np.zeros(len(transfer), dtype=np.int64)
+    count = np.zeros(len(transfer), dtype=np.int64)
+    np.add.at(total, c_dst[use], transfer[c_src[use]])
+    np.add.at(count, c_dst[use], 1)
+    out = transfer.copy()
+    got = count > 0
+    out[got] = total[got] // count[got]
+    return out
+
+
 def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     job_dir = Path(job_dir)
     job = load_graph(job_dir)
@@ -127,6 +145,7 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
+    source = np.full(n, -1, dtype=np.int64)  # a borrowed event's source event
     for dst, src in representatives(plan, job_dir / "slices" / "plan.parquet").items():
         dst_rows = np.flatnonzero(ranks == dst)
         src_rows = np.flatnonzero(ranks == src)
@@ -137,6 +156,7 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
         for arr in (device, t_start, t_end, t_complete):
             arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]
+        source[dst_rows] = src_rows
     if not measured.all():
         missing = int(np.flatnonzero(~measured)[0])
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
@@ -144,6 +164,7 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, device, t_start, t_end, t_complete, g.n_comms)
     known = count > 0
     transfer[known] = total[known] // count[known]
+    transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
     durations = pa.table({"event_id": pa.array(job.event_ids, pa.int64()), "duration_ns": pa.array(dur, pa.int64())})
     transfers = pa.table({"comm_id": pa.array(job.comm_ids, pa.int64()), "transfer_ns": pa.array(transfer, pa.int64())})
     return durations, transfers

@@ -55,16 +55,18 @@ def test_slice_delays_by_hand():
 # ------------------------------------------------------------------------------------- from_slices
 
 
-def _job(tmp_path: Path, markers: list[str]) -> Path:
-    """4 ranks, 2 iterations of: compute, a marker (its op sets the rank's class), an all_reduce of all
-    four (sync, no wait), iteration_end."""
+def _job(tmp_path: Path, markers: list[str], pairs: bool = False) -> Path:
+    """4 ranks, 2 iterations of: compute, a marker (its op sets the rank's class), an all_reduce (sync, no
+    wait) of all four or, with `pairs`, of ranks {0, 1} and of {2, 3}, iteration_end."""
     job = RawJob(4)
     everyone = job.group("default_pg", [0, 1, 2, 3])
+    halves = [job.group("half", [0, 1]), job.group("half", [2, 3])]
     for _ in range(2):
         for r in range(4):
             job.compute(r)
             job.marker(r, markers[r])
-        job.collective(everyone, "all_reduce", 4096)
+        for group in halves if pairs else [everyone]:
+            job.collective(group, "all_reduce", 4096)
         for r in range(4):
             job.marker(r, "iteration_end")
     job.write(tmp_path)
@@ -165,6 +167,23 @@ def test_unmeasured_ranks_borrow_by_rank_class_not_by_position(tmp_path):
     assert by[2, "compute"] == [COMPUTE[1], COMPUTE[1] + 1]  # rank 2 (class Y) takes rank 1's
     # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200
     assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [400, 250]
+
+
+def test_a_comm_among_borrowed_ranks_takes_its_representatives_transfer(tmp_path):
+    job = _job(tmp_path, ["stage_x", "stage_y", "stage_y", "stage_x"], pairs=True)
+    classes = rank_classes(_events(job), pl.DataFrame({"rank": [0, 1, 2, 3], "pp": [0, 0, 0, 0]}))
+    _write_plan(job, [(0, 0, classes[0], 0), (0, 1, classes[1], 0),
+                      (1, 2, classes[2], 0), (1, 3, classes[3], 0)])
+    _write_slice(job, 0, _times({0, 1}))
+    _, transfers = from_slices(job)
+    comm_of = {(e["rank"], e["iteration"]): e["comm_id"] for e in _events(job).iter_rows(named=True)
+               if e["kind"] == "collective"}
+    by_id = dict(zip(transfers.column("comm_id").to_pylist(), transfers.column("transfer_ns").to_pylist()))
+    # the {0, 1} all_reduce measured in slice 0: iteration 0 delays 300, 500; iteration 1 300, 200
+    assert [by_id[comm_of[0, k]] for k in (0, 1)] == [400, 250]
+    # the {2, 3} all_reduce ran in no slice; ranks 2 and 3 stand in for 1 and 0: the same comms' transfer
+    # (without borrowing it would keep the bare graph's: 0, nobody in the capture waited on it)
+    assert [by_id[comm_of[2, k]] for k in (0, 1)] == [400, 250]
 
 
 def test_representatives_pair_ranks_of_a_class_in_rank_order():
