@@ -113,7 +113,7 @@ def test_inputs_are_not_modified():
 
 
 def test_import_builds_no_cuda():
-    code = ("import sys, prism.runtime.compensation; "
+    code = ("import sys, prism.runtime.compensation, prism.runtime.prefetch; "
             "bad = [m for m in ('prism.runtime.fold_cuda', 'torch.utils.cpp_extension') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
