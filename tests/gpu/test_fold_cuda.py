@@ -34,8 +34,8 @@ def assert_same_bits(gpu, cpu, what, nan_bits=True):
 
 
 def contributions(gen, dtype, n, numel):
-    """Finite, non-zero values over a wide range of magnitudes (sums round, products over/underflow in
-    half types)."""
+    """Non-zero values over a wide range of magnitudes (sums round, products over/underflow; float16
+    turns the largest into inf)."""
     out = []
     for _ in range(n):
         scale = torch.tensor(2.0, dtype=torch.float64) ** torch.randint(-20, 21, (numel,), generator=gen)
@@ -52,13 +52,14 @@ def test_kernel_equals_cpu_path(dtype, op):
         cpu = comp.fold(op, xs)
         gpu = comp.fold(op, [x.cuda() for x in xs])
         assert gpu.is_cuda
-        assert_same_bits(gpu, cpu, f"{op} {dtype} n={n} numel={numel}")
+        exact_nan = op in (RedOp.MAX, RedOp.MIN)   # fp16 overflows to inf: inf - inf, 0 * inf make NaN
+        assert_same_bits(gpu, cpu, f"{op} {dtype} n={n} numel={numel}", nan_bits=exact_nan)
         # the pruned chain (prefold of a leading run, fold_from on the device) gives the same bits
         k = n // 2
         if k:
             acc = comp.prefold(op, [x.cuda() for x in xs[:k]])
             chained = comp.finish(op, comp.fold_from(op, acc, [x.cuda() for x in xs[k:]]), n)
-            assert_same_bits(chained, cpu, f"chain {op} {dtype} n={n}")
+            assert_same_bits(chained, cpu, f"chain {op} {dtype} n={n}", nan_bits=exact_nan)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
