@@ -184,3 +184,14 @@ def test_fold_chunks_equals_reduce_scatter_chunk():
             got = comp.fold_chunks(op, xs, 4, range(4))
             for c in range(4):
                 assert same_bits(got[c], semantics.reduce_scatter_chunk(xs, op, c, 4))
+
+
+def test_cpu_min_max_rules_that_the_cuda_kernel_follows():
+    """torch's CPU maximum/minimum: the vectorized body returns the second operand on a +0/-0 tie and the
+    all-ones NaN; the scalar tail (here the last 3 of 67) the first operand and a canonical NaN. The CUDA
+    kernel follows the body's rule (cuda/README.md); this pins the fact it relies on."""
+    pos, neg = torch.zeros(67), -torch.zeros(67)
+    assert torch.signbit(torch.maximum(pos, neg))[:64].all() and not torch.signbit(torch.maximum(pos, neg))[64:].any()
+    assert not torch.signbit(torch.minimum(neg, pos))[:64].any() and torch.signbit(torch.minimum(neg, pos))[64:].all()
+    nan = torch.maximum(torch.full((67,), float("nan")), torch.ones(67)).view(torch.int32)
+    assert (nan[:64] == -1).all() and (nan[64:] == 0x7FC00000).all()
