@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism.runtime import run_files
+from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,7 @@ class LaunchSpec:
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
     capture: Path | None = None  # slice: the capture folder the replay server answers from
     force: bool = False  # --out may hold files: clear them
+    progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -107,6 +109,9 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--out", type=Path, help="job folder (new or empty): the trace goes to OUT/raw")
     parser.add_argument("--force", action="store_true",
                         help="clear --out first if it holds files (by default a non-empty --out is refused)")
+    parser.add_argument("--progress", action="store_true",
+                        help="capture: report progress on stderr (ranks done, communications completed) every "
+                             f"{LOG_PERIOD_S:.0f} s; on a terminal it is shown in place without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     if split is None:
@@ -118,7 +123,7 @@ def parse(argv: list[str]) -> LaunchSpec:
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
                       preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
-                      force=opts.force)
+                      force=opts.force, progress=opts.progress)
     try:
         spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
     except ValueError:
@@ -146,7 +151,9 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
-    elif spec.devices is not None:
+    elif spec.progress:
+        raise LaunchError(f"--progress reports a capture's progress; --mode {spec.mode} has none to report")
+    if spec.mode != "capture" and spec.devices is not None:
         raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks; "
                           f"--mode {spec.mode} gives every rank its own process: drop --devices")
     if spec.mode == "slice":
@@ -286,6 +293,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
             "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
             "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
+            "progress": _progress_style(spec),
         }
         if spec.mode == "slice":
             zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
@@ -307,6 +315,15 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
     return code
+
+
+def _progress_style(spec: LaunchSpec) -> str | None:
+    """Capture: "tty" (a line rewritten in place), "log" (a line now and then) or None."""
+    if spec.mode != "capture":
+        return None
+    if sys.stderr.isatty():
+        return "tty"
+    return "log" if spec.progress else None
 
 
 def _rank_environment(spec: LaunchSpec) -> dict[str, str]:

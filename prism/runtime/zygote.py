@@ -179,6 +179,7 @@ class _LineForwarder:
     def __init__(self) -> None:
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
+        self.before_write = lambda: None  # e.g. wipe a progress line from the terminal
 
     def add(self, fd: int, sink) -> None:
         self.sel.register(fd, selectors.EVENT_READ, sink)
@@ -197,6 +198,7 @@ class _LineForwarder:
             buf = self.partial[fd] + data
             cut = buf.rfind(b"\n") + 1
             if cut:
+                self.before_write()
                 sink.write(buf[:cut])
                 sink.flush()
             self.partial[fd] = buf[cut:]
@@ -204,6 +206,7 @@ class _LineForwarder:
     def _close(self, fd: int, sink) -> None:
         rest = self.partial.pop(fd, b"")
         if rest:
+            self.before_write()
             sink.write(rest + b"\n")
             sink.flush()
         self.sel.unregister(fd)
@@ -368,6 +371,12 @@ def supervise(spec: dict) -> int:
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
     link = _CoordinatorLink(spec, ctl, out) if capture else None
+    progress = None
+    if link is not None and spec.get("progress"):
+        from prism.runtime.progress import CaptureProgress
+
+        progress = CaptureProgress(sys.stderr, tty=spec["progress"] == "tty")
+        out.before_write = progress.clear
     store = None
     if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
         import torch.distributed as dist
@@ -392,6 +401,8 @@ def supervise(spec: dict) -> int:
                   file=sys.stderr)
             deadline = _stop(children, time.monotonic())
         out.pump(0.01)
+        if progress is not None:
+            progress.maybe_show(link.coord)
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -413,6 +424,8 @@ def supervise(spec: dict) -> int:
             for p in children:
                 _kill(p, signal.SIGKILL)
             deadline = float("inf")
+    if progress is not None:
+        progress.clear()
     out.drain(2.0)
     del store
     if replay["error"]:

@@ -275,13 +275,8 @@ def test_interception_reaches_subprocesses_through_sitecustomize(tmp_path):
         (["--nproc", "0", "x.py"], "--nproc must be at least 1"),
         (["--nproc", "2"], "no program given"),
         (["--nproc", "2", "--out", "/proc/forbidden", "-m", "prism.workloads.moe_gpt"], "not writable"),
-        (["--nproc", "3", "-m", "prism.workloads.moe_gpt", "--tp", "2"], "--tp"),
-        (["--nproc", "4", "-m", "prism.workloads.moe_gpt", "--dp", "4", "--ep", "3"], "--ep"),
-        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--tp", "2", "--heads", "3", "--kv-heads", "1"],
-         "--heads"),
-        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--dp", "2", "--ep", "2", "--experts", "3"],
-         "--experts"),
         (["--nproc", "2", "--devices", "1", "-m", "prism.workloads.moe_gpt"], "drop --devices"),
+        (["--nproc", "2", "--progress", "-m", "prism.workloads.moe_gpt"], "--mode real has none to report"),
         (["--nproc", "2", "--out", "/proc/forbidden", "--force", "-m", "prism.workloads.moe_gpt"], "not writable"),
     ],
 )
@@ -292,3 +287,70 @@ def test_bad_input_exits_2_before_any_rank_starts(tmp_path, args, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nproc", "3", "-m", "prism.workloads.moe_gpt", "--tp", "2"], "--tp"),
+        (["--nproc", "4", "-m", "prism.workloads.moe_gpt", "--dp", "4", "--ep", "3"], "--ep"),
+        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--tp", "2", "--heads", "3", "--kv-heads", "1"],
+         "--heads"),
+        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--dp", "2", "--ep", "2", "--experts", "3"],
+         "--experts"),
+    ],
+)
+def test_the_workload_rejects_its_layout_in_its_ranks(args, message):
+    """The layout is the workload's to check (the launcher knows no workload): its ranks start, rank 0 names
+    the mistake once, every rank exits 2 before any rendezvous. The bound separates failing fast from waiting
+    for a timeout: the zygote's warm imports and the ranks cost ~7 s of CPU."""
+    start = time.monotonic()
+    proc = run_prism(["launch", *args], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("moe_gpt: error:") == 1 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_capture_progress_on_a_terminal(tmp_path):
+    """stderr a terminal: the capture's progress line is rewritten in place and wiped before rank output."""
+    import pty
+    import threading
+
+    prog = write(tmp_path, "progress_prog_unique.py", """
+        import sys, time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(30):
+            time.sleep(0.1)
+            dist.all_reduce(torch.ones(2))
+        print(f"rank {dist.get_rank()} finished", file=sys.stderr, flush=True)
+    """)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", "--nproc", "2", "--mode", "capture",
+                             "--devices", "1", str(prog)], cwd=REPO, env=make_env(), stdout=subprocess.PIPE,
+                            stderr=slave, text=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read_all():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    try:
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    reader.join(timeout=10)
+    os.close(master)
+    err = b"".join(chunks).decode()
+    assert "\r\x1b[K[prism] capture" in err and "ranks done" in err, err
+    finished = [line for line in err.replace("\r\n", "\n").split("\n") if "finished" in line]
+    assert sorted(line.split("\x1b[K")[-1] for line in finished) == ["rank 0 finished", "rank 1 finished"], err
