@@ -86,8 +86,6 @@ class OutFolder:
             self._lock()
             self._sweep_staging()
             self._make_empty(force)
-            probe = tempfile.NamedTemporaryFile(dir=path, prefix=".prism-write-test-")
-            probe.close()
         except OSError as exc:
             self.release(failed=True)
             raise OutError(f"--out {path} is not writable ({exc.strerror}); choose another folder") from None
