@@ -394,9 +394,11 @@ def supervise(spec: dict) -> int:
         if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
             deadline = _stop_replay(spec, replay, children)
         if link is not None and link.error and deadline is None:
+            out.before_write()
             print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
             deadline = _stop(children, time.monotonic())
         if stopping["signal"] is not None and deadline is None:
+            out.before_write()
             print(f"[prism] launcher got signal {stopping['signal']}: stopping {len(children)} ranks",
                   file=sys.stderr)
             deadline = _stop(children, time.monotonic())
