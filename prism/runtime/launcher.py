@@ -265,7 +265,8 @@ class _SignalForwarder:
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: installed outside Python, cannot be put back
+                signal.signal(sig, handler)
         self.previous = {}
 
 
