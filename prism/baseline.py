@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     prism_config.add_job_arguments(parser)
     parser.add_argument("--out", type=Path, help="output folder (default: <results>/<job>/baseline)")
+    parser.add_argument("--force", action="store_true",
+                        help="clear the output folder first if it holds files (a re-run; by default refused)")
     args = parser.parse_args(argv)
     try:
         job = prism_config.from_arguments(args)
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or job.job_dir / "baseline"
     spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
-                               args=job.workload.args, mode="real", out=out, pin=job.baseline.pin)
+                               args=job.workload.args, mode="real", out=out, pin=job.baseline.pin,
+                               force=args.force)
     try:
         return launcher.launch(spec)
     except launcher.LaunchError as exc:

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     prism_config.add_job_arguments(parser)
     parser.add_argument("--out", type=Path, help="output folder (default: <results>/<job>/capture)")
+    parser.add_argument("--force", action="store_true",
+                        help="clear the output folder first if it holds files (a re-run; by default refused)")
     args = parser.parse_args(argv)
     try:
         job = prism_config.from_arguments(args)
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
                                args=job.workload.args, mode="capture", out=args.out or job.job_dir / "capture",
-                               devices=job.capture.devices, payloads=job.capture.payloads)
+                               devices=job.capture.devices, payloads=job.capture.payloads, force=args.force)
     try:
         return launcher.launch(spec)
     except launcher.LaunchError as exc:

@@ -1,14 +1,25 @@
 """`prism launch`: a torchrun-compatible launcher that runs W ranks forked from a warm zygote.
 
-    prism launch --nproc W [--mode real|capture|off] [--out DIR] [--pin] (SCRIPT | -m MODULE) [ARGS...]
+    prism launch --nproc W [--mode real|capture|off] [--out DIR [--force]] [--pin] (SCRIPT | -m MODULE) [ARGS...]
     prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--out DIR] [--pin] ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`).
 
-Everything a user can get wrong is checked here, before any rank starts (exit code 2). With `--out`, the
-ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
+Everything a user can get wrong is checked here, before any rank starts (exit code 2); the program checks
+its own arguments in its ranks (a rank exiting with code 2 is reported once, as a usage error). With `--out`,
+the ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
 failed run leaves no partial artifact.
+
+`--out DIR` must be empty (a job folder holds one run: an older run's graph/ or slices/ would be mixed with
+this one's) unless `--force`, which clears it; a lock (`DIR/.prism.lock`) refuses a second launch into DIR
+while one runs. `raw/meta.json` carries a `run_id` that identifies this run.
+
+Exit codes: 0 every rank succeeded; 2 bad input (one message, nothing started or written); 86
+(`HANG_EXIT`) a hang was detected (capture's deadlock diagnosis); 128+N the launcher got signal N (SIGTERM
+or SIGINT: the ranks are stopped and the run's temporaries removed); otherwise the first failed rank's code.
+Temporaries carry the launcher's pid in their names (`/dev/shm/prism-<pid>-<id>`, `/tmp/prism-<pid>-<id>-*`,
+`DIR/.raw.tmp-<pid>-<id>`): each launch first removes those of launchers that are no longer alive.
 """
 
 from __future__ import annotations
@@ -28,11 +39,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism.runtime import run_files
+from prism.runtime.progress import LOG_PERIOD_S
+
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("real", "capture", "slice", "off")
-SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
+HANG_EXIT = 86  # exit code of a detected hang: distinct from a program's own small exit codes
 
 
 class LaunchError(Exception):
@@ -54,6 +68,8 @@ class LaunchSpec:
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
     capture: Path | None = None  # slice: the capture folder the replay server answers from
+    force: bool = False  # --out may hold files: clear them
+    progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -90,7 +106,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "without import side effects; saves their import in every rank)")
     parser.add_argument("--no-payloads", action="store_true",
                         help="capture: do not keep payloads (only the graph is needed)")
-    parser.add_argument("--out", type=Path, help="job folder: the trace goes to OUT/raw")
+    parser.add_argument("--out", type=Path, help="job folder (new or empty): the trace goes to OUT/raw")
+    parser.add_argument("--force", action="store_true",
+                        help="clear --out first if it holds files (by default a non-empty --out is refused)")
+    parser.add_argument("--progress", action="store_true",
+                        help="capture: report progress on stderr (ranks done, communications completed) every "
+                             f"{LOG_PERIOD_S:.0f} s; on a terminal it is shown in place without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     if split is None:
@@ -101,7 +122,8 @@ def parse(argv: list[str]) -> LaunchSpec:
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
-                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture)
+                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
+                      force=opts.force, progress=opts.progress)
     try:
         spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
     except ValueError:
@@ -129,6 +151,11 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
+    elif spec.progress:
+        raise LaunchError(f"--progress reports a capture's progress; --mode {spec.mode} has none to report")
+    if spec.mode != "capture" and spec.devices is not None:
+        raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks; "
+                          f"--mode {spec.mode} gives every rank its own process: drop --devices")
     if spec.mode == "slice":
         _validate_slice(spec)
     elif spec.slice_ranks or spec.capture is not None:
@@ -139,17 +166,13 @@ def validate(spec: LaunchSpec) -> None:
     elif _find_module(spec.module) is None:
         raise LaunchError(f"module not found: {spec.module} (is it installed, or in the current "
                           f"folder {os.getcwd()}?)")
-    if spec.out is not None:
-        try:
-            spec.out.mkdir(parents=True, exist_ok=True)
-            probe = tempfile.NamedTemporaryFile(dir=spec.out, prefix=".prism-write-test-")
-            probe.close()
-        except OSError as exc:
-            raise LaunchError(f"--out {spec.out} is not writable ({exc.strerror}); choose another folder")
     for name in spec.preload:
         if _find_module(name) is None:
             raise LaunchError(f"--preload: module not found: {name}")
-    _check_known_workload(spec)
+    if spec.force and spec.out is None:
+        raise LaunchError("--force clears the --out folder: it needs --out")
+    if spec.out is not None and spec.out.exists() and not spec.out.is_dir():
+        raise LaunchError(f"--out {spec.out} is a file, not a folder; choose another path")
 
 
 def _validate_slice(spec: LaunchSpec) -> None:
@@ -193,23 +216,6 @@ def _find_module(name: str):
         sys.path.pop(0)
 
 
-def _check_known_workload(spec: LaunchSpec) -> None:
-    """The reference workload's layout is checked before any rank starts."""
-    if spec.module != "prism.workloads.moe_gpt":
-        return
-    from prism.workloads import moe_gpt
-
-    try:
-        args = moe_gpt.parse_args(spec.args)
-    except SystemExit:  # argparse already printed what is wrong with the flags
-        raise LaunchError(f"invalid arguments for {spec.module} (see above)") from None
-    problem = moe_gpt.layout_error(args, spec.nproc)
-    if problem:
-        raise LaunchError(f"{spec.module}: {problem}")
-    if spec.module not in spec.preload:  # it has no import side effects: every rank may share it
-        spec.preload.append(spec.module)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -219,9 +225,109 @@ def free_port() -> int:
 def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
-    run_id = uuid.uuid4().hex[:12]
-    status_dir = Path(tempfile.mkdtemp(prefix=f"prism-{run_id}-"))
-    staging = None
+    run_id = uuid.uuid4().hex
+    run_files.sweep_temporaries()
+    try:
+        out = run_files.OutFolder(spec.out, spec.force) if spec.out is not None else None
+    except run_files.OutError as exc:
+        raise LaunchError(str(exc)) from None
+    signals = _SignalForwarder()
+    code = 1
+    try:
+        code = _run(spec, run_id, signals)
+    finally:
+        signals.restore()
+        if out is not None:
+            out.release(failed=code != 0)
+    return code
+
+
+class _SignalForwarder:
+    """SIGTERM (what SLURM and Snakemake send) and SIGINT are passed to the zygote, which stops the ranks;
+    the launcher then removes the run's temporaries and exits 128+N, as after a failure."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.previous = {}
+        try:
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._on_signal)
+        except ValueError:  # not the main thread: signals stay as they are
+            self.restore()
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.received = signum
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            if handler is not None:  # None: installed outside Python, cannot be put back
+                signal.signal(sig, handler)
+        self.previous = {}
+
+
+def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
+    tag = run_files.temp_tag(run_id)
+    status_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
+    staging = payload_staging = shm_dir = None
+    code = 1
+    try:
+        env = _rank_environment(spec)
+        if spec.mode != "off" and spec.out is not None:
+            staging = spec.out / f".raw.tmp-{tag}"
+            staging.mkdir()
+            env["PRISM_OUT"] = str(staging.resolve())
+        if spec.mode == "capture":
+            shm_dir = Path(run_files.SHM_ROOT) / tag
+            shm_dir.mkdir(parents=True)
+            env.update(PRISM_SHM_DIR=str(shm_dir))
+            if spec.out is not None and spec.payloads:
+                payload_staging = spec.out / f".payloads.tmp-{tag}"
+                payload_staging.mkdir()
+                env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
+        zspec = {
+            "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
+            "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
+            "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
+            "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
+            "progress": _progress_style(spec),
+        }
+        if spec.mode == "slice":
+            zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
+        spec_file = status_dir / "spec.json"
+        spec_file.write_text(json.dumps(zspec))
+        started = time.time()
+        if signals.received is None:
+            code = _supervise_zygote(spec_file, env, signals)
+        if signals.received is not None:
+            code = 128 + signals.received
+        if code == 0 and staging is not None:
+            stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
+            stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+            _publish(staging, spec, run_id, started, stats)
+            if payload_staging is not None:
+                _replace_dir(payload_staging, spec.out / "payloads", run_id)
+    finally:
+        for folder in (status_dir, shm_dir, staging, payload_staging):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+    return code
+
+
+def _progress_style(spec: LaunchSpec) -> str | None:
+    """Capture: "tty" (a line rewritten in place), "log" (a line now and then) or None."""
+    if spec.mode != "capture":
+        return None
+    if sys.stderr.isatty():
+        return "tty"
+    return "log" if spec.progress else None
+
+
+def _rank_environment(spec: LaunchSpec) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -229,22 +335,11 @@ def launch(spec: LaunchSpec) -> int:
     for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
                 "PRISM_SLICE_RANKS"):
         env.pop(var, None)
-    payload_staging = shm_dir = None
     if spec.mode != "off":
         env["PRISM_MODE"] = spec.mode
-        if spec.out is not None:
-            staging = spec.out / f".raw.tmp-{run_id}"
-            staging.mkdir(parents=True)
-            env["PRISM_OUT"] = str(staging.resolve())
     if spec.mode == "capture":
-        shm_dir = Path(SHM_ROOT) / f"prism-{run_id}"
-        shm_dir.mkdir(parents=True)
-        env.update(PRISM_SHM_DIR=str(shm_dir), TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
                    PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
-        if spec.out is not None and spec.payloads:
-            payload_staging = spec.out / f".payloads.tmp-{run_id}"
-            payload_staging.mkdir(parents=True)
-            env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
     if spec.mode == "slice":  # the store is hosted by the supervisor, as in capture
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
                    PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)))
@@ -252,43 +347,23 @@ def launch(spec: LaunchSpec) -> int:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
             # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
             env["TORCH_GLOO_LAZY_INIT"] = "1"
-    zspec = {
-        "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
-        "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
-        "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
-        "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
-    }
-    if spec.mode == "slice":
-        zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
-    spec_file = status_dir / "spec.json"
-    spec_file.write_text(json.dumps(zspec))
-    started = time.time()
+    return env
+
+
+def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder) -> int:
+    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`."""
     proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.zygote", str(spec_file)], env=env)
+    signals.proc = proc
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+        if signals.received is not None:  # arrived while it started
+            proc.send_signal(signals.received)
         code = proc.wait()
     finally:
+        signals.proc = None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if shm_dir is not None:
-            shutil.rmtree(shm_dir, ignore_errors=True)
-    if code < 0:  # the zygote died of a signal: report it as a shell would
-        code = 128 - code
-    stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
-    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-    shutil.rmtree(status_dir, ignore_errors=True)
-    if code == 0 and staging is not None:
-        _publish(staging, spec, run_id, started, stats)
-        if payload_staging is not None:
-            _replace_dir(payload_staging, spec.out / "payloads", run_id)
-    else:
-        for folder in (staging, payload_staging):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-    return code
+    return 128 - code if code < 0 else code  # the zygote died of a signal: report it as a shell would
 
 
 def _replace_dir(staging: Path, final: Path, run_id: str) -> None:

@@ -11,6 +11,11 @@ here. Once the slice ranks succeeded, the server is told to stop (it must have r
 Supervision: the first rank to fail (non-zero exit or a signal) gets the others stopped (SIGTERM, then
 SIGKILL after a grace period); its number and traceback are printed; the zygote exits non-zero. Ranks die
 with the zygote (PR_SET_PDEATHSIG), so a killed launcher leaves no process behind.
+
+Exit code 2 is a usage error by convention (argparse's): a program that checks its arguments in every rank
+exits 2 in all of them, and typically only rank 0 says why. So a rank's exit 2 does not stop the others at
+once: they get USAGE_GRACE_S to exit by themselves (rank 0 to print its message), and when every rank exited
+2 one line says so, with no traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from pathlib import Path
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
 REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
+USAGE_EXIT = 2  # a program's "bad arguments" exit code (argparse)
+USAGE_GRACE_S = 5.0  # after a rank's usage exit, how long the others may take to exit by themselves
 _PR_SET_PDEATHSIG = 1
 
 
@@ -172,6 +179,7 @@ class _LineForwarder:
     def __init__(self) -> None:
         self.sel = selectors.DefaultSelector()
         self.partial: dict[int, bytes] = {}
+        self.before_write = lambda: None  # e.g. wipe a progress line from the terminal
 
     def add(self, fd: int, sink) -> None:
         self.sel.register(fd, selectors.EVENT_READ, sink)
@@ -190,6 +198,7 @@ class _LineForwarder:
             buf = self.partial[fd] + data
             cut = buf.rfind(b"\n") + 1
             if cut:
+                self.before_write()
                 sink.write(buf[:cut])
                 sink.flush()
             self.partial[fd] = buf[cut:]
@@ -197,6 +206,7 @@ class _LineForwarder:
     def _close(self, fd: int, sink) -> None:
         rest = self.partial.pop(fd, b"")
         if rest:
+            self.before_write()
             sink.write(rest + b"\n")
             sink.flush()
         self.sel.unregister(fd)
@@ -361,6 +371,12 @@ def supervise(spec: dict) -> int:
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
     link = _CoordinatorLink(spec, ctl, out) if capture else None
+    progress = None
+    if link is not None and spec.get("progress"):
+        from prism.runtime.progress import CaptureProgress
+
+        progress = CaptureProgress(sys.stderr, tty=spec["progress"] == "tty")
+        out.before_write = progress.clear
     store = None
     if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
         import torch.distributed as dist
@@ -369,18 +385,26 @@ def supervise(spec: dict) -> int:
                               wait_for_workers=False)
     replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
+    usage_exits = 0
+    usage_until = None  # a rank exited with USAGE_EXIT: the others are stopped only after this
     deadline = None
     while children:
+        if usage_until is not None and deadline is None and time.monotonic() > usage_until:
+            deadline = _stop(children, time.monotonic())
         if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
             deadline = _stop_replay(spec, replay, children)
         if link is not None and link.error and deadline is None:
+            out.before_write()
             print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
             deadline = _stop(children, time.monotonic())
         if stopping["signal"] is not None and deadline is None:
+            out.before_write()
             print(f"[prism] launcher got signal {stopping['signal']}: stopping {len(children)} ranks",
                   file=sys.stderr)
             deadline = _stop(children, time.monotonic())
         out.pump(0.01)
+        if progress is not None:
+            progress.maybe_show(link.coord)
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -391,13 +415,19 @@ def supervise(spec: dict) -> int:
                 break
             rank = children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
+            usage_exits += code == USAGE_EXIT
             if code != 0 and failed is None and deadline is None:
                 failed = (rank, code)
-                deadline = _stop(children, time.monotonic())
+                if code == USAGE_EXIT:
+                    usage_until = time.monotonic() + USAGE_GRACE_S
+                else:
+                    deadline = _stop(children, time.monotonic())
         if deadline is not None and time.monotonic() > deadline:
             for p in children:
                 _kill(p, signal.SIGKILL)
             deadline = float("inf")
+    if progress is not None:
+        progress.clear()
     out.drain(2.0)
     del store
     if replay["error"]:
@@ -406,7 +436,13 @@ def supervise(spec: dict) -> int:
     if link is not None:
         link.close()
         if link.error:
-            return 3
+            from prism.runtime.launcher import HANG_EXIT
+
+            return HANG_EXIT
+    if failed is not None and failed[1] == USAGE_EXIT and usage_exits == len(ids):
+        print(f"[prism] every rank exited with code {USAGE_EXIT}: the program rejected its arguments "
+              "(its message is above)", file=sys.stderr)
+        return USAGE_EXIT
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"

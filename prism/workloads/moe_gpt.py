@@ -31,8 +31,17 @@ from .moe_model import ModelConfig, Stage, stage_layers, vocab_parallel_cross_en
 from .parallel import GradSync, Layout, all_reduce, build_layout, clip_grad_norm, p2p, reduce_tp_partial_grads
 
 
+class _RankParser(argparse.ArgumentParser):
+    """Every rank parses the same arguments: only rank 0 prints what is wrong, all exit 2."""
+
+    def error(self, message: str):
+        if int(os.environ.get("RANK", "0")) == 0:
+            super().error(message)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="moe_gpt", description=__doc__.split("\n")[0])
+    p = _RankParser(prog="moe_gpt", description=__doc__.split("\n")[0])
     add = p.add_argument
     add("--tp", type=int, default=1, help="tensor-parallel size")
     add("--pp", type=int, default=1, help="pipeline stages")

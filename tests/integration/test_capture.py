@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from prism.runtime import run_files
+from prism.runtime.launcher import HANG_EXIT
 from tests.conftest import REPO, make_env, run_prism, run_torchrun
 
 pytestmark = pytest.mark.slow
@@ -122,7 +124,10 @@ def test_at_most_p_ranks_compute_at_once_and_payloads_are_kept(tmp_path):
     assert index and all((job / "payloads" / row["hash"][:2] / f"{row['hash']}.bin").is_file() for row in index)
     files = list((job / "payloads").rglob("*.bin"))
     assert len(files) == len({row["hash"] for row in index}) <= len(index)
-    assert not set(Path("/dev/shm").glob("prism-*")) - shm_before, "shared-memory files left behind"
+    # (the launcher's pid is in the name: other sessions' live runs on this machine are not this one's leftovers)
+    new = set(Path("/dev/shm").glob("prism-*")) - shm_before
+    left = [p for p in new if (m := run_files.TEMP_NAME.match(p.name)) and not run_files.pid_alive(int(m.group(1)))]
+    assert not left, f"shared-memory files left behind: {left}"
 
 
 def test_no_payloads_flag(tmp_path):
@@ -175,7 +180,7 @@ def test_hang_is_diagnosed_not_waited_out(tmp_path, name):
     start = time.monotonic()
     proc = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "2", "--out",
                       str(tmp_path / "job"), str(prog)], timeout=60)
-    assert proc.returncode == 3, proc.stderr
+    assert proc.returncode == HANG_EXIT, proc.stderr
     assert time.monotonic() - start < 30
     for w in words:
         assert w in proc.stderr, (w, proc.stderr)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from prism.runtime import run_files
 from tests.conftest import REPO, make_env, run_prism
 
 pytestmark = pytest.mark.slow
@@ -162,10 +165,94 @@ def test_sigterm_to_launcher_leaves_no_process(tmp_path):
         launcher.wait(timeout=20)
     finally:
         launcher.kill()
-    assert launcher.returncode != 0
+    assert launcher.returncode == 128 + signal.SIGTERM, launcher.stderr.read()
     time.sleep(0.5)
     assert no_process_runs("sleepy_prog_unique.py")
-    assert not (tmp_path / "job" / "raw").exists()
+    assert not (tmp_path / "job").exists(), "the failed run left its --out folder"
+
+
+def leftovers_of(pid: int) -> list[Path]:
+    return [p for root in {Path(run_files.SHM_ROOT), Path(tempfile.gettempdir())} for p in root.glob(f"prism-{pid}-*")]
+
+
+def test_sigterm_during_capture_removes_every_temporary_and_dead_runs_are_swept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    planted = {
+        Path(run_files.SHM_ROOT) / f"prism-{dead.pid}-0123abcd": False,           # swept: its launcher is dead
+        Path(tempfile.gettempdir()) / f"prism-{dead.pid}-0123abcd-x1y2": False,
+        Path(run_files.SHM_ROOT) / f"prism-{live.pid}-0123abcd": True,            # kept: a live launcher's
+    }
+    prog = write(tmp_path, "sigterm_capture_unique.py", """
+        import time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        print("in", flush=True)
+        for _ in range(10000):
+            dist.all_reduce(torch.ones(2)); time.sleep(0.01)
+    """)
+    job = tmp_path / "job"
+    try:
+        for path in planted:
+            (path / "sub").mkdir(parents=True)
+        launcher = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", "--nproc", "3", "--mode",
+                                     "capture", "--devices", "1", "--out", str(job), str(prog)], cwd=REPO,
+                                    env=make_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert launcher.stdout.readline().strip() == "in"
+        assert leftovers_of(launcher.pid), "the capture's temporaries are not named by the launcher's pid"
+        assert list(job.glob(".raw.tmp-*")) and list(job.glob(".payloads.tmp-*"))
+        for path, kept in planted.items():
+            assert path.exists() == kept, path
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=30)
+        finally:
+            launcher.kill()
+        err = launcher.stderr.read()
+        assert launcher.returncode == 128 + signal.SIGTERM, err
+        assert "launcher got signal 15" in err
+        time.sleep(0.5)
+        assert no_process_runs(prog.name)
+        assert not leftovers_of(launcher.pid)
+        assert not job.exists(), "the stopped run left its --out folder"
+    finally:
+        live.kill()
+        live.wait()
+        for path in planted:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def test_out_holds_one_run(tmp_path):
+    prog = write(tmp_path, "tiny_prog.py", """
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+    """)
+    out = tmp_path / "job"
+    assert run_prism(["launch", "--nproc", "2", "--out", str(out), str(prog)], timeout=120).returncode == 0
+    first = json.loads((out / "raw" / "meta.json").read_text())["run_id"]
+    assert len(first) == 32 and int(first, 16) >= 0
+    (out / "graph").mkdir()  # a later stage's output of that run
+    again = run_prism(["launch", "--nproc", "2", "--out", str(out), str(prog)], timeout=120)
+    assert again.returncode == 2 and f"--out {out} is not empty (graph, raw)" in again.stderr
+    assert json.loads((out / "raw" / "meta.json").read_text())["run_id"] == first, "the refusal touched raw/"
+    forced = run_prism(["launch", "--nproc", "2", "--out", str(out), "--force", str(prog)], timeout=120)
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["raw"]
+    assert json.loads((out / "raw" / "meta.json").read_text())["run_id"] != first
+
+
+def test_bad_layout_is_reported_once_and_writes_nothing(tmp_path):
+    out = tmp_path / "job"
+    proc = run_prism(["launch", "--nproc", "4", "--out", str(out), "-m", "prism.workloads.moe_gpt", "--tp", "3"],
+                     timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("moe_gpt: error: WORLD_SIZE=4 is not a multiple of --tp 3") == 1, proc.stderr
+    assert proc.stderr.count("[prism] every rank exited with code 2") == 1
+    assert "Traceback" not in proc.stderr and "failed with" not in proc.stderr
+    assert not out.exists()
+    proc = run_prism(["launch", "--nproc", "2", "-m", "prism.workloads.moe_gpt", "--no-such-flag"], timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("unrecognized arguments: --no-such-flag") == 1, proc.stderr
 
 
 def test_interception_reaches_subprocesses_through_sitecustomize(tmp_path):
@@ -188,12 +275,9 @@ def test_interception_reaches_subprocesses_through_sitecustomize(tmp_path):
         (["--nproc", "0", "x.py"], "--nproc must be at least 1"),
         (["--nproc", "2"], "no program given"),
         (["--nproc", "2", "--out", "/proc/forbidden", "-m", "prism.workloads.moe_gpt"], "not writable"),
-        (["--nproc", "3", "-m", "prism.workloads.moe_gpt", "--tp", "2"], "--tp"),
-        (["--nproc", "4", "-m", "prism.workloads.moe_gpt", "--dp", "4", "--ep", "3"], "--ep"),
-        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--tp", "2", "--heads", "3", "--kv-heads", "1"],
-         "--heads"),
-        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--dp", "2", "--ep", "2", "--experts", "3"],
-         "--experts"),
+        (["--nproc", "2", "--devices", "1", "-m", "prism.workloads.moe_gpt"], "drop --devices"),
+        (["--nproc", "2", "--progress", "-m", "prism.workloads.moe_gpt"], "--mode real has none to report"),
+        (["--nproc", "2", "--out", "/proc/forbidden", "--force", "-m", "prism.workloads.moe_gpt"], "not writable"),
     ],
 )
 def test_bad_input_exits_2_before_any_rank_starts(tmp_path, args, message):
@@ -203,3 +287,70 @@ def test_bad_input_exits_2_before_any_rank_starts(tmp_path, args, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nproc", "3", "-m", "prism.workloads.moe_gpt", "--tp", "2"], "--tp"),
+        (["--nproc", "4", "-m", "prism.workloads.moe_gpt", "--dp", "4", "--ep", "3"], "--ep"),
+        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--tp", "2", "--heads", "3", "--kv-heads", "1"],
+         "--heads"),
+        (["--nproc", "2", "-m", "prism.workloads.moe_gpt", "--dp", "2", "--ep", "2", "--experts", "3"],
+         "--experts"),
+    ],
+)
+def test_the_workload_rejects_its_layout_in_its_ranks(args, message):
+    """The layout is the workload's to check (the launcher knows no workload): its ranks start, rank 0 names
+    the mistake once, every rank exits 2 before any rendezvous. The bound separates failing fast from waiting
+    for a timeout: the zygote's warm imports and the ranks cost ~7 s of CPU."""
+    start = time.monotonic()
+    proc = run_prism(["launch", *args], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("moe_gpt: error:") == 1 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_capture_progress_on_a_terminal(tmp_path):
+    """stderr a terminal: the capture's progress line is rewritten in place and wiped before rank output."""
+    import pty
+    import threading
+
+    prog = write(tmp_path, "progress_prog_unique.py", """
+        import sys, time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(30):
+            time.sleep(0.1)
+            dist.all_reduce(torch.ones(2))
+        print(f"rank {dist.get_rank()} finished", file=sys.stderr, flush=True)
+    """)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", "--nproc", "2", "--mode", "capture",
+                             "--devices", "1", str(prog)], cwd=REPO, env=make_env(), stdout=subprocess.PIPE,
+                            stderr=slave, text=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read_all():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    try:
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    reader.join(timeout=10)
+    os.close(master)
+    err = b"".join(chunks).decode()
+    assert "\r\x1b[K[prism] capture" in err and "ranks done" in err, err
+    finished = [line for line in err.replace("\r\n", "\n").split("\n") if "finished" in line]
+    assert sorted(line.split("\x1b[K")[-1] for line in finished) == ["rank 0 finished", "rank 1 finished"], err

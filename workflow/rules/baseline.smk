@@ -13,7 +13,7 @@ rule baseline_run:  # runs alone: its timings must not share the machine with an
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.baseline --config-json {params.section:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
 
 
 rule baseline_graph:

@@ -13,7 +13,7 @@ rule capture:  # runs alone: its timings must not share the machine with another
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.capture --config-json {params.section:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m prism.capture --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
 
 
 rule graph:

@@ -1,0 +1,65 @@
+"""The capture's progress line: what it says about the coordinator, and how often it is written."""
+
+from __future__ import annotations
+
+import io
+
+from prism.runtime import progress
+from prism.runtime.coordinator import Coordinator
+
+
+def coordinator_midway() -> Coordinator:
+    """W=3 on 1 slot: rank 0 ran 2 s of compute and exited, rank 1 ran 0.5 s and waits on an all_reduce
+    with rank 2, which holds the slot (1.2 s so far)."""
+    c = Coordinator(3, 1)
+    for r in range(3):
+        c.handle(r, ("hello",))                      # rank 0 gets the slot
+    c.handle(0, ("exit", 0))                         # rank 1 gets it
+    key = ("c", "g", 0)
+    c.handle(1, ("arrive", key, (1, 2), ("all_reduce", "float32", "4", 16)))
+    c.handle(1, ("wait", [key], 500_000_000))        # rank 1 blocks, rank 2 runs
+    c.ranks[0].logical_ns = 2_000_000_000           # done: not the slowest any more
+    c.ranks[2].logical_ns = 1_200_000_000
+    return c
+
+
+def test_describe_counts_ranks_and_the_slowest_live_rank():
+    text = progress.CaptureProgress.describe(coordinator_midway(), 12.4)
+    assert text == ("[prism] capture 12 s: 1/3 ranks done, 1 running, 1 waiting; 0 communications completed, "
+                    "slowest rank at 0.5 s of compute")
+
+
+def test_log_mode_writes_a_line_per_period(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    p = progress.CaptureProgress(stream, tty=False)
+    c = coordinator_midway()
+    p.maybe_show(c)
+    assert stream.getvalue() == ""                   # nothing before the first period
+    clock[0] += progress.LOG_PERIOD_S
+    p.maybe_show(c)
+    p.maybe_show(c)                                  # same instant: not again
+    clock[0] += progress.LOG_PERIOD_S - 1
+    p.maybe_show(c)
+    lines = stream.getvalue().splitlines()
+    assert lines == ["[prism] capture 30 s: 1/3 ranks done, 1 running, 1 waiting; 0 communications completed, "
+                     "slowest rank at 0.5 s of compute"]
+    p.clear()                                        # nothing to wipe in a log
+    assert stream.getvalue().count("\r") == 0
+
+
+def test_tty_mode_rewrites_one_line_and_wipes_it(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    p = progress.CaptureProgress(stream, tty=True)
+    c = coordinator_midway()
+    for _ in range(2):
+        clock[0] += progress.TTY_PERIOD_S
+        p.maybe_show(c)
+    p.clear()
+    p.clear()
+    out = stream.getvalue()
+    assert "\n" not in out
+    assert out.count("\r\x1b[K[prism] capture") == 2 and out.endswith("of compute\r\x1b[K")
