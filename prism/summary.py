@@ -59,7 +59,7 @@ def summarize(job_dir: Path) -> str:
     lines = [f"prism summary of {job_dir}", ""]
     dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
-                 f"events: {n_events:,}, mode: {meta.get('mode', '?')}")
+                 f"events: {n_events:,}, mode: {meta.get('mode', '?')}, device: {meta.get('device', '?')}")
     cores = meta.get("cores")
     if cores is not None and world > cores and meta.get("mode") != "capture":
         lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -85,10 +86,12 @@ def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str 
             job = prism_config.from_dict(json.loads(config_json), "--config-json")
         except (prism_config.ConfigError, json.JSONDecodeError) as exc:
             raise SliceError(str(exc)) from None
+        os.environ.update(job.environment())  # the slice ranks run where the config says (PRISM_DEVICE)
         if job.nproc != world:
             raise SliceError(f"the config's nproc {job.nproc} differs from the capture's world size {world}: "
                              "re-run the capture with this config")
         return world, job.workload.script, job.workload.module, list(job.workload.args)
+    os.environ.setdefault("PRISM_DEVICE", meta.get("device", "cpu"))  # where the capture ran
     cmd = list(meta.get("command") or [])
     if not cmd:
         raise SliceError("the capture's meta.json has no command; pass --config-json")
