@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from prism import schemas
-from prism.artifacts import ArtifactError, read_raw_stream, write_outputs
+from prism.artifacts import ArtifactError, read_raw_stream, same_run, write_outputs
 
 DIMS = ("tp", "pp", "dp", "ep")
 # Collectives whose members all contribute the same number of bytes (op names compared without "_").
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.job / "graph"
     try:
         tables = build_graph(raw_dir)
-        write_outputs(out, tables)
+        write_outputs(out, tables, run_id=same_run([raw_dir]))  # the graph carries the capture's run id
     except ArtifactError as exc:
         print(f"prism graph: error: {exc}", file=sys.stderr)
         return 2

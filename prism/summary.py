@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from prism import artifacts
 from prism import sql as prism_sql
 
 ITERATIONS_SQL = """
@@ -51,6 +52,12 @@ def summarize(job_dir: Path) -> str:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
     meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
                       if p.is_file()), None)
+    inputs = [graph / f"{name}.parquet" for name in ("events", "comms", "groups", "ranks")]
+    inputs += [p for p in (job_dir / "calibrated" / "iterations.parquet",) if p.is_file()]
+    for path in inputs:  # a corrupt page is named here, not deep inside a DuckDB query
+        artifacts.check_version(path)
+        artifacts.verify_parquet(path)
+    artifacts.same_run(inputs + ([meta_path] if meta_path else []))
     meta = json.loads(meta_path.read_text()) if meta_path else {}
     world = con.execute("SELECT count(*) FROM ranks").fetchone()[0]
     coords = con.execute(
@@ -195,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         text = summarize(args.job)
-    except (FileNotFoundError, duckdb.Error) as exc:
+    except (FileNotFoundError, duckdb.Error, artifacts.ArtifactError) as exc:
         print(f"prism summary: error: {exc}", file=sys.stderr)
         return 2
     prism_sql.write_catalog(args.job)

@@ -141,6 +141,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     graph_path = job / "graph" / "events.parquet"
     if not graph_path.is_file():
         raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
+    run_id = artifacts.same_run([cap / "raw", graph_path, job / "slices" / "plan.parquet"])
     meta = json.loads((cap / "raw" / "meta.json").read_text())
     world, script, module, args = _program(config_json, meta)
     staging = job / "slices" / f".slice={k}.run"
@@ -163,7 +164,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         run_meta = json.loads((staging / "raw" / "meta.json").read_text())
-        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS})
+        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS},
+                                run_id=run_id)  # the capture's run, not the slice launch's own
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     replay = run_meta.get("replay", {})
