@@ -77,7 +77,8 @@ def _rank_dirs(raw_dir: Path, world: int) -> list[Path]:
         except ValueError:
             raise GraphError(f"{path}: not a rank folder (expected rank=<int>)") from None
     if not found:
-        raise GraphError(f"{raw_dir}: no rank=R folders; run the capture first (`prism run` / `make demo`)")
+        raise GraphError(f"{raw_dir}: no rank=R folders; run the capture first "
+                         "(`prism launch --mode capture --out JOB ...`, or `make demo`)")
     missing = sorted(set(range(world)) - set(found))
     extra = sorted(set(found) - set(range(world)))
     expected = f"meta.json says world_size={world}, expected rank=0..{world - 1}"
@@ -500,7 +501,8 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise GraphError(
-            f"{raw_dir}: no raw streams (missing folder); run the capture first (`prism run` / `make demo`)"
+            f"{raw_dir}: no raw streams (missing folder); run the capture first "
+            "(`prism launch --mode capture --out JOB ...`, or `make demo`)"
         )
     meta = _read_meta(raw_dir)
     world = meta["world_size"]
