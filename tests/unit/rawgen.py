@@ -27,6 +27,7 @@ class RawJob:
     events: list[list[Event]] = field(default_factory=list)
     nodes: dict[str, str] | None = None
     run_id: str = "testrun"  # what the launcher writes into raw/meta.json
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         self.events = [[] for _ in range(self.world)]
@@ -117,6 +118,7 @@ class RawJob:
         meta = {
             "world_size": self.world, "mode": "real", "hostname": "testhost", "command": ["train.py"],
             "torch_version": "2.13.0", "schema_version": schemas.SCHEMA_VERSION, "run_id": self.run_id,
+            "device": self.device,
         }
         if self.nodes is not None:
             meta["nodes"] = self.nodes

@@ -78,9 +78,13 @@ def test_read_raw_stream(tmp_path):
         read_raw_stream(path, schemas.RAW_GROUPS)
 
 
-def _corrupt_data_page(path, column: int = 0) -> None:
-    """Flip bytes in the middle of a column chunk's first data page; the footer stays intact."""
-    chunk = pq.read_metadata(path).row_group(0).column(column)
+def _corrupt_data_page(path, column: int | None = None) -> None:
+    """Flip bytes in the second half of a column chunk (default: the largest) of the first row group; the
+    footer stays intact."""
+    group = pq.read_metadata(path).row_group(0)
+    if column is None:
+        column = max(range(group.num_columns), key=lambda i: group.column(i).total_compressed_size)
+    chunk = group.column(column)
     data = bytearray(path.read_bytes())
     first = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     start, end = chunk.data_page_offset, first + chunk.total_compressed_size

@@ -33,10 +33,10 @@ def section(name):
 
 def measured_slices(wildcards):
     """The events of every measured slice: known once the slice_plan checkpoint has run."""
-    import pyarrow.parquet as pq
+    from prism import artifacts
 
     plan = checkpoints.slice_plan.get().output[0]
-    rows = pq.read_table(plan, columns=["slice", "measured"]).to_pylist()
+    rows = artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
     ks = sorted({r["slice"] for r in rows if r["measured"]})
     return [f"{JOB_DIR}/slices/slice={k}/events.parquet" for k in ks]
 
