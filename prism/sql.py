@@ -200,6 +200,26 @@ def connect(job_dir: str | Path) -> tuple[duckdb.DuckDBPyConnection, dict[str, s
     return con, skipped
 
 
+def mixed_runs(job_dir: str | Path) -> list[str]:
+    """Why the job's artifacts do not describe one run (the pipeline's and the baseline's, each), if so:
+    e.g. a capture launched again into the folder, with the old graph left in place."""
+    job_dir = Path(job_dir).resolve()
+    groups: dict[str, list[Path]] = {}
+    for path, rel in _artifacts(job_dir):
+        try:
+            if artifacts.is_prism_artifact(path):
+                groups.setdefault("baseline" if rel.parts[0] == "baseline" else "job", []).append(path)
+        except artifacts.ArtifactError:
+            continue  # reported as a view left out
+    problems = []
+    for paths in groups.values():
+        try:
+            artifacts.same_run(paths)
+        except artifacts.ArtifactError as exc:
+            problems.append(f"answers may mix runs: {exc}")
+    return problems
+
+
 def _warn(message: str) -> None:
     print(f"prism sql: warning: {message}", file=sys.stderr)
 
@@ -322,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism sql: {exc}", file=sys.stderr)
         return 2
     _report_skipped(skipped)
+    for problem in mixed_runs(job_dir):
+        _warn(problem)
     if not columns:
         return 0
     if args.csv:

@@ -237,3 +237,16 @@ def test_readme_join_of_predicted_and_baseline_iteration_time(tmp_path, capsys):
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0] == ["iteration", "predicted_ms", "measured_ms"] and len(rows) == 4
     assert rows[1][1:] == ["", ""] and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows[2:])
+
+
+def test_artifacts_of_two_runs_are_reported(job, tmp_path, capsys):
+    from prism import artifacts, schemas
+
+    mixed = _copy_job(job, tmp_path)
+    path = mixed / "graph" / "ranks.parquet"
+    artifacts.write_parquet(pq.read_table(path), path, schemas.RANKS, run_id="another")
+    code, out, err = query(capsys, "--job", str(mixed), "--csv", "SELECT count(*) AS n FROM ranks")
+    assert code == 0 and out.splitlines() == ["n", "4"]
+    assert "answers may mix runs" in err and "another" in err and str(path) in err
+    code, _, err = query(capsys, "--job", str(job), "SELECT count(*) FROM ranks")
+    assert code == 0 and "mix runs" not in err
