@@ -33,8 +33,7 @@ class ArtifactError(ValueError):
 def writer_of(path: str | Path) -> str:
     """The command that (re)writes the artifact at `path`, from where it sits in a job folder."""
     path = Path(path)
-    parts = path.parts
-    if "raw" in parts:
+    if "raw" in path.parts[-3:]:  # raw/meta.json, raw/rank=R/events.arrow
         return "the capture or baseline run that wrote it (the pipeline's capture / baseline_run rule)"
     folder = path.parent
     job = folder.parent
@@ -197,14 +196,14 @@ def check_version(path: str | Path) -> None:
     try:
         found = read_version(path)
     except (pa.ArrowInvalid, OSError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
+        raise _unreadable(path, exc) from exc
     if found != schemas.SCHEMA_VERSION:
         raise _version_error(path, found)
 
 
 def _unreadable(path: Path, exc: BaseException) -> ArtifactError:
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return ArtifactError(f"{path}: unreadable or corrupt Parquet ({detail}); re-run the stage that writes it: "
+    return ArtifactError(f"{path}: unreadable or corrupt ({detail}); re-run the stage that writes it: "
                          f"{writer_of(path)}")
 
 

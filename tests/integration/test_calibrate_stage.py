@@ -139,7 +139,8 @@ def test_durations_of_another_graph(graph_job, tmp_path, capsys):
 def test_unmatched_comm(graph_job, tmp_path, capsys):
     job = copy_graph(graph_job, tmp_path / "job")
     comms = pq.read_table(job / "graph" / "comms.parquet")
-    write_parquet(comms.slice(1), job / "graph" / "comms.parquet", schemas.COMMS, run_id=read_run_id(job / "graph" / "comms.parquet"))
+    path = job / "graph" / "comms.parquet"
+    write_parquet(comms.slice(1), path, schemas.COMMS, run_id=read_run_id(path))
     err = expect_error(job, capsys)
     assert "events.parquet" in err and "unmatched comm" in err and "rank 0 seq" in err and "on group" in err
 

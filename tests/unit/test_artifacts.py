@@ -18,8 +18,8 @@ RANKS_ROW = {"rank": 0, "node": "h", "tp": 0, "pp": -1, "dp": 0, "ep": -1, "n_ev
 
 def test_write_parquet_casts_and_versions(tmp_path):
     table = pa.Table.from_pylist([RANKS_ROW])  # int64 columns, other order than the schema
-    path = write_parquet(table.select(list(reversed(table.column_names))), tmp_path / "a" / "ranks.parquet", schemas.RANKS,
-                         run_id="r1")
+    path = write_parquet(table.select(list(reversed(table.column_names))), tmp_path / "a" / "ranks.parquet",
+                         schemas.RANKS, run_id="r1")
     assert pq.read_schema(path).remove_metadata().equals(schemas.RANKS)
     check_version(path)
     assert read_parquet(path).to_pylist() == [RANKS_ROW]
@@ -110,7 +110,8 @@ def test_writer_of_names_real_commands(tmp_path):
     assert artifacts.writer_of(job / "slices" / "slice=3" / "events.parquet") == \
         f"python -m prism.slices.run --job {job} --slice 3"
     assert artifacts.writer_of(job / "slices" / "plan.parquet").startswith(f"python -m prism.slices.plan --job {job}")
-    assert artifacts.writer_of(job / "slices" / "durations.parquet") == f"python -m prism.calibrate.from_slices --job {job}"
+    assert artifacts.writer_of(job / "slices" / "durations.parquet") == \
+        f"python -m prism.calibrate.from_slices --job {job}"
     assert artifacts.writer_of(job / "calibrated" / "timeline.parquet").startswith(f"prism calibrate --job {job}")
 
 
