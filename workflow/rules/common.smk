@@ -52,17 +52,3 @@ def stage_targets():
         targets.append(f"{JOB_DIR}/baseline/summary.txt")
     return targets
 
-
-rule catalog:  # last: the job's prism.duckdb shows the prediction and the baseline side by side
-    input:
-        stage_targets(),
-    output:
-        f"{JOB_DIR}/prism.duckdb",
-    params:
-        job=JOB_DIR,
-    log:
-        f"{JOB_DIR}/logs/catalog.log",
-    conda:
-        "../../environment.yml"
-    shell:
-        "python -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"
