@@ -1,8 +1,11 @@
 """Reading and writing artifacts: the helpers every stage shares.
 
-Writes are atomic (temp name in the same folder, then ``os.replace``) and stamp ``schema_version`` into
-the Parquet key-value metadata; reads check it. A stage that writes several tables uses `write_outputs`,
-so that a failed stage leaves either all of its outputs or none of them.
+Writes are atomic (temp name in the same folder, then ``os.replace``) and stamp ``schema_version`` and
+``prism.run_id`` (the run the data comes from: ``raw/meta.json``'s ``run_id``, carried through every stage)
+into the Parquet key-value metadata, with page checksums. Reads check the version and the checksums, and
+name the file and the stage that rewrites it when it is unreadable (`read_parquet`). `same_run` checks that
+a stage's inputs come from one run. A stage that writes several tables uses `write_outputs`, so that a
+failed stage leaves either all of its outputs or none of them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -20,30 +23,61 @@ import pyarrow.parquet as pq
 from prism import schemas
 
 
+RUN_ID_KEY = b"prism.run_id"
+
+
 class ArtifactError(ValueError):
     """An artifact is missing, unreadable or inconsistent; the message says which file and why."""
+
+
+def writer_of(path: str | Path) -> str:
+    """The command that (re)writes the artifact at `path`, from where it sits in a job folder."""
+    path = Path(path)
+    if "raw" in path.parts[-3:]:  # raw/meta.json, raw/rank=R/events.arrow
+        return "the capture or baseline run that wrote it (the pipeline's capture / baseline_run rule)"
+    folder = path.parent
+    job = folder.parent
+    if folder.name.startswith("slice="):
+        return f"python -m prism.slices.run --job {job.parent} --slice {folder.name.split('=', 1)[1]}"
+    if folder.name == "graph":
+        return f"prism graph --job {job}"
+    if folder.name == "calibrated":
+        return f"prism calibrate --job {job} --durations ... --transfers ..."
+    if folder.name == "slices" and path.stem == "plan":
+        return f"python -m prism.slices.plan --job {job} --devices P"
+    if folder.name == "slices" and path.stem in ("durations", "transfers"):
+        return f"python -m prism.calibrate.from_slices --job {job}"
+    return "the stage that writes it"
 
 
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns, order and types, plus ``schema_version`` metadata."""
+def conform(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:
+    """`table` with exactly `schema`'s columns, order and types, plus ``schema_version`` and
+    ``prism.run_id`` metadata."""
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
         raise ArtifactError(f"table lacks columns {missing} required by the schema")
+    if not run_id:
+        raise ValueError("an artifact needs the run id of the data it comes from")
     versioned = schemas.with_version(schema)
+    versioned = versioned.with_metadata({**(versioned.metadata or {}), RUN_ID_KEY: run_id.encode()})
     return table.select(schema.names).cast(versioned)
 
 
-def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema) -> Path:
-    """Cast `table` to `schema` and write it to `path` atomically, with ``schema_version`` metadata."""
+def _write_table(table: pa.Table, path: Path) -> None:
+    pq.write_table(table, path, write_page_checksum=True)
+
+
+def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema, *, run_id: str) -> Path:
+    """Cast `table` to `schema` and write it to `path` atomically, with ``schema_version`` and run id."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = _temp_name(path)
     try:
-        pq.write_table(conform(table, schema), temp)
+        _write_table(conform(table, schema, run_id), temp)
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
@@ -54,8 +88,10 @@ def write_outputs(
     folder: str | Path,
     tables: Mapping[str, pa.Table],
     table_schemas: Mapping[str, pa.Schema] | None = None,
+    *,
+    run_id: str,
 ) -> list[Path]:
-    """Write ``folder/<name>.parquet`` for every table, all or none.
+    """Write ``folder/<name>.parquet`` for every table, all or none, stamped with `run_id`.
 
     Each table is cast to ``table_schemas[name]`` (default: ``prism.schemas.ALL[name]``). A new folder is
     built under a temp name and renamed into place, so it appears whole; into an existing folder, every
@@ -63,7 +99,7 @@ def write_outputs(
     """
     folder = Path(folder)
     table_schemas = table_schemas or schemas.ALL
-    conformed = {name: conform(table, table_schemas[name]) for name, table in tables.items()}
+    conformed = {name: conform(table, table_schemas[name], run_id) for name, table in tables.items()}
     if not folder.exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = _temp_name(folder)
@@ -71,7 +107,7 @@ def write_outputs(
         staging.mkdir()
         try:
             for name, table in conformed.items():
-                pq.write_table(table, staging / f"{name}.parquet")
+                _write_table(table, staging / f"{name}.parquet")
             os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -81,7 +117,7 @@ def write_outputs(
         for name, table in conformed.items():
             path = folder / f"{name}.parquet"
             temps[path] = _temp_name(path)
-            pq.write_table(table, temps[path])
+            _write_table(table, temps[path])
         for path, temp in temps.items():
             os.replace(temp, path)
     finally:
@@ -160,12 +196,94 @@ def check_version(path: str | Path) -> None:
     try:
         found = read_version(path)
     except (pa.ArrowInvalid, OSError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
+        raise _unreadable(path, exc) from exc
     if found != schemas.SCHEMA_VERSION:
         raise _version_error(path, found)
 
 
-def read_parquet(path: str | Path) -> pa.Table:
-    """Read a Parquet artifact after checking its schema version."""
-    check_version(path)
-    return pq.read_table(path)
+def _unreadable(path: Path, exc: BaseException) -> ArtifactError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ArtifactError(f"{path}: unreadable or corrupt ({detail}); re-run the stage that writes it: "
+                         f"{writer_of(path)}")
+
+
+def read_parquet(path: str | Path, columns: Sequence[str] | None = None, *, versioned: bool = True) -> pa.Table:
+    """Read a Parquet artifact (all columns, or `columns`) after checking its schema version (with
+    ``versioned=False``, a table without one, e.g. made by hand, is read too); page checksums are
+    verified, and a corrupt file raises `ArtifactError` naming it and the stage to re-run."""
+    path = Path(path)
+    if versioned:
+        check_version(path)
+    elif not path.is_file():
+        raise ArtifactError(f"{path}: missing artifact (run the stage that writes it: {writer_of(path)})")
+    try:
+        return pq.read_table(path, columns=list(columns) if columns is not None else None,
+                             page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def verify_parquet(path: str | Path) -> None:
+    """Read every page of a Parquet file (one row group at a time), raising `ArtifactError` if any is corrupt."""
+    path = Path(path)
+    try:
+        reader = pq.ParquetFile(path, page_checksum_verification=True)
+        for i in range(reader.num_row_groups):
+            reader.read_row_group(i)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+# ------------------------------------------------------------------------------------------------ run ids
+
+
+def read_run_id(path: str | Path) -> str | None:
+    """The run an artifact comes from: ``prism.run_id`` of a Parquet file, ``run_id`` of a ``meta.json``
+    (a raw folder: its ``meta.json``); None when it declares none."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "meta.json"
+    if not path.exists():
+        raise ArtifactError(f"{path}: missing artifact (run the stage that writes it: {writer_of(path)})")
+    try:
+        if path.suffix == ".json":
+            value = json.loads(path.read_text()).get("run_id")
+            return None if value is None else str(value)
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise _unreadable(path, exc) from exc
+    value = meta.get(RUN_ID_KEY)
+    return None if value is None else value.decode()
+
+
+def is_prism_artifact(path: str | Path) -> bool:
+    """Whether a Parquet file was written by prism (declares a ``schema_version``), not by hand."""
+    try:
+        return b"schema_version" in (pq.read_schema(path).metadata or {})
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(Path(path), exc) from exc
+
+
+def same_run(inputs: Sequence[str | Path]) -> str:
+    """The one run id the artifacts `inputs` share; `ArtifactError` when one declares none (written by an
+    older prism) or two come from different runs (naming both files and the stage to re-run)."""
+    found: list[tuple[Path, str]] = []
+    for path in map(Path, inputs):
+        path = path / "meta.json" if path.is_dir() else path  # a raw folder: its meta.json
+        run_id = read_run_id(path)
+        if run_id is None:
+            raise ArtifactError(
+                f"{path}: no run id (written by an older prism): re-run the pipeline from the capture "
+                "(snakemake ... --forceall, or the stages by hand from the capture on)")
+        found.append((path, run_id))
+    if not found:
+        raise ValueError("same_run needs at least one input")
+    first_path, first = found[0]
+    for path, run_id in found[1:]:
+        if run_id != first:
+            stale = min((first_path, path), key=lambda p: p.stat().st_mtime)
+            raise ArtifactError(
+                f"{first_path} (run {first}) and {path} (run {run_id}) come from different runs: the older one, "
+                f"{stale}, is stale; re-run from the stage that writes it ({writer_of(stale)}) and the stages "
+                "after it, or start the job again in a new folder")
+    return first

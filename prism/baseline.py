@@ -10,6 +10,7 @@ can say the timings are not ground truth.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prism baseline: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or job.job_dir / "baseline"
+    os.environ.update(job.environment())  # the ranks run where the config says (PRISM_DEVICE)
     spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
                                args=job.workload.args, mode="real", out=out, pin=job.baseline.pin,
                                force=args.force)

@@ -8,6 +8,7 @@ The graph stage then turns DIR/raw into the bare graph. Runs `prism launch --mod
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except prism_config.ConfigError as exc:
         print(f"prism capture: error: {exc}", file=sys.stderr)
         return 2
+    os.environ.update(job.environment())  # the ranks run where the config says (PRISM_DEVICE)
     spec = launcher.LaunchSpec(nproc=job.nproc, script=job.workload.script, module=job.workload.module,
                                args=job.workload.args, mode="capture", out=args.out or job.job_dir / "capture",
                                devices=job.capture.devices, payloads=job.capture.payloads, force=args.force)

@@ -1,4 +1,9 @@
-"""Job configuration: dataclasses loaded from YAML and validated against `schemas/config.schema.yaml`."""
+"""Job configuration: dataclasses loaded from YAML and validated against `schemas/config.schema.yaml`.
+
+A user's config stands alone: the embedded default job (`prism/configs/default.yaml`) is used only when no
+config is given, never merged into one. A key the user leaves out takes the default the schema declares
+for it (`with_defaults`), nothing else.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import yaml
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+# The reference workload takes the job's device as `--device`; any other program reads PRISM_DEVICE (if at all).
+REFERENCE_WORKLOAD = "prism.workloads.moe_gpt"
 
 
 class ConfigError(Exception):
@@ -53,10 +60,15 @@ class JobConfig:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     results: str = "results"
+    device: str = "cpu"
 
     @property
     def job_dir(self) -> Path:
         return Path(self.results) / self.job
+
+    def environment(self) -> dict[str, str]:
+        """What a stage exports to the ranks it launches: the device the job runs on."""
+        return {"PRISM_DEVICE": self.device}
 
 
 def args_to_list(args) -> list[str]:
@@ -89,18 +101,61 @@ def validate(raw: dict, source: str = "config") -> None:
         raise ConfigError(f"{source}: invalid value at '{key}': {err.message}")
 
 
+def with_defaults(raw: dict, node: dict | None = None) -> dict:
+    """A copy of `raw` with every key the schema gives a default filled in where `raw` leaves it out
+    (sections included: a missing `capture:` becomes its defaults). Nothing comes from the default job."""
+    node = schema() if node is None else node
+    out = dict(raw)
+    for key, sub in node.get("properties", {}).items():
+        if key not in out:
+            if "default" in sub:
+                out[key] = sub["default"]
+            elif sub.get("type") == "object" and any("default" in p for p in sub.get("properties", {}).values()):
+                out[key] = {}
+        if isinstance(out.get(key), dict) and sub.get("type") == "object":
+            out[key] = with_defaults(out[key], sub)
+    return out
+
+
+def _workload_args(wl: dict, device: str, source: str) -> list[str]:
+    args = args_to_list(wl.get("args"))
+    if wl.get("module") != REFERENCE_WORKLOAD:
+        return args
+    if "--device" not in args:
+        return args + ["--device", device]
+    given = args[args.index("--device") + 1] if args.index("--device") + 1 < len(args) else ""
+    if given != device:
+        raise ConfigError(f"{source}: workload.args gives device {given!r} but the job's 'device' is {device!r}: "
+                          "set the top-level 'device' key only")
+    return args
+
+
+def _check_devices(job: JobConfig, source: str) -> None:
+    if job.device != "cpu":
+        return
+    cores = len(os.sched_getaffinity(0))
+    if job.capture.devices > cores:
+        raise ConfigError(f"{source}: invalid value at 'capture.devices': {job.capture.devices} device slots, but "
+                          f"this process may use {cores} core{'s' if cores != 1 else ''} (CPU affinity): set "
+                          f"capture.devices to at most {cores}")
+
+
 def from_dict(raw: dict, source: str = "config") -> JobConfig:
     validate(raw, source)
+    raw = with_defaults(raw)
     wl = raw["workload"]
-    return JobConfig(
+    job = JobConfig(
         job=raw["job"],
         nproc=raw["nproc"],
-        results=raw.get("results", "results"),
+        results=raw["results"],
+        device=raw["device"],
         workload=WorkloadConfig(module=wl.get("module"), script=wl.get("script"),
-                                args=args_to_list(wl.get("args"))),
-        baseline=BaselineConfig(**raw.get("baseline", {})),
-        capture=CaptureConfig(**raw.get("capture", {})),
+                                args=_workload_args(wl, raw["device"], source)),
+        baseline=BaselineConfig(**raw["baseline"]),
+        capture=CaptureConfig(**raw["capture"]),
     )
+    _check_devices(job, source)
+    return job
 
 
 def load(path: str | Path | None = None) -> JobConfig:

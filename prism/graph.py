@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from prism import schemas
-from prism.artifacts import ArtifactError, read_raw_stream, write_outputs
+from prism.artifacts import ArtifactError, read_raw_stream, same_run, write_outputs
 
 DIMS = ("tp", "pp", "dp", "ep")
 # Collectives whose members all contribute the same number of bytes (op names compared without "_").
@@ -77,7 +77,8 @@ def _rank_dirs(raw_dir: Path, world: int) -> list[Path]:
         except ValueError:
             raise GraphError(f"{path}: not a rank folder (expected rank=<int>)") from None
     if not found:
-        raise GraphError(f"{raw_dir}: no rank=R folders; run the capture first (`prism run` / `make demo`)")
+        raise GraphError(f"{raw_dir}: no rank=R folders; run the capture first "
+                         "(`prism launch --mode capture --out JOB ...`, or `make demo`)")
     missing = sorted(set(range(world)) - set(found))
     extra = sorted(set(found) - set(range(world)))
     expected = f"meta.json says world_size={world}, expected rank=0..{world - 1}"
@@ -500,7 +501,8 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise GraphError(
-            f"{raw_dir}: no raw streams (missing folder); run the capture first (`prism run` / `make demo`)"
+            f"{raw_dir}: no raw streams (missing folder); run the capture first "
+            "(`prism launch --mode capture --out JOB ...`, or `make demo`)"
         )
     meta = _read_meta(raw_dir)
     world = meta["world_size"]
@@ -560,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.job / "graph"
     try:
         tables = build_graph(raw_dir)
-        write_outputs(out, tables)
+        write_outputs(out, tables, run_id=same_run([raw_dir]))  # the graph carries the capture's run id
     except ArtifactError as exc:
         print(f"prism graph: error: {exc}", file=sys.stderr)
         return 2

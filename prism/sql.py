@@ -1,9 +1,22 @@
-"""`prism sql`: query a job's artifacts with DuckDB, one view per Parquet artifact.
+"""`prism sql`: read-only DuckDB queries over a job's artifacts, one view per Parquet artifact.
 
-Views: ``<stage>/<name>.parquet`` -> ``<name>`` (``graph/events.parquet`` -> ``events``); a Hive-partitioned
-folder ``<stage>/<key>=*/<name>.parquet`` -> ``<stage>_<name>`` (with the partition column). When several
-stages write the same name, each gets ``<stage>_<name>`` and the plain name goes to the earliest stage of
-the pipeline (graph before calibrated before emulation ...). Raw Arrow streams are not exposed.
+Views, unqualified (kept for compatibility): ``<stage>/<name>.parquet`` -> ``<name>`` (``graph/events.parquet``
+-> ``events``); a Hive-partitioned folder ``<stage>/<key>=*/<name>.parquet`` -> ``<stage>_<name>`` (with the
+partition column). When several stages write the same name, each gets ``<stage>_<name>`` and the plain name
+goes to the earliest stage of the pipeline (graph before calibrated before emulation ...). Raw Arrow streams
+are not exposed.
+
+Side by side, one DuckDB schema per part of the job, so one query compares prediction and truth:
+``capture`` (the capture's graph tables: ``capture.events``, ``capture.comms`` ...), ``baseline`` (the real
+run's graph tables, ``baseline/graph/``), ``slices`` (``plan``, ``durations``, ``transfers``, and ``events``
+over ``slice=K``), ``calibrated`` (``timeline``, ``iterations``), ``emulation``: a schema exists when its
+stage has written something.
+
+It is a query command: only read-only statements (SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE)
+run; file access is limited to the job folder (DuckDB's ``allowed_directories`` with
+``enable_external_access`` off, extension auto-loading off, the configuration locked). DuckDB opens a
+database file, not an in-memory one, read-only; the statement check is what keeps the session read-only.
+An artifact that cannot be read is reported and its view left out; the others stay queryable.
 
 ``write_catalog(job_dir)`` saves the same views in ``job_dir/prism.duckdb``. DuckDB resolves a relative
 path in a view against the process's working directory, not the database file, so the catalog holds
@@ -15,20 +28,29 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import duckdb
+
+from prism import artifacts
 
 DEFAULT_JOB = Path("results/default")
 CATALOG = "prism.duckdb"
 # Which stage keeps the plain view name when several stages write the same artifact name.
 STAGE_ORDER = ("graph", "slices", "calibrated", "emulation", "baseline", "capture", "report")
+# The DuckDB schema of a stage's folder: the graph tables are the capture's; other folders keep their name.
+SCHEMA_OF_FOLDER = {"graph": "capture"}
+RESERVED_SCHEMAS = {"main", "temp", "system", "pg_catalog", "information_schema"}
+READ_ONLY = {duckdb.StatementType.SELECT}
+HINT = "run the pipeline first (`make demo`, or `prism launch` then `prism graph`), or pass --job / set PRISM_JOB"
 
 
 class SqlError(Exception):
-    """A user-facing error of `prism sql` (missing job, no artifacts)."""
+    """A user-facing error of `prism sql` (missing job, no artifacts, a refused statement)."""
 
 
 @dataclass(frozen=True)
@@ -36,21 +58,37 @@ class View:
     name: str
     path: Path  # a file, or a glob over Hive partitions
     hive: bool
+    schema: str = "main"
+
+    @property
+    def qualified(self) -> str:
+        return self.name if self.schema == "main" else f"{self.schema}.{self.name}"
+
+    def files(self) -> list[Path]:
+        if not self.hive:
+            return [self.path]
+        parts = self.path.parts
+        first = next(i for i, part in enumerate(parts) if "*" in part)
+        return sorted(Path(*parts[:first]).glob(str(Path(*parts[first:]))))
 
 
 def _stage_rank(stage: str) -> tuple[int, str]:
     return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER), stage)
 
 
+def _artifacts(job_dir: Path):
+    for path in sorted(job_dir.rglob("*.parquet")):
+        rel = path.relative_to(job_dir)
+        if not any(part.startswith(".") for part in rel.parts):
+            yield path, rel
+
+
 def discover(job_dir: str | Path) -> list[View]:
-    """The views of every Parquet artifact under `job_dir` (hidden and temp files skipped)."""
+    """The unqualified views of every Parquet artifact under `job_dir` (hidden and temp files skipped)."""
     job_dir = Path(job_dir)
     plain: dict[str, list[tuple[str, Path]]] = {}  # name -> [(stage, path)]
     hive: dict[tuple[str, tuple[str, ...], str], Path] = {}
-    for path in sorted(job_dir.rglob("*.parquet")):
-        rel = path.relative_to(job_dir)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
+    for path, rel in _artifacts(job_dir):
         parts, name = rel.parts[:-1], path.stem
         if len(parts) <= 1:
             plain.setdefault(name, []).append((parts[0] if parts else "", path))
@@ -76,36 +114,127 @@ def discover(job_dir: str | Path) -> list[View]:
     return sorted(unique.values(), key=lambda view: view.name)
 
 
+def discover_schemas(job_dir: str | Path) -> list[View]:
+    """The schema-qualified views: ``<schema>.<name>`` for ``<folder>/[<sub>/][<key>=*/]<name>.parquet``
+    (``graph/`` -> schema ``capture``; ``baseline/graph/events.parquet`` -> ``baseline.events``; a sub-folder
+    other than ``graph`` prefixes the name)."""
+    job_dir = Path(job_dir)
+    found: dict[tuple[str, str], View] = {}
+    for path, rel in _artifacts(job_dir):
+        if len(rel.parts) < 2:
+            continue
+        folder, middle = rel.parts[0], rel.parts[1:-1]
+        schema = SCHEMA_OF_FOLDER.get(folder, folder)
+        if schema in RESERVED_SCHEMAS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", schema):
+            continue
+        subs = [part for part in middle if "=" not in part]
+        keys = [part.split("=", 1)[0] for part in middle if "=" in part]
+        if list(middle) != subs + [f"{k}={part.split('=', 1)[1]}" for k, part in zip(keys, middle[len(subs):])]:
+            continue  # a partition folder above a plain one: not a layout prism writes
+        name = "_".join([s for s in subs if s != "graph"] + [path.stem])
+        pattern = job_dir / folder / Path(*subs, *(f"{k}=*" for k in keys)) / f"{path.stem}.parquet"
+        found.setdefault((schema, name), View(name, pattern, bool(keys), schema))
+    return sorted(found.values(), key=lambda view: (view.schema, view.name))
+
+
 def _quote(value: str, mark: str) -> str:
     return mark + value.replace(mark, mark + mark) + mark
 
 
-def create_views(con: duckdb.DuckDBPyConnection, views: list[View]) -> None:
+def _why_unreadable(view: View, exc: Exception) -> str:
+    """One line naming the artifact that cannot be read and the command that rewrites it."""
+    for path in view.files():
+        try:
+            artifacts.verify_parquet(path)
+        except artifacts.ArtifactError as err:
+            return str(err)
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{view.path}: unreadable ({detail}); re-run the stage that writes it: {artifacts.writer_of(view.path)}"
+
+
+def create_views(con: duckdb.DuckDBPyConnection, views: list[View]) -> dict[str, str]:
+    """Create every view that can be created; return {qualified view name: why it was left out}."""
+    skipped: dict[str, str] = {}
     for view in views:
         options = ", hive_partitioning = true" if view.hive else ""
         name, path = _quote(view.name, '"'), _quote(str(view.path), "'")
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path}{options})")
+        if view.schema != "main":
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(view.schema, chr(34))}")
+            name = f"{_quote(view.schema, chr(34))}.{name}"
+        try:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path}{options})")
+        except duckdb.Error as exc:
+            skipped[view.qualified] = _why_unreadable(view, exc)
+    return skipped
 
 
 def _views_or_fail(job_dir: Path) -> list[View]:
-    hint = "run the pipeline first (`make demo` or `prism run`), or pass --job / set PRISM_JOB"
     if not job_dir.is_dir():
-        raise SqlError(f"{job_dir}: no such job folder; {hint}")
-    views = discover(job_dir.resolve())
+        raise SqlError(f"{job_dir}: no such job folder; {HINT}")
+    job_dir = job_dir.resolve()
+    views = discover(job_dir)
     if not views:
-        raise SqlError(f"{job_dir}: no Parquet artifacts; {hint}")
-    return views
+        raise SqlError(f"{job_dir}: no Parquet artifacts; {HINT}")
+    return views + discover_schemas(job_dir)
 
 
-def connect(job_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per artifact of `job_dir`."""
-    con = duckdb.connect()
-    create_views(con, _views_or_fail(Path(job_dir)))
-    return con
+def _lock_down(con: duckdb.DuckDBPyConnection, job_dir: Path) -> None:
+    """File access only under the job folder, no extensions, and no way to change that afterwards."""
+    con.execute(f"SET allowed_directories = [{_quote(str(job_dir.resolve()) + os.sep, chr(39))}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
-def write_catalog(job_dir: str | Path) -> Path:
-    """Write ``job_dir/prism.duckdb`` with the views (absolute paths), atomically; return its path."""
+def connect(job_dir: str | Path) -> tuple[duckdb.DuckDBPyConnection, dict[str, str]]:
+    """An in-memory, locked-down DuckDB connection with one view per readable artifact of `job_dir`, and
+    {view: why it was left out} for the artifacts that could not be read."""
+    job_dir = Path(job_dir)
+    views = _views_or_fail(job_dir)
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        _lock_down(con, job_dir)
+        skipped = create_views(con, views)
+    except BaseException:
+        con.close()
+        raise
+    return con, skipped
+
+
+def mixed_runs(job_dir: str | Path) -> list[str]:
+    """Why the job's artifacts do not describe one run (the pipeline's and the baseline's, each), if so:
+    e.g. a capture launched again into the folder, with the old graph left in place."""
+    job_dir = Path(job_dir).resolve()
+    groups: dict[str, list[Path]] = {}
+    for path, rel in _artifacts(job_dir):
+        try:
+            if artifacts.is_prism_artifact(path):
+                groups.setdefault("baseline" if rel.parts[0] == "baseline" else "job", []).append(path)
+        except artifacts.ArtifactError:
+            continue  # reported as a view left out
+    problems = []
+    for paths in groups.values():
+        try:
+            artifacts.same_run(paths)
+        except artifacts.ArtifactError as exc:
+            problems.append(f"answers may mix runs: {exc}")
+    return problems
+
+
+def _warn(message: str) -> None:
+    print(f"prism sql: warning: {message}", file=sys.stderr)
+
+
+def _report_skipped(skipped: dict[str, str], warn: Callable[[str], None] = _warn) -> None:
+    by_reason: dict[str, list[str]] = {}
+    for view, why in skipped.items():
+        by_reason.setdefault(why, []).append(view)
+    for why, views in by_reason.items():
+        warn(f"left out view{'s' if len(views) > 1 else ''} {', '.join(views)}: {why}")
+
+
+def write_catalog(job_dir: str | Path, warn: Callable[[str], None] = _warn) -> Path:
+    """Write ``job_dir/prism.duckdb`` with the views (absolute paths), atomically; return its path. An
+    artifact that cannot be read is reported through `warn` and left out."""
     job_dir = Path(job_dir)
     views = _views_or_fail(job_dir)
     final = job_dir / CATALOG
@@ -114,7 +243,7 @@ def write_catalog(job_dir: str | Path) -> Path:
     try:
         con = duckdb.connect(str(temp))
         try:
-            create_views(con, views)
+            _report_skipped(create_views(con, views), warn)
         finally:
             con.close()
         os.replace(temp, final)
@@ -122,6 +251,18 @@ def write_catalog(job_dir: str | Path) -> Path:
         temp.unlink(missing_ok=True)
         Path(f"{temp}.wal").unlink(missing_ok=True)
     return final
+
+
+def check_read_only(query: str) -> None:
+    """Raise SqlError unless every statement of `query` is a read-only query."""
+    for statement in duckdb.extract_statements(query):
+        if statement.type not in READ_ONLY:
+            kind = statement.type.name.replace("_", " ")
+            text = " ".join(statement.query.split())
+            raise SqlError(
+                f"refused {kind} statement ({text[:60]}{'...' if len(text) > 60 else ''}): prism sql runs "
+                "read-only queries only (SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) and reads only "
+                "the job's folder; to keep a result, print it with --csv and redirect the output")
 
 
 def _cell(value) -> str:
@@ -148,14 +289,32 @@ def format_table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(out)
 
 
-def run_query(job_dir: str | Path, query: str) -> tuple[list[str], list[tuple]]:
-    """Column names and rows of `query` over the job's views."""
-    con = connect(job_dir)
+def run_query(job_dir: str | Path, query: str) -> tuple[list[str], list[tuple], dict[str, str]]:
+    """Column names and rows of a read-only `query` over the job's views, and the views left out."""
+    check_read_only(query)
+    con, skipped = connect(job_dir)
     try:
-        result = con.execute(query)
-        if result.description is None:
-            return [], []
-        return [d[0] for d in result.description], result.fetchall()
+        try:
+            result = con.execute(query)
+            if result.description is None:
+                return [], [], skipped
+            return [d[0] for d in result.description], result.fetchall(), skipped
+        except duckdb.PermissionException as exc:
+            raise SqlError(f"{str(exc).splitlines()[0]} (prism sql reads only files under {job_dir})") from None
+        except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException) as exc:
+            why = [f"{view} was left out: {reason}" for view, reason in skipped.items() if view in query]
+            if why:
+                raise SqlError(f"{str(exc).splitlines()[0]}; {'; '.join(why)}") from None
+            raise
+        except duckdb.Error as exc:  # reading data: name the artifact that is corrupt
+            for view in _views_or_fail(Path(job_dir)):
+                if re.search(rf"\b{re.escape(view.name)}\b", query):
+                    for path in view.files():
+                        try:
+                            artifacts.verify_parquet(path)
+                        except artifacts.ArtifactError as err:
+                            raise SqlError(str(err)) from exc
+            raise
     finally:
         con.close()
 
@@ -175,13 +334,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prism sql: wrote {write_catalog(job_dir)}", file=sys.stderr)
         if args.query is None:
             return 0
-        columns, rows = run_query(job_dir, args.query)
+        columns, rows, skipped = run_query(job_dir, args.query)
     except SqlError as exc:
         print(f"prism sql: error: {exc}", file=sys.stderr)
         return 2
     except duckdb.Error as exc:
         print(f"prism sql: {exc}", file=sys.stderr)
         return 2
+    _report_skipped(skipped)
+    for problem in mixed_runs(job_dir):
+        _warn(problem)
     if not columns:
         return 0
     if args.csv:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from prism import artifacts
 from prism import sql as prism_sql
 from prism.iterations import iteration_times
 
@@ -53,6 +54,12 @@ def summarize(job_dir: Path) -> str:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
     meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
                       if p.is_file()), None)
+    inputs = [graph / f"{name}.parquet" for name in ("events", "comms", "groups", "ranks")]
+    inputs += [p for p in (job_dir / "calibrated" / "iterations.parquet",) if p.is_file()]
+    for path in inputs:  # a corrupt page is named here, not deep inside a DuckDB query
+        artifacts.check_version(path)
+        artifacts.verify_parquet(path)
+    artifacts.same_run(inputs + ([meta_path] if meta_path else []))
     meta = json.loads(meta_path.read_text()) if meta_path else {}
     world = con.execute("SELECT count(*) FROM ranks").fetchone()[0]
     coords = con.execute(
@@ -61,7 +68,7 @@ def summarize(job_dir: Path) -> str:
     lines = [f"prism summary of {job_dir}", ""]
     dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
-                 f"events: {n_events:,}, mode: {meta.get('mode', '?')}")
+                 f"events: {n_events:,}, mode: {meta.get('mode', '?')}, device: {meta.get('device', '?')}")
     cores = meta.get("cores")
     if cores is not None and world > cores and meta.get("mode") != "capture":
         lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         text = summarize(args.job)
-    except (FileNotFoundError, duckdb.Error) as exc:
+    except (FileNotFoundError, duckdb.Error, artifacts.ArtifactError) as exc:
         print(f"prism summary: error: {exc}", file=sys.stderr)
         return 2
     prism_sql.write_catalog(args.job)

@@ -29,10 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prism import schemas
-from prism.artifacts import ArtifactError
+from prism.artifacts import ArtifactError, read_parquet
 from prism.calibrate.arrays import K_COLLECTIVE, K_COMPUTE, K_MARKER, K_RECV, K_SEND, K_WAIT
 
 DURATIONS_COLUMNS = ("event_id", "duration_ns")
@@ -85,10 +84,7 @@ def bare_graph(
 def _read_table(path: Path, columns: tuple[str, str], what: str) -> pa.Table:
     if not path.is_file():
         raise ArtifactError(f"{path}: missing {what} table")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
+    table = read_parquet(path, versioned=False)
     found = (table.schema.metadata or {}).get(b"schema_version")
     if found is not None and found.decode() != schemas.SCHEMA_VERSION:
         raise ArtifactError(

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prism import artifacts
 from prism.calibrate import durations as rules
@@ -129,7 +128,7 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
         if not path.is_file():
             raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
                                  f"{job_dir} --slice {k})")
-        ev = pq.read_table(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
+        ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
         try:
             rows = np.array([position[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
         except KeyError as exc:
@@ -170,18 +169,31 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     return durations, transfers
 
 
+def inputs(job_dir: Path) -> list[Path]:
+    """The artifacts the durations come from (which must share one run): the graph, the plan, and the
+    events of every measured slice."""
+    plan = job_dir / "slices" / "plan.parquet"
+    slices = sorted({r["slice"] for r in artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
+                     if r["measured"]})
+    found = [job_dir / "slices" / f"slice={k}" / "events.parquet" for k in slices]
+    return [job_dir / "graph" / "events.parquet", job_dir / "graph" / "comms.parquet", plan,
+            *(p for p in found if p.is_file())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.calibrate.from_slices", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
+        run_id = artifacts.same_run(inputs(args.job))
         durations, transfers = from_slices(args.job)
+        schema = {"durations": durations.schema, "transfers": transfers.schema}
+        artifacts.write_outputs(args.job / "slices", {"durations": durations, "transfers": transfers}, schema,
+                                run_id=run_id)
     except (CalibrateError, artifacts.ArtifactError) as exc:
         print(f"prism calibrate from_slices: error: {exc}", file=sys.stderr)
         return 2
-    schema = {"durations": durations.schema, "transfers": transfers.schema}
-    artifacts.write_outputs(args.job / "slices", {"durations": durations, "transfers": transfers}, schema)
     print(f"prism calibrate from_slices: {durations.num_rows} event durations, {transfers.num_rows} transfers "
           f"-> {args.job / 'slices'}")
     return 0

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism.artifacts import ArtifactError, read_parquet, write_outputs
+from prism.artifacts import ArtifactError, is_prism_artifact, read_parquet, same_run, write_outputs
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepError, SweepGraph
 from prism.calibrate.sweep import Schedule, Timeline, discover
@@ -339,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.job / "calibrated"
     began = time.perf_counter()
     try:
+        graph = [args.job / "graph" / "events.parquet", args.job / "graph" / "comms.parquet"]
+        given = [p for p in (args.durations, args.transfers) if p is not None and p.is_file() and is_prism_artifact(p)]
+        run_id = same_run(graph + given)  # a hand-made durations table (no prism metadata) is taken as it is
         tables, schedule, _ = calibrate(args.job, args.durations, args.transfers)
-        write_outputs(out, tables)
+        write_outputs(out, tables, run_id=run_id)
     except ArtifactError as exc:
         print(f"prism calibrate: error: {exc}", file=sys.stderr)
         return 2

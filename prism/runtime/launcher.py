@@ -398,7 +398,8 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
     meta = {
         "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
-        "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id, "started": started, "wall_s": time.time() - started,
+        "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id,
+        "device": os.environ.get("PRISM_DEVICE", "cpu"), "started": started, "wall_s": time.time() - started,
         "torch_version": version("torch"), "schema_version": "1",
     }
     if spec.mode == "capture":

@@ -131,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--representative", action="store_true",
                         help="measure one slice per class of equivalent slices")
     args = parser.parse_args(argv)
+    graph = args.job / "graph"
     try:
-        table = plan(args.job / "graph", args.devices, args.representative)
+        run_id = artifacts.same_run([graph / f"{name}.parquet" for name in ("events", "comms", "ranks")])
+        table = plan(graph, args.devices, args.representative)
+        artifacts.write_outputs(args.job / "slices", {"plan": table}, {"plan": schemas.SLICE_PLAN}, run_id=run_id)
     except (PlanError, artifacts.ArtifactError) as exc:
         print(f"prism slices plan: error: {exc}", file=sys.stderr)
         return 2
-    artifacts.write_outputs(args.job / "slices", {"plan": table}, {"plan": schemas.SLICE_PLAN})
     n = len(set(table["slice"].to_pylist()))
     measured = len(set(table.filter(table["measured"])["slice"].to_pylist()))
     print(f"prism slices plan: {table.num_rows} ranks in {n} slices of at most {args.devices}; "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -85,10 +86,12 @@ def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str 
             job = prism_config.from_dict(json.loads(config_json), "--config-json")
         except (prism_config.ConfigError, json.JSONDecodeError) as exc:
             raise SliceError(str(exc)) from None
+        os.environ.update(job.environment())  # the slice ranks run where the config says (PRISM_DEVICE)
         if job.nproc != world:
             raise SliceError(f"the config's nproc {job.nproc} differs from the capture's world size {world}: "
                              "re-run the capture with this config")
         return world, job.workload.script, job.workload.module, list(job.workload.args)
+    os.environ.setdefault("PRISM_DEVICE", meta.get("device", "cpu"))  # where the capture ran
     cmd = list(meta.get("command") or [])
     if not cmd:
         raise SliceError("the capture's meta.json has no command; pass --config-json")
@@ -138,6 +141,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     graph_path = job / "graph" / "events.parquet"
     if not graph_path.is_file():
         raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
+    run_id = artifacts.same_run([cap / "raw", graph_path, job / "slices" / "plan.parquet"])
     meta = json.loads((cap / "raw" / "meta.json").read_text())
     world, script, module, args = _program(config_json, meta)
     staging = job / "slices" / f".slice={k}.run"
@@ -160,7 +164,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         run_meta = json.loads((staging / "raw" / "meta.json").read_text())
-        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS})
+        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS},
+                                run_id=run_id)  # the capture's run, not the slice launch's own
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     replay = run_meta.get("replay", {})

@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--aux-coef", type=float, default=0.01, help="weight of the load-balancing loss")
     add("--bucket-mb", type=float, default=0.25, help="gradient all-reduce bucket size in MiB")
     add("--backend", default=None, help="default: nccl with CUDA, else gloo")
-    add("--device", default="auto", help="auto, cpu or cuda")
+    add("--device", default="cpu", help="cpu, cuda, or auto (cuda when available); cpu unless asked")
     return p.parse_args(argv)
 
 

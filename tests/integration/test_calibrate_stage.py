@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism import schemas
-from prism.artifacts import write_parquet
+from prism.artifacts import read_run_id, write_parquet
 from prism.calibrate import reference, stage
 from prism.calibrate.durations import bare_graph
 from prism.calibrate.sweep import discover
@@ -139,7 +139,8 @@ def test_durations_of_another_graph(graph_job, tmp_path, capsys):
 def test_unmatched_comm(graph_job, tmp_path, capsys):
     job = copy_graph(graph_job, tmp_path / "job")
     comms = pq.read_table(job / "graph" / "comms.parquet")
-    write_parquet(comms.slice(1), job / "graph" / "comms.parquet", schemas.COMMS)
+    path = job / "graph" / "comms.parquet"
+    write_parquet(comms.slice(1), path, schemas.COMMS, run_id=read_run_id(path))
     err = expect_error(job, capsys)
     assert "events.parquet" in err and "unmatched comm" in err and "rank 0 seq" in err and "on group" in err
 
@@ -161,7 +162,8 @@ def test_cycle(graph_job, tmp_path, capsys):
     lists = [[swap.get(e, e) for e in ids] for ids in lists]
     comms = comms.set_column(comms.schema.get_field_index("event_ids"), "event_ids",
                              pa.array(lists, pa.list_(pa.int64())))
-    write_parquet(events, path, schemas.EVENTS)
-    write_parquet(comms, job / "graph" / "comms.parquet", schemas.COMMS)
+    run_id = read_run_id(path)
+    write_parquet(events, path, schemas.EVENTS, run_id=run_id)
+    write_parquet(comms, job / "graph" / "comms.parquet", schemas.COMMS, run_id=run_id)
     err = expect_error(job, capsys)
     assert str(path) in err and "dependency cycle" in err and "rank 0 seq" in err and "rank 1" in err

@@ -26,6 +26,8 @@ class RawJob:
     groups: list[dict] = field(default_factory=list)  # name, desc, members, backend
     events: list[list[Event]] = field(default_factory=list)
     nodes: dict[str, str] | None = None
+    run_id: str = "testrun"  # what the launcher writes into raw/meta.json
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         self.events = [[] for _ in range(self.world)]
@@ -115,7 +117,8 @@ class RawJob:
         raw.mkdir(parents=True, exist_ok=True)
         meta = {
             "world_size": self.world, "mode": "real", "hostname": "testhost", "command": ["train.py"],
-            "torch_version": "2.13.0", "schema_version": schemas.SCHEMA_VERSION,
+            "torch_version": "2.13.0", "schema_version": schemas.SCHEMA_VERSION, "run_id": self.run_id,
+            "device": self.device,
         }
         if self.nodes is not None:
             meta["nodes"] = self.nodes

@@ -61,3 +61,48 @@ def test_schema_file_is_the_one_the_snakefile_validates_against():
     text = (REPO / "workflow" / "rules" / "common.smk").read_text()
     assert "schemas/config.schema.yaml" in text
     assert config.SCHEMA_PATH == REPO / "schemas" / "config.schema.yaml"
+
+
+def test_a_script_config_stands_alone(tmp_path):
+    """A `workload.script` config is valid on its own (nothing of the default job's `module` is merged in)."""
+    path = tmp_path / "script.yaml"
+    path.write_text(yaml.safe_dump({"job": "s", "nproc": 2, "workload": {"script": "train.py", "args": ["--x"]}}))
+    job = config.load(path)
+    assert job.workload.command() == ["train.py", "--x"]
+    assert (job.device, job.results, job.capture.devices, job.baseline.run) == ("cpu", "results", 2, "auto")
+
+
+def test_left_out_workload_args_are_not_taken_from_the_default_job():
+    job = config.from_dict({"job": "x", "nproc": 4, "workload": {"module": "prism.workloads.moe_gpt",
+                                                                 "args": {"tp": 2, "pp": 2}}})
+    assert job.workload.args == ["--tp", "2", "--pp", "2", "--device", "cpu"]  # no dp/ep/steps of the default
+
+
+def test_defaults_come_from_the_schema():
+    filled = config.with_defaults({"job": "x", "nproc": 1, "workload": {"module": "m"}})
+    assert filled == {"job": "x", "nproc": 1, "workload": {"module": "m"}, "device": "cpu", "results": "results",
+                      "baseline": {"run": "auto", "pin": True}, "capture": {"devices": 2, "payloads": True}}
+    assert config.with_defaults({"capture": {"devices": 1}})["capture"] == {"devices": 1, "payloads": True}
+
+
+def test_device_goes_to_the_reference_workload_and_the_ranks():
+    base = {"job": "x", "nproc": 2, "workload": {"module": "prism.workloads.moe_gpt"}}
+    job = config.from_dict({**base, "device": "cuda"})
+    assert job.workload.args == ["--device", "cuda"] and job.environment() == {"PRISM_DEVICE": "cuda"}
+    other = config.from_dict({"job": "x", "nproc": 2, "workload": {"script": "t.py"}, "device": "cuda"})
+    assert other.workload.args == []  # another program is not given flags it may not know
+    with pytest.raises(config.ConfigError, match="'device'"):
+        config.from_dict({**base, "workload": {**base["workload"], "args": {"device": "cuda"}}})
+    with pytest.raises(config.ConfigError, match="'device'"):
+        config.from_dict({**base, "device": "gpu"})
+
+
+def test_capture_devices_beyond_the_cpu_affinity_are_refused():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    raw = {"job": "x", "nproc": 2, "workload": {"module": "m"}, "capture": {"devices": cores + 1}}
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict(raw, "job.yaml")
+    assert "'capture.devices'" in str(err.value) and f"at most {cores}" in str(err.value)
+    assert config.from_dict({**raw, "capture": {"devices": cores}}).capture.devices == cores

@@ -100,7 +100,7 @@ def test_missing_job(tmp_path, capsys, monkeypatch):
 
 def test_no_artifacts(tmp_path, capsys):
     code, _, err = query(capsys, "--job", str(tmp_path), "SELECT 1")
-    assert code == 2 and str(tmp_path) in err and "prism run" in err
+    assert code == 2 and str(tmp_path) in err and "prism launch" in err and "prism run" not in err
 
 
 def test_sql_error(job, capsys):
@@ -128,3 +128,125 @@ def test_write_catalog_flag(job, capsys):
     (job / "prism.duckdb").unlink(missing_ok=True)
     code, _, err = query(capsys, "--job", str(job), "--write-catalog")
     assert code == 0 and (job / "prism.duckdb").is_file() and "prism.duckdb" in err
+
+
+# ------------------------------------------------------------------------- a query command, nothing more
+
+
+@pytest.mark.parametrize("statement", [
+    "COPY (SELECT 1 AS a) TO '{job}/graph/comms.parquet' (FORMAT parquet)",
+    "COPY comms TO '{job}/graph/comms.parquet'",
+    "ATTACH '{job}/other.duckdb' AS other",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "CREATE TABLE t AS SELECT 1",
+    "SET enable_external_access = true",
+    "SELECT 1; COPY comms TO '{job}/x.csv'",
+    "EXPLAIN ANALYZE COPY comms TO '{job}/x.csv'",
+])
+def test_writing_statements_are_refused(job, capsys, statement):
+    before = (job / "graph" / "comms.parquet").read_bytes()
+    names = sorted(p.name for p in job.iterdir())
+    code, out, err = query(capsys, "--job", str(job), statement.format(job=job))
+    assert code == 2 and out == ""
+    assert "refused" in err and "read-only queries only" in err
+    assert (job / "graph" / "comms.parquet").read_bytes() == before
+    assert sorted(p.name for p in job.iterdir()) == names
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('{job}/../../../../etc/passwd')",
+    "SELECT * FROM glob('/*')",
+])
+def test_files_outside_the_job_folder_are_refused(job, capsys, statement):
+    code, out, err = query(capsys, "--job", str(job), statement.format(job=job))
+    assert code == 2 and out == "" and "root:" not in err
+    assert "Permission" in err and f"reads only files under {job}" in err
+
+
+def test_read_only_queries_run(job, capsys):
+    for statement in ("DESCRIBE ranks", "SHOW TABLES", "SUMMARIZE ranks", "FROM ranks", "VALUES (1)",
+                      "WITH r AS (SELECT * FROM ranks) SELECT count(*) FROM r"):
+        code, out, err = query(capsys, "--job", str(job), statement)
+        assert code == 0 and out, (statement, err)
+
+
+def test_schemas_side_by_side(job, capsys):
+    by_name = {view.qualified: view for view in sql.discover_schemas(job)}
+    assert set(by_name) == {"capture.events", "capture.comms", "capture.groups", "capture.ranks",
+                            "slices.events", "emulation.events"}
+    assert by_name["slices.events"].hive and by_name["capture.events"].path == job / "graph" / "events.parquet"
+    code, out, _ = query(capsys, "--job", str(job), "--csv",
+                         "SELECT (SELECT count(*) FROM capture.events) = (SELECT count(*) FROM events) AS same, "
+                         "(SELECT count(*) FROM slices.events) AS slice_rows, "
+                         "(SELECT loss FROM emulation.events) AS loss")
+    assert code == 0 and out.splitlines() == ["same,slice_rows,loss", "True,4,3.25"]
+
+
+def _copy_job(job, tmp_path):
+    import shutil
+
+    dst = tmp_path / "job"
+    shutil.copytree(job, dst, ignore=shutil.ignore_patterns("prism.duckdb"))
+    return dst
+
+
+def test_an_unreadable_artifact_does_not_block_the_others(job, tmp_path, capsys):
+    bad = _copy_job(job, tmp_path)
+    path = bad / "graph" / "comms.parquet"
+    path.write_bytes(path.read_bytes()[:-40])  # the footer is gone
+    code, out, err = query(capsys, "--job", str(bad), "--csv", "SELECT count(*) AS n FROM ranks")
+    assert code == 0 and out.splitlines() == ["n", "4"]
+    assert "left out views comms, capture.comms" in err and str(path) in err and f"prism graph --job {bad}" in err
+    code, _, err = query(capsys, "--job", str(bad), "SELECT count(*) FROM comms")
+    assert code == 2 and "comms was left out" in err and str(path) in err
+    assert sql.write_catalog(bad).is_file()
+
+
+def test_a_corrupt_data_page_is_named(job, tmp_path, capsys):
+    from test_artifacts import _corrupt_data_page
+
+    bad = _copy_job(job, tmp_path)
+    path = bad / "graph" / "events.parquet"
+    _corrupt_data_page(path, column=pq.read_schema(path).names.index("t_start_ns"))
+    code, out, err = query(capsys, "--job", str(bad), "SELECT sum(t_start_ns) FROM events")
+    assert code == 2 and out == ""
+    assert str(path) in err and f"re-run the stage that writes it: prism graph --job {bad}" in err
+    code, out, _ = query(capsys, "--job", str(bad), "--csv", "SELECT count(*) AS n FROM ranks")
+    assert code == 0 and out.splitlines() == ["n", "4"]
+
+
+def test_readme_join_of_predicted_and_baseline_iteration_time(tmp_path, capsys):
+    """The README's join runs on a job holding a capture graph, its calibration and a baseline graph."""
+    import re
+
+    from prism.calibrate import stage
+
+    folder = tmp_path / "tiny"
+    megatron_job(tp=2, dp=2, iterations=3).write(folder)
+    assert graph.main(["--job", str(folder)]) == 0
+    assert stage.main(["--job", str(folder)]) == 0
+    megatron_job(tp=2, dp=2, iterations=3).write(folder / "baseline")
+    assert graph.main(["--job", str(folder / "baseline")]) == 0
+    capsys.readouterr()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
+    code, out, err = query(capsys, "--job", str(folder), "--csv", text)
+    assert code == 0, err
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == ["iteration", "predicted_ms", "measured_ms"] and len(rows) == 4
+    assert rows[1][1:] == ["", ""] and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows[2:])
+
+
+def test_artifacts_of_two_runs_are_reported(job, tmp_path, capsys):
+    from prism import artifacts, schemas
+
+    mixed = _copy_job(job, tmp_path)
+    path = mixed / "graph" / "ranks.parquet"
+    artifacts.write_parquet(pq.read_table(path), path, schemas.RANKS, run_id="another")
+    code, out, err = query(capsys, "--job", str(mixed), "--csv", "SELECT count(*) AS n FROM ranks")
+    assert code == 0 and out.splitlines() == ["n", "4"]
+    assert "answers may mix runs" in err and "another" in err and str(path) in err
+    code, _, err = query(capsys, "--job", str(job), "SELECT count(*) FROM ranks")
+    assert code == 0 and "mix runs" not in err

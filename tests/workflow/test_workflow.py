@@ -62,7 +62,16 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
     proc = snakemake(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     captured = (tmp_path / "tiny" / "summary.txt").read_text()
-    assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture" in captured
+    assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
+    # the job's catalog holds prediction and baseline side by side: the README's join answers
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    join = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
+    con = duckdb.connect(str(tmp_path / "tiny" / "prism.duckdb"), read_only=True)
+    rows = con.execute(join).fetchall()
+    con.close()
+    assert len(rows) == 3 and all(p > 0 and m > 0 for _, p, m in rows[1:]), rows
     job = tmp_path / "tiny" / "baseline"
     summary = (job / "summary.txt").read_text()
     assert "ranks: 2" in summary and "iterations: 3" in summary and "iteration time" in summary
