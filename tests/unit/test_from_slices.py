@@ -84,7 +84,8 @@ def _write_plan(job: Path, rows: list[tuple[int, int, str, int]]) -> None:
     table = pa.table({"slice": [r[0] for r in rows], "rank": [r[1] for r in rows],
                       "rank_class": [r[2] for r in rows], "measured_by": [r[3] for r in rows],
                       "measured": [r[0] == r[3] for r in rows]})
-    artifacts.write_parquet(table, job / "slices" / "plan.parquet", schemas.SLICE_PLAN)
+    artifacts.write_parquet(table, job / "slices" / "plan.parquet", schemas.SLICE_PLAN,
+                            run_id=artifacts.read_run_id(job / "graph" / "events.parquet"))
 
 
 def _write_slice(job: Path, k: int, times) -> None:
@@ -101,7 +102,10 @@ def _write_slice(job: Path, k: int, times) -> None:
             rows[name].append(value)
     folder = job / "slices" / f"slice={k}"
     folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({k: pa.array(v, pa.int64()) for k, v in rows.items()}), folder / "events.parquet")
+    table = pa.table({k: pa.array(v, pa.int64()) for k, v in rows.items()})
+    run_id = artifacts.read_run_id(job / "graph" / "events.parquet")
+    table = table.replace_schema_metadata({"schema_version": schemas.SCHEMA_VERSION, "prism.run_id": run_id})
+    pq.write_table(table, folder / "events.parquet")
 
 
 def _by_rank_kind(job: Path, durations: pa.Table) -> dict[tuple[int, str], list[int]]:
