@@ -46,12 +46,25 @@ class CaptureConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class EmulateConfig:
+    """The `emulate` section; `wanted` when the config has one (the pipeline then runs the stage)."""
+
+    wanted: bool = False
+    sandbox: str | None = None  # ranks or coordinates (prism.emulate.sandbox); None: the stage's default
+    devices: int | None = None
+    steps: int | None = None
+    pruning: bool = True
+    prefetch_mb: float | None = None
+
+
+@dataclass(kw_only=True, slots=True)
 class JobConfig:
     job: str
     nproc: int
     workload: WorkloadConfig
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
     results: str = "results"
 
     @property
@@ -100,7 +113,14 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
                                 args=args_to_list(wl.get("args"))),
         baseline=BaselineConfig(**raw.get("baseline", {})),
         capture=CaptureConfig(**raw.get("capture", {})),
+        emulate=_emulate(raw),
     )
+
+
+def _emulate(raw: dict) -> EmulateConfig:
+    section = dict(raw.get("emulate") or {})
+    run = section.pop("run", True)
+    return EmulateConfig(wanted="emulate" in raw and run, **section)
 
 
 def load(path: str | Path | None = None) -> JobConfig:
