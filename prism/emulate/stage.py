@@ -1,7 +1,7 @@
 """The emulate stage: chosen sandbox ranks run the job's real program inside the replayed W-rank job.
 
     prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
-        ->  DIR/emulation/{events,iterations,memory}.parquet, logs/rank=R.log, summary.txt
+        ->  DIR/emulation/{events,iterations,memory}.parquet, logs/rank=R.log, summary.txt, meta.json
 
 SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
 of the last pipeline stage (`prism.emulate.sandbox`). The program and its arguments are the capture's
@@ -122,6 +122,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
             shutil.copy2(log, result / "logs" / log.name)
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
         (result / "summary.txt").write_text(text)
+        shutil.copy2(run_dir / "raw" / "meta.json", result / "meta.json")  # the launch's stats
         _publish(result, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

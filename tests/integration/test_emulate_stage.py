@@ -94,6 +94,7 @@ def test_outputs_on_one_clock(job):
     assert memory.marker.astype(str).tolist() == markers.op.astype(str).tolist()
 
     assert (job / "emulation" / "logs" / "rank=2.log").read_text() == "rank 2 ran\n"
+    assert json.loads((job / "emulation" / "meta.json").read_text())["emulation"]["communicators"] == 3
     summary = (job / "emulation" / "summary.txt").read_text()
     assert summary == text and "calibrated prediction" in summary and "rank 2: measured" in summary
     assert not list(job.glob(".emulation*"))
