@@ -3,7 +3,8 @@
     prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
         ->  DIR/emulation/{events,iterations,memory}.parquet, logs/rank=R.log, summary.txt, meta.json
 
-SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
+``--what-if-args 'ARGS'`` appends ARGS to the program of the sandbox ranks (a changed program whose
+communication is the capture's). SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
 of the last pipeline stage (`prism.emulate.sandbox`). The program and its arguments are the capture's
 (``raw/meta.json``). The stage checks the job (captured with payloads, graph, calibrated, all of one
 run), runs ``prism launch --mode emulate`` into a staging folder, builds the tables
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,7 +40,7 @@ class EmulateError(Exception):
 
 
 def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | None, steps: int | None,
-                   pruning: bool, prefetch_mb: float | None, pin: bool) -> list[str]:
+                   pruning: bool, prefetch_mb: float | None, pin: bool, what_if: list[str] = ()) -> list[str]:
     """The ``prism launch --mode emulate`` command line (the contract with the runtime)."""
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(job.world), "--mode", "emulate",
            "--capture", str(job.dir), "--sandbox", ",".join(map(str, ranks)), "--out", str(out)]
@@ -52,7 +54,7 @@ def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | 
         cmd += ["--steps-limit", str(steps)]
     if pin:
         cmd.append("--pin")
-    return cmd + job.program
+    return cmd + job.program + list(what_if)
 
 
 def _run(cmd: list[str]) -> int:
@@ -83,9 +85,10 @@ def _publish(staging: Path, final: Path) -> None:
 
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
             pruning: bool = True, prefetch_mb: float | None = None, force: bool = False, pin: bool = True,
-            launch=None) -> tuple[outputs.Emulation, str]:
-    """Run the stage; returns the emulation and its summary. `launch(cmd, out) -> exit code` replaces the
-    launcher subprocess (tests)."""
+            launch=None, what_if: list[str] = ()) -> tuple[outputs.Emulation, str]:
+    """Run the stage; returns the emulation and its summary. `what_if`: arguments appended to the capture's
+    program for the sandbox ranks (a changed program; its communication must stay the capture's).
+    `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
     began = time.monotonic()
     final = job_dir / "emulation"
     if final.exists() and any(final.iterdir()) and not force:
@@ -109,7 +112,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
     shutil.rmtree(staging, ignore_errors=True)
     run_dir = staging / "run"
     try:
-        cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin)
+        cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin, what_if)
         code = launch(cmd, run_dir) if launch is not None else _run(cmd)
         if code != 0:
             raise LaunchFailed(code, ranks)
@@ -149,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch-mb", type=float, help="payload prefetch pool size in MiB (0: off)")
     parser.add_argument("--force", action="store_true", help="replace an existing JOB/emulation")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the sandbox ranks to cores")
+    parser.add_argument("--what-if-args", default="",
+                        help="what-if: arguments appended to the capture's program for the sandbox ranks, e.g. "
+                             "'--extra-compute-ms 20 --extra-compute-rank 7' (values and compute may change, the "
+                             "communication may not)")
     args = parser.parse_args(argv)
     try:
         _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
-                          args.prefetch_mb, args.force, not args.no_pin)
+                          args.prefetch_mb, args.force, not args.no_pin, what_if=shlex.split(args.what_if_args))
     except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, CalibrateError,
             artifacts.ArtifactError) as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)

@@ -206,9 +206,10 @@ def test_launch_command_follows_the_contract(job):
     from prism.emulate import inputs
 
     j = inputs.load(job)
-    cmd = stage.launch_command(j, [2, 3], job / "out", devices=2, steps=1, pruning=False, prefetch_mb=64, pin=True)
+    cmd = stage.launch_command(j, [2, 3], job / "out", devices=2, steps=1, pruning=False, prefetch_mb=64, pin=True,
+                               what_if=["--extra-compute-ms", "20"])
     i = cmd.index("launch")
     assert cmd[i:i + 17] == ["launch", "--nproc", "4", "--mode", "emulate", "--capture", str(job), "--sandbox",
                              "2,3", "--out", str(job / "out"), "--devices", "2", "--no-pruning", "--prefetch-mb",
                              "64", "--steps-limit"]
-    assert cmd[-len(WORKLOAD):] == WORKLOAD  # the capture's own program and arguments
+    assert cmd[-len(WORKLOAD) - 2:] == WORKLOAD + ["--extra-compute-ms", "20"]  # the capture's program, what-if
