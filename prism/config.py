@@ -54,7 +54,7 @@ class EmulateConfig:
     devices: int | None = None
     steps: int | None = None
     pruning: bool = True
-    prefetch_mb: float | None = None
+    prefetch_mb: int | None = None
 
 
 @dataclass(kw_only=True, slots=True)

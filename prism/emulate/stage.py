@@ -40,7 +40,7 @@ class EmulateError(Exception):
 
 
 def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | None, steps: int | None,
-                   pruning: bool, prefetch_mb: float | None, pin: bool, what_if: list[str] = ()) -> list[str]:
+                   pruning: bool, prefetch_mb: int | None, pin: bool, what_if: list[str] = ()) -> list[str]:
     """The ``prism launch --mode emulate`` command line (the contract with the runtime)."""
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(job.world), "--mode", "emulate",
            "--capture", str(job.dir), "--sandbox", ",".join(map(str, ranks)), "--out", str(out)]
@@ -49,7 +49,7 @@ def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | 
     if not pruning:
         cmd.append("--no-pruning")
     if prefetch_mb is not None:
-        cmd += ["--prefetch-mb", f"{prefetch_mb:g}"]
+        cmd += ["--prefetch-mb", str(prefetch_mb)]
     if steps is not None:
         cmd += ["--steps-limit", str(steps)]
     if pin:
@@ -84,7 +84,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
-            pruning: bool = True, prefetch_mb: float | None = None, force: bool = False, pin: bool = True,
+            pruning: bool = True, prefetch_mb: int | None = None, force: bool = False, pin: bool = True,
             launch=None, what_if: list[str] = ()) -> tuple[outputs.Emulation, str]:
     """Run the stage; returns the emulation and its summary. `what_if`: arguments appended to the capture's
     program for the sandbox ranks (a changed program; its communication must stay the capture's).
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, help="device slots P for the sandbox ranks")
     parser.add_argument("--steps", type=int, help="emulate only the first N steps")
     parser.add_argument("--no-pruning", action="store_true", help="run collectives among all members")
-    parser.add_argument("--prefetch-mb", type=float, help="payload prefetch pool size in MiB (0: off)")
+    parser.add_argument("--prefetch-mb", type=int, help="payload prefetch pool size in MiB (0: off)")
     parser.add_argument("--force", action="store_true", help="replace an existing JOB/emulation")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the sandbox ranks to cores")
     parser.add_argument("--what-if-args", default="",

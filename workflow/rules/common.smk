@@ -39,7 +39,7 @@ def emulate_options():
     opts += [] if e.devices is None else ["--devices", str(e.devices)]
     opts += [] if e.steps is None else ["--steps", str(e.steps)]
     opts += [] if e.pruning else ["--no-pruning"]
-    opts += [] if e.prefetch_mb is None else ["--prefetch-mb", f"{e.prefetch_mb:g}"]
+    opts += [] if e.prefetch_mb is None else ["--prefetch-mb", str(e.prefetch_mb)]
     return " ".join(shlex.quote(o) for o in opts)
 
 
