@@ -11,6 +11,7 @@ BENCHES = {
     "calibrate": "prism.bench.calibrate",
     "fidelity": "prism.bench.fidelity",
     "emulate": "prism.bench.emulate",
+    "pruning": "prism.bench.pruning",
 }
 
 

@@ -171,12 +171,15 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     events = pa.concat_tables(pieces).sort_by([("rank", "ascending"), ("seq", "ascending")])
 
     it_computed = iterations_table(job, computed)
-    only = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    # the sandbox's measured iterations: unmeasured events (after --steps) get a sentinel, and the
+    # iterations that touch one are dropped (measured times may be < 0: events before the common start)
+    unmeasured = -(2**62)
+    only = np.full(n, unmeasured, dtype=np.int64), np.full(n, unmeasured, dtype=np.int64)
     only[0][sb_rows], only[1][sb_rows] = start[sb_rows], end[sb_rows]
     it_sb = iterations_table(job, Timeline(only[0], only[1], computed.comm_start_ns, computed.comm_end_ns))
     it_sb = it_sb.filter(pc.and_(pc.is_in(it_sb["rank"], pa.array(sandbox, pa.int32())),
-                                 pc.and_(pc.greater_equal(it_sb["start_ns"], 0),
-                                         pc.greater_equal(it_sb["end_ns"], 0))))
+                                 pc.and_(pc.not_equal(it_sb["start_ns"], unmeasured),
+                                         pc.not_equal(it_sb["end_ns"], unmeasured))))
     iterations = pa.concat_tables([
         it_computed.append_column("source", pa.array(["computed"] * it_computed.num_rows).dictionary_encode()),
         it_sb.append_column("source", pa.array(["sandbox"] * it_sb.num_rows).dictionary_encode()),

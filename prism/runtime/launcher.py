@@ -2,9 +2,13 @@
 
     prism launch --nproc W [--mode real|capture|off] [--out DIR] [--pin] (SCRIPT | -m MODULE) [ARGS...]
     prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--out DIR] [--pin] ...
+    prism launch --nproc W --mode emulate --sandbox 3,17 --capture JOB [--devices P] [--no-pruning] ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`).
+Mode `emulate` forks only the sandbox ranks plus one replay worker (`prism.runtime.emulation`): the
+sandbox's collectives compute prism's semantics over its live contributions and the virtual ranks'
+recorded ones (pruned: one compensating peer per run of consecutive virtual members).
 
 Everything a user can get wrong is checked here, before any rank starts (exit code 2). With `--out`, the
 ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
@@ -28,9 +32,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism.runtime import modes
+
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-MODES = ("real", "capture", "slice", "off")
+MODES = tuple(modes.MODES)
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
 
@@ -53,7 +59,10 @@ class LaunchSpec:
     payloads: bool = True  # capture: keep every contribution for the later modes
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
-    capture: Path | None = None  # slice: the capture folder the replay server answers from
+    capture: Path | None = None  # slice, emulate: the capture folder the replay process answers from
+    pruning: bool = True  # emulate: one compensator per run of virtual members (False: one peer each)
+    prefetch_mb: int = 256  # emulate: payload pool of the replay worker
+    steps_limit: int | None = None  # emulate: replay only the first N iterations
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -66,7 +75,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             split = i
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
-                   "--slice-ranks", "--capture"):
+                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -81,6 +90,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "--devices slots through the coordinator; slice: run --slice-ranks for real, "
                              "the other ranks replayed from --capture; off: no interception")
     parser.add_argument("--slice-ranks", default="", help="slice: comma-separated global ranks to run for real")
+    parser.add_argument("--sandbox", default="", help="emulate: comma-separated global ranks that run the real "
+                                                      "program inside the replayed job")
+    parser.add_argument("--no-pruning", action="store_true",
+                        help="emulate: every virtual member of a group is its own peer (no compensators)")
+    parser.add_argument("--prefetch-mb", type=int, default=256, help="emulate: payload prefetch pool (MiB)")
+    parser.add_argument("--steps-limit", type=int, default=None, help="emulate: replay only N iterations")
     parser.add_argument("--capture", type=Path, default=None,
                         help="slice: the capture folder (raw/ and payloads/) that the replay server answers from")
     parser.add_argument("--devices", type=int, default=None,
@@ -101,11 +116,15 @@ def parse(argv: list[str]) -> LaunchSpec:
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
-                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture)
+                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
+                      pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit)
+    if opts.sandbox and opts.slice_ranks:
+        raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
+    option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
     try:
-        spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
+        spec.slice_ranks = [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
-        raise LaunchError(f"--slice-ranks must be comma-separated rank numbers (got {opts.slice_ranks!r})") from None
+        raise LaunchError(f"{option} must be comma-separated rank numbers (got {text!r})") from None
     if rest[0] in ("-m", "--module"):
         if len(rest) < 2:
             raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
@@ -119,6 +138,7 @@ def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    mode = modes.get(spec.mode)
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -129,10 +149,10 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
-    if spec.mode == "slice":
-        _validate_slice(spec)
+    if mode.needs_capture:
+        _validate_slice(spec, mode)
     elif spec.slice_ranks or spec.capture is not None:
-        raise LaunchError("--slice-ranks and --capture belong to --mode slice")
+        raise LaunchError("--slice-ranks, --sandbox and --capture belong to --mode slice / emulate")
     if spec.script is not None:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
@@ -152,21 +172,31 @@ def validate(spec: LaunchSpec) -> None:
     _check_known_workload(spec)
 
 
-def _validate_slice(spec: LaunchSpec) -> None:
-    ranks, world = spec.slice_ranks, spec.nproc
+def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
+    """Slice and emulate: the ranks run for real and the capture the others are replayed from."""
+    ranks, world, opt = spec.slice_ranks, spec.nproc, mode.ranks_option
     if not ranks:
-        raise LaunchError("--mode slice needs --slice-ranks (e.g. --slice-ranks 0,1: the ranks that run for real)")
+        raise LaunchError(f"--mode {mode.name} needs {opt} (e.g. {opt} 0,1: the ranks that run for real)")
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:
-        raise LaunchError(f"--slice-ranks {bad} outside 0..{world - 1} (--nproc {world})")
+        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {world})")
     if len(set(ranks)) != len(ranks):
-        raise LaunchError(f"--slice-ranks lists a rank twice: {ranks}")
+        raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    if len(ranks) > cores:
-        raise LaunchError(f"a slice of {len(ranks)} ranks needs {len(ranks)} cores (one device each); this "
-                          f"machine has {cores}: plan slices of at most {cores} ranks")
+    slots = spec.devices if mode.name == "emulate" and spec.devices else len(ranks)
+    if mode.name == "emulate" and slots < 1:
+        raise LaunchError(f"--devices must be at least 1 (got {slots})")
+    if slots > cores:
+        raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
+                          f"machine has {cores}: use at most {cores}")
+    if mode.name == "emulate":
+        spec.devices = slots
     if spec.capture is None:
-        raise LaunchError("--mode slice needs --capture CAPDIR (the output folder of `prism launch --mode capture`)")
+        raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
+                          "`prism launch --mode capture`, or a job folder holding it)")
+    if mode.name == "emulate" and not (spec.capture / "raw" / "meta.json").is_file() \
+            and (spec.capture / "capture" / "raw" / "meta.json").is_file():
+        spec.capture = spec.capture / "capture"  # a job folder: its capture lives in JOB/capture
     meta_path = spec.capture / "raw" / "meta.json"
     if not meta_path.is_file():
         raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
@@ -227,10 +257,11 @@ def launch(spec: LaunchSpec) -> int:
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
-                "PRISM_SLICE_RANKS"):
+                "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
     payload_staging = shm_dir = None
-    if spec.mode != "off":
+    mode = modes.get(spec.mode)
+    if mode.intercepted:
         env["PRISM_MODE"] = spec.mode
         if spec.out is not None:
             staging = spec.out / f".raw.tmp-{run_id}"
@@ -245,9 +276,10 @@ def launch(spec: LaunchSpec) -> int:
             payload_staging = spec.out / f".payloads.tmp-{run_id}"
             payload_staging.mkdir(parents=True)
             env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
-    if spec.mode == "slice":  # the store is hosted by the supervisor, as in capture
+    if mode.replay:  # the store is hosted by the supervisor, as in capture
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
-                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)))
+                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)), PRISM_PRUNING=str(int(spec.pruning)),
+                   PRISM_STATUS_DIR=str(status_dir))
         if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
             # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
@@ -258,8 +290,9 @@ def launch(spec: LaunchSpec) -> int:
         "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
         "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
     }
-    if spec.mode == "slice":
-        zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
+    if mode.replay:
+        zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
+                     prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
     spec_file = status_dir / "spec.json"
     spec_file.write_text(json.dumps(zspec))
     started = time.time()
@@ -277,8 +310,11 @@ def launch(spec: LaunchSpec) -> int:
             shutil.rmtree(shm_dir, ignore_errors=True)
     if code < 0:  # the zygote died of a signal: report it as a shell would
         code = 128 - code
-    stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
+    stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    if spec.mode == "emulate":
+        stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
+                                            for p in status_dir.glob("emulate-rank*.json")}}
     shutil.rmtree(status_dir, ignore_errors=True)
     if code == 0 and staging is not None:
         _publish(staging, spec, run_id, started, stats)
@@ -332,8 +368,26 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats,
                     gloo_lazy_init=os.environ.get("TORCH_GLOO_LAZY_INIT",
                                                   "1" if spec.nproc > SLICE_LAZY_GLOO_FROM else "0") == "1")
+    if spec.mode == "emulate":
+        meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
+                    t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
+
+
+def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
+    """meta.json's `emulation`: the replay worker's numbers plus the sandbox ranks' transports'."""
+    replay, ranks = stats["replay"], stats["ranks"].values()
+    return {
+        "pruning": spec.pruning, "startup_s": replay.get("startup_s"),
+        "communicators": replay.get("communicators", 0) + sum(r["communicators"] for r in ranks),
+        "worker_communicators": replay.get("communicators", 0),
+        "bytes_moved": sum(r["bytes_sent"] for r in ranks) + replay.get("bytes_sent", 0),
+        "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
+        "worker_bytes_sent": replay.get("bytes_sent", 0),
+        "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
+        "prefetch": replay.get("prefetch"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
