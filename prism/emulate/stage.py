@@ -57,21 +57,27 @@ def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | 
     return cmd + job.program + list(what_if)
 
 
-def _run(cmd: list[str]) -> int:
-    """Run the launcher in its own session (its output goes to the terminal); on interrupt, stop it whole."""
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        return proc.wait()
-    except BaseException:
+def _run(cmd: list[str], log: Path) -> int:
+    """Run the launcher in its own session, its output forwarded to the terminal and kept in `log`; on an
+    interrupt, stop it whole."""
+    with open(log, "wb") as keep:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+            for line in proc.stdout:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+                keep.write(line)
+            return proc.wait()
+        except BaseException:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        raise
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
 
 
 def _publish(staging: Path, final: Path) -> None:
@@ -113,16 +119,20 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
     run_dir = staging / "run"
     try:
         cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin, what_if)
-        code = launch(cmd, run_dir) if launch is not None else _run(cmd)
+        staging.mkdir(parents=True)
+        launch_log = staging / "launch.log"
+        code = launch(cmd, run_dir) if launch is not None else _run(cmd, launch_log)
         if code != 0:
             raise LaunchFailed(code, ranks)
         em = outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps)
         result = staging / "emulation"
         artifacts.write_outputs(result, em.tables, outputs.SCHEMAS)
-        logs = run_dir / "logs"
+        logs = sorted((run_dir / "logs").glob("rank=*.log"))
         (result / "logs").mkdir()
-        for log in sorted(logs.glob("rank=*.log")) if logs.is_dir() else []:
+        for log in logs:
             shutil.copy2(log, result / "logs" / log.name)
+        if not logs and launch_log.is_file():  # a launcher that keeps no per-rank logs: its whole output
+            shutil.copy2(launch_log, result / "logs" / "launch.log")
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
         (result / "summary.txt").write_text(text)
         shutil.copy2(run_dir / "raw" / "meta.json", result / "meta.json")  # the launch's stats

@@ -213,3 +213,38 @@ def test_launch_command_follows_the_contract(job):
                              "2,3", "--out", str(job / "out"), "--devices", "2", "--no-pruning", "--prefetch-mb",
                              "64", "--steps-limit"]
     assert cmd[-len(WORKLOAD) - 2:] == WORKLOAD + ["--extra-compute-ms", "20"]  # the capture's program, what-if
+
+
+def test_steps_limit_measures_a_prefix(job):
+    def first_iteration(rank, table):
+        return table.filter(pc.equal(table["iteration"], 0))
+
+    with pytest.raises(outputs.MismatchError, match="the sequence ended"):
+        stage.emulate(job, "2", launch=fake_launcher(job, [2], [], edit=first_iteration))
+    em, text = stage.emulate(job, "2", steps=1, launch=fake_launcher(job, [2], [], edit=first_iteration))
+    assert em.measured_iterations == [0] and "1 iteration(s) emulated (0)" in text
+    events = read(job, "events")
+    mine = events[events["rank"] == 2]
+    assert set(mine[mine.iteration == 0].source) == {"sandbox"} and set(mine[mine.iteration == 1].source) == {
+        "computed"}
+
+
+def test_real_emulation_end_to_end(job):
+    """`prism emulate` over `prism launch --mode emulate`: the sandbox's real run, its log, its memory."""
+    proc = run_prism(["emulate", "--job", str(job), "--sandbox", "pp=last,dp=1", "--devices", "1"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sandbox rank(s) 3 of W=4" in proc.stdout
+    events = read(job, "events")
+    graph = pq.read_table(job / "graph" / "events.parquet").to_pandas()
+    assert len(events) == len(graph)
+    mine = events[events["rank"] == 3]
+    assert set(mine.source) == {"sandbox"} and len(mine) == int((graph["rank"] == 3).sum())
+    assert (mine.end_ns.to_numpy()[1:] >= mine.start_ns.to_numpy()[1:]).all()
+    iters = read(job, "iterations")
+    assert sorted(iters[iters.source == "sandbox"].iteration) == [0, 1]
+    assert len(read(job, "memory")) == int(((graph["rank"] == 3) & (graph.kind == "marker")).sum())
+    logs = job / "emulation" / "logs"
+    log = logs / "rank=3.log" if (logs / "rank=3.log").is_file() else logs / "launch.log"  # per-rank: the runtime's
+    assert "step=2 loss=" in log.read_text() and "step=2 loss=" in proc.stdout
+    meta = json.loads((job / "emulation" / "meta.json").read_text())
+    assert meta["mode"] == "emulate" and meta["sandbox"] == [3] and meta["emulation"]["communicators"] > 0
