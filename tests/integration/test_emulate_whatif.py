@@ -5,10 +5,9 @@ path (the last pipeline stage: every microbatch's extra work delays the step) an
 first stage: the extra work of its later microbatches fills time it spends waiting for the heavy last
 stage, whose vocabulary projection dominates).
 
-W=2, PP=2, 4 microbatches, calibrated from a slice run of both ranks. The sandbox's measurements are real
-runs of the program with the rest replayed (slice mode, `recorded_launcher`): run B with
-``--extra-compute-ms 20`` on both ranks (the stage substitutes only the sandbox rank's durations), run C
-unchanged: how far C moves the prediction is the run-to-run spread.
+W=2, PP=2, 4 microbatches, calibrated from a slice run of both ranks. For each sandbox rank, two real
+emulations (`prism emulate`): one of the changed program (``--what-if-args``), one unchanged: how far the
+unchanged one moves the prediction from the calibrated one is the sandbox's run-to-run spread.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from prism.calibrate import substitute
 from prism.calibrate.stage import iterations_table, load_graph
 from prism.emulate import outputs, stage
 from tests.conftest import REPO, make_env, run_prism
-from tests.integration.emulate_fake import recorded_launcher
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +40,6 @@ def prism(*args: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def measured_run(job: Path, out: Path, *extra: str) -> Path:
-    """Both ranks run the (changed) program for real, pinned, in slice mode."""
-    prism("launch", "--nproc", "2", "--mode", "slice", "--slice-ranks", "0,1", "--capture", str(job), "--pin",
-          "--out", str(out), *WORKLOAD, *extra)
-    return out
-
-
 def steady(per_iter: dict[int, int]) -> dict[int, int]:
     return {k: v for k, v in per_iter.items() if k >= 1}
 
@@ -57,9 +48,9 @@ def predicted(graph, durations, transfers) -> dict[int, int]:
     return steady(outputs.job_iteration_ns(iterations_table(graph, substitute.sweep(graph, durations, transfers))))
 
 
-def emulated(job: Path, run: Path, rank: int) -> dict[int, int]:
-    """The stage's job iteration time (the substituted sweep) with `run`'s measurement of `rank`."""
-    em, _ = stage.emulate(job, str(rank), force=True, launch=recorded_launcher(run, [rank]))
+def emulated(job: Path, rank: int, *what_if: str) -> dict[int, int]:
+    """The emulated job's iteration time (the substituted sweep) with `rank` as the sandbox."""
+    em, _ = stage.emulate(job, str(rank), devices=1, force=True, what_if=list(what_if))
     it = em.tables["iterations"]
     return steady(outputs.job_iteration_ns(it.filter(pc.equal(it["source"].cast(pa.string()), "computed"))))
 
@@ -75,8 +66,6 @@ def test_extra_compute_grows_the_job_as_the_sweep_predicts(tmp_path):
         proc = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True, timeout=600, cwd=REPO,
                               env=make_env())
         assert proc.returncode == 0, proc.stderr[-3000:]
-    changed = measured_run(job, tmp_path / "B", "--extra-compute-ms", str(X_MS), "--extra-compute-rank", "0,1")
-    plain = measured_run(job, tmp_path / "C")
 
     graph = load_graph(job)
     durations, transfers, source = substitute.calibrated_inputs(job, graph)
@@ -85,7 +74,8 @@ def test_extra_compute_grows_the_job_as_the_sweep_predicts(tmp_path):
     growth = {}
     for rank in (0, 1):
         want = predicted(graph, substitute.lengthen_after_marker(graph, durations, rank, X_MS * 10**6), transfers)
-        base, more = emulated(job, plain, rank), emulated(job, changed, rank)
+        base = emulated(job, rank)
+        more = emulated(job, rank, "--extra-compute-ms", str(X_MS), "--extra-compute-rank", str(rank))
         spread = max(abs(base[k] - calibrated[k]) for k in base)
         grew = statistics.median(more[k] - calibrated[k] for k in more)
         expect = statistics.median(want[k] - calibrated[k] for k in want)

@@ -88,3 +88,14 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
     # nothing changed: nothing is scheduled
     again = snakemake(*args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # the emulation ran (its config section), and changing only its settings re-runs only it
+    emulated = (tmp_path / "tiny" / "emulation" / "summary.txt").read_text()
+    assert "sandbox rank(s) 1 of W=2" in emulated
+    other = tmp_path / "other_sandbox.yaml"
+    other.write_text(data_path("tiny.yaml").read_text().replace('sandbox: "1"', 'sandbox: "0"'))
+    changed = snakemake("--profile", "profiles/local", "--configfile", str(other), "--config", f"results={tmp_path}",
+                        "-n")
+    out = changed.stdout + changed.stderr
+    assert "rule emulate:" in out, out
+    for rule in ("capture", "graph", "slice_run", "calibrate", "summary", "baseline_run"):
+        assert f"rule {rule}:" not in out, rule
