@@ -241,7 +241,7 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
     delta = f" ({100 * (emu - cal) / cal:+.1f} % vs calibrated)" if cal and emu is not None else ""
     lines = [
         f"prism emulate of {job_dir}: sandbox rank(s) {','.join(map(str, em.sandbox))} of W={em.meta.get('world_size')}"
-        f" on {devices or '?'} device(s), {len(keep)} iteration(s) emulated ({', '.join(map(str, keep))}), "
+        f" on {em.meta.get('devices') or devices or '?'} device(s), {len(keep)} iteration(s) emulated ({', '.join(map(str, keep))}), "
         f"{seconds:.1f} s",
         "",
         "job iteration time (slowest rank per iteration, median over iterations >= 1 of those emulated):",

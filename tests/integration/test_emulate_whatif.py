@@ -55,6 +55,7 @@ def emulated(job: Path, rank: int, *what_if: str) -> dict[int, int]:
     return steady(outputs.job_iteration_ns(it.filter(pc.equal(it["source"].cast(pa.string()), "computed"))))
 
 
+@pytest.mark.timeout(900)  # a capture, a slice run and four emulations
 def test_extra_compute_grows_the_job_as_the_sweep_predicts(tmp_path):
     job = tmp_path / "job"
     prism("launch", "--nproc", "2", "--mode", "capture", "--devices", "2", "--out", str(job), *WORKLOAD)
