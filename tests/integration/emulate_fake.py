@@ -76,19 +76,3 @@ def fake_launcher(capture: Path, sandbox: list[int], replayed: list[int], scale:
 def only_kind(table: pa.Table, kind: str) -> pa.Table:
     return table.filter(pc.equal(table["kind"].cast(pa.string()), kind))
 
-
-def recorded_launcher(run: Path, sandbox: list[int]):
-    """A `launch(cmd, out)` whose sandbox ranks' measurement is another real run's (`run`: a capture of the
-    same program, e.g. with a what-if flag): their PrismTrace, its first event as the common start."""
-
-    def launch(cmd: list[str], out: Path) -> int:
-        tables = {r: artifacts.read_raw_stream(run / "raw" / f"rank={r}" / "events.arrow") for r in sandbox}
-        t0 = min(int(pc.min(t["t_start_ns"]).as_py()) for t in tables.values())
-        for r, t in tables.items():
-            _write(t, out / "raw" / f"rank={r}" / "events.arrow")
-        meta = json.loads((run / "raw" / "meta.json").read_text())
-        (out / "raw" / "meta.json").write_text(json.dumps({
-            "mode": "emulate", "world_size": meta["world_size"], "sandbox": sandbox, "t0_ns": t0}))
-        return 0
-
-    return launch
