@@ -13,6 +13,7 @@ def test_unknown_size_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a W=16 capture on P=2, its graph, calibration and emulation
 def test_smallest_size(tmp_path):
     proc = run_prism(["bench", "emulate", "--sizes", "16", "--steps", "2", "--out", str(tmp_path)], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
