@@ -39,7 +39,7 @@ from prism.runtime.capture import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-_STATS = {"communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0}
+_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0}
 
 
 class EmulationError(RuntimeError):
@@ -156,6 +156,38 @@ class _EmuWork(Work):
         self.wait()
 
 
+class _SourceWork(Work):
+    """A recv's work that also says who sent (what `recv_anysource` answers)."""
+
+    def __init__(self, inner: Work, src: int) -> None:
+        super().__init__()
+        self._inner, self._src = inner, src
+
+    def wait(self, timeout=None) -> bool:
+        return self._inner.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._inner.get_future()
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def _source_rank(self) -> int:
+        return self._src
+
+
 class EmulateTransport(CaptureTransport):
     """The transport of one group of a sandbox rank (see the module doc)."""
 
@@ -167,6 +199,7 @@ class EmulateTransport(CaptureTransport):
         self.n = len(members)
         self.seq = 0
         self.sent, self.received, self.received_any = {}, {}, {}
+        _STATS["groups"] += 1
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
         self.index = self.host[self.members[self.me]]
@@ -227,14 +260,18 @@ class EmulateTransport(CaptureTransport):
         return self.pg.recv(list(tensors), self.host[self.members[src]], p2p_tag(tag, self.n, src, self.me))
 
     def _recv_anysource(self, work_id, op, tensors, tag):
-        raise EmulationError("prism emulate does not replay a recv from any source yet (group "
-                             f"{self.group}); name the source rank in the program")
+        """Only where one source is possible (a group of two): a recv from that member."""
+        if self.n != 2:
+            raise EmulationError(f"prism emulate replays a recv from any source only in groups of two (group "
+                                 f"{self.group} has {self.n} members); name the source rank in the program")
+        src = 1 - self.me
+        return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
 
 
 def write_rank_stats(rank: int) -> None:
     """At the sandbox rank's end: its transports' numbers, for meta.json (`emulation`)."""
     folder = os.environ.get("PRISM_STATUS_DIR")
-    if folder:
+    if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(_STATS))

@@ -290,6 +290,11 @@ def launch(spec: LaunchSpec) -> int:
         "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
         "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
     }
+    log_staging = None
+    if spec.mode == "emulate" and spec.out is not None:  # the sandbox ranks' output, also in OUT/logs
+        log_staging = spec.out / f".logs.tmp-{run_id}"
+        log_staging.mkdir(parents=True)
+        zspec["log_dir"] = str(log_staging.resolve())
     if mode.replay:
         zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
                      prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
@@ -320,8 +325,10 @@ def launch(spec: LaunchSpec) -> int:
         _publish(staging, spec, run_id, started, stats)
         if payload_staging is not None:
             _replace_dir(payload_staging, spec.out / "payloads", run_id)
+        if log_staging is not None:
+            _replace_dir(log_staging, spec.out / "logs", run_id)
     else:
-        for folder in (staging, payload_staging):
+        for folder in (staging, payload_staging, log_staging):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
     return code

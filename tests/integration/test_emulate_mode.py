@@ -1,0 +1,181 @@
+"""Mode emulate: the sandbox ranks run the real program while one replay worker stands in for every other rank.
+
+(a) An unchanged program prints, on the sandbox ranks, bitwise what those ranks printed in the capture (and
+within 1e-5 of plain torchrun); (b) a changed contribution reaches the result: the sandbox's all-reduce is
+prism's fold of its live contribution with the virtual ranks' recorded ones, not the capture's result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+import torch
+
+from prism.runtime import semantics, shm
+from tests.conftest import PROGRAMS, run_prism, run_torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def _capture(job, nproc: int, program: list[str], devices: int = 1):
+    proc = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", str(devices),
+                      "--out", str(job / "capture"), *program])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _emulate(job, nproc: int, sandbox: str, program: list[str], *extra: str, out: str = "emu"):
+    return run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture", str(job / "capture"),
+                      "--sandbox", sandbox, *extra, "--out", str(job / out), *program])
+
+
+def _results(text: str, ranks=None) -> list[str]:
+    lines = [line for line in text.splitlines() if line.startswith("result ")]
+    if ranks is not None:
+        lines = [line for line in lines if int(line.split()[2]) in ranks]
+    return sorted(lines)
+
+
+def _meta(job, out: str = "emu") -> dict:
+    return json.loads((job / out / "raw" / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def order_job(tmp_path_factory):
+    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4."""
+    job = tmp_path_factory.mktemp("emu") / "job"
+    cap = _capture(job, 4, [str(PROGRAMS / "reduction_order.py")])
+    return job, cap
+
+
+def test_unchanged_program_repeats_the_capture_bitwise(order_job):
+    """Sandbox {1} alone and {0, 2} together (two runs of virtual members, a rank-0 root): each collective
+    output's hash equals the capture's for the same rank, though the virtual ranks only exist as replay."""
+    job, cap = order_job
+    for sandbox, out in (("1", "emu1"), ("0,2", "emu02")):
+        ranks = {int(r) for r in sandbox.split(",")}
+        proc = _emulate(job, 4, sandbox, [str(PROGRAMS / "reduction_order.py")], "--devices", "1", out=out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = _results(proc.stdout)
+        assert got == _results(cap.stdout, ranks) and len(got) >= 5 * len(ranks)
+        meta = _meta(job, out)
+        assert meta["mode"] == "emulate" and meta["sandbox"] == sorted(ranks)
+        emu = meta["emulation"]
+        assert emu["pruning"] and emu["collectives_replayed"] == 6 and emu["bytes_moved"] > 0
+        # one group (the world): one compensator per run of virtual ranks in the worker
+        assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
+        assert emu["communicators"] == 2 + len(ranks)
+        assert sorted(p.name for p in (job / out / "raw").iterdir()) == ["meta.json"] + [f"rank={r}" for r in sorted(ranks)]
+        assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
+        assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
+            _results(cap.stdout, {min(ranks)})
+
+
+def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
+    job, cap = order_job
+    proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], "--no-pruning", out="emu_np")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1})
+    emu = _meta(job, "emu_np")["emulation"]
+    assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+
+
+def _recorded(job, rank: int, nth: int) -> torch.Tensor:
+    """Rank's recorded contribution to its `nth` collective (program order) in the capture."""
+    with pa.OSFile(str(job / "capture" / "raw" / f"rank={rank}" / "payloads.arrow")) as f:
+        rows = ipc.open_stream(f).read_all().to_pylist()
+    ins = sorted((r["work_id"], r["hash"]) for r in rows if r["role"] == "in")
+    _, tensors = shm.PayloadStore(job / "capture" / "payloads").get(ins[nth][1])
+    return tensors[0]
+
+
+def test_changed_contribution_is_folded_live(tmp_path):
+    """(b) Rank 2 triples its contribution at step 1 (the capture ran the unchanged program): its step-1
+    sum is semantics.reduce over [recorded 0, recorded 1, live 2, recorded 3], bitwise; steps 0 and 2 are
+    the capture's. Slice mode would print the capture's step-1 sum instead."""
+    import sys
+
+    sys.path.insert(0, str(PROGRAMS))
+    from scaled_contribution import contribution
+
+    job = tmp_path / "job"
+    prog = [str(PROGRAMS / "scaled_contribution.py")]
+    cap = _capture(job, 4, prog)
+    proc = _emulate(job, 4, "2", prog + ["--scale-rank", "2", "--scale", "3.0"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {line.split()[1]: line.split()[3] for line in _results(proc.stdout)}
+    want = {line.split()[1]: line.split()[3] for line in _results(cap.stdout, {2})}
+    assert got["step=0"] == want["step=0"] and got["step=2"] == want["step=2"]
+    live = contribution(2, 1) * 3.0
+    assert torch.equal(_recorded(job, 2, 1) * 3.0, live)  # the capture recorded the unscaled value
+    parts = [_recorded(job, 0, 1), _recorded(job, 1, 1), live, _recorded(job, 3, 1)]
+    expected = semantics.reduce(parts, semantics.RedOp.SUM)
+    assert got["step=1"] == hashlib.sha256(expected.numpy().tobytes()).hexdigest()[:16]
+    assert got["step=1"] != want["step=1"]
+
+
+def test_alltoall_program_repeats_the_capture(tmp_path):
+    """The public-API all-to-all program (uneven all_to_all_single, recv from any source, async ops):
+    rank 1 in the sandbox prints what it printed in the capture, and what plain torchrun prints."""
+    job = tmp_path / "job"
+    prog = [str(PROGRAMS / "alltoall.py")]
+    cap = _capture(job, 2, prog)
+    proc = _emulate(job, 2, "1", prog)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1}) and _results(proc.stdout)
+    ref = run_torchrun(2, prog)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert _results(proc.stdout) == _results(ref.stdout, {1})
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+STEP = re.compile(r"step=(\d+) (loss|grad_norm)=(\S+)")
+
+
+def _steps(text: str) -> list[tuple[int, str, float]]:
+    return sorted((int(m[1]), m[2], float(m[3])) for m in STEP.finditer(text))
+
+
+LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss are tp 0 on the last stage)
+    (4, ["--tp", "2", "--dp", "2", "--ep", "2"], "0"),
+    (4, ["--pp", "2", "--dp", "2", "--microbatches", "4", "--var-seq"], "2"),
+]
+
+
+@pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS, ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq"])
+def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandbox):
+    job = tmp_path / "job"
+    prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
+    cap = _capture(job, nproc, prog, devices=2)
+    proc = _emulate(job, nproc, sandbox, prog)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _steps(proc.stdout + proc.stderr)
+    want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
+    assert len(got) == 4 and got == want  # two steps, loss and grad_norm, as printed (bitwise text)
+    ref = run_torchrun(nproc, prog)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    for (s, what, x), (s2, what2, y) in zip(got, sorted(set(_steps(ref.stdout + ref.stderr)))):
+        assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
+
+
+def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_path):
+    job, _ = order_job
+    prog = [str(PROGRAMS / "reduction_order.py")]
+    proc = _emulate(job, 4, "4", prog, out="bad")
+    assert proc.returncode == 2 and "--sandbox [4] outside 0..3" in proc.stderr
+    assert not (job / "bad" / "raw").exists()
+    # another program against this capture: the first differing op is named with both sides
+    proc = _emulate(job, 4, "1", [str(PROGRAMS / "scaled_contribution.py")], out="diverged")
+    assert proc.returncode != 0
+    assert re.search(r"rank 1 diverged from its capture: its op #\d+ \(seq \d+ in the capture\)", proc.stderr), \
+        proc.stderr[-3000:]
+    assert not (job / "diverged" / "raw").exists() and not (job / "diverged" / "logs").exists()
+    assert not [p for p in (job / "diverged").iterdir() if p.name.startswith(".")]
