@@ -22,10 +22,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import emulation
+from prism.runtime import emulation, timed_replay
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
@@ -37,6 +38,15 @@ class EmulationWorker(ReplayServer):
         self.pruned = pruned
         self.parts = {g: emulation.participants(plan.groups[g], plan.slice_ranks, pruned) for g in plan.order}
         self.communicators = 0
+        self.timed = None  # a TimedReplay when the job is calibrated
+
+    def _gate(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.gate(comm)
+
+    def _done(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.complete(comm)
 
     def compensators(self, group: str) -> list[tuple[int, int, list[int]]]:
         """(participant index, rank, run) of the group's compensators."""
@@ -85,7 +95,10 @@ class EmulationWorker(ReplayServer):
             self.state[name] = f"{c.op} #{c.seq}"
             blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
                      for _, _, run in comps]
+            comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
+            self._gate(comm)
             emulation.issue_exchange(pgs, blobs)
+            self._done(comm)
             self.ops += 1
         self.state[name] = "done"
 
@@ -106,11 +119,14 @@ class EmulationWorker(ReplayServer):
         tag = emulation.p2p_tag(ch.tag, n, src, dst)
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
+            self._gate(comm)
             if sending:
                 pg.send(list(ts), host[ch.dst], tag).wait()
                 emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:
                 pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
+            self._done(comm)
             self.messages += 1
         self.state[name] = "done"
 
@@ -131,8 +147,17 @@ def serve(spec: dict) -> int:
     worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
                              bool(spec.get("pruning", True)))
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    found = timed_replay.find_artifacts(capture)
+    if found is not None:
+        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"))
     t0_ns = time.monotonic_ns()
     threads = worker.start()
+    loop = None
+    if worker.timed is not None:
+        loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
+                                name="prism-timed-replay")
+        loop.start()
+        threads.append(loop)
     while any(t.is_alive() for t in threads):
         if worker.errors:
             print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
@@ -140,6 +165,8 @@ def serve(spec: dict) -> int:
         if stop.is_set():
             print("[prism] emulation worker stopped before it replayed everything; still waiting for: "
                   + "; ".join(worker.pending()), file=sys.stderr, flush=True)
+            if worker.timed is not None:
+                worker.timed.stop()
             return 1
         for t in threads:
             t.join(0.05)
@@ -148,7 +175,15 @@ def serve(spec: dict) -> int:
     if worker.errors:
         print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
         return 1
-    summary = {"t0_ns": t0_ns, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
+    timed = worker.timed is not None
+    if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks
+        folder = Path(spec["raw_staging"]) / "replay"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = worker.timed.table()
+        with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (folder / "events.arrow.tmp").replace(folder / "events.arrow")
+    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
                "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned, "prefetch": None}

@@ -295,6 +295,7 @@ def launch(spec: LaunchSpec) -> int:
         log_staging = spec.out / f".logs.tmp-{run_id}"
         log_staging.mkdir(parents=True)
         zspec["log_dir"] = str(log_staging.resolve())
+        zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
     if mode.replay:
         zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
                      prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
@@ -393,7 +394,8 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
         "worker_bytes_sent": replay.get("bytes_sent", 0),
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
-        "prefetch": replay.get("prefetch"),
+        "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
+        "replayed_events": replay.get("replayed_events", 0),
     }
 
 
