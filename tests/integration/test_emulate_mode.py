@@ -179,3 +179,59 @@ def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_p
         proc.stderr[-3000:]
     assert not (job / "diverged" / "raw").exists() and not (job / "diverged" / "logs").exists()
     assert not [p for p in (job / "diverged").iterdir() if p.name.startswith(".")]
+
+
+def _stream(path) -> list[dict]:
+    with pa.OSFile(str(path)) as f:
+        return ipc.open_stream(f).read_all().to_pylist()
+
+
+def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
+    """With a calibrated timeline (written here: the capture's own times, rank 3's first compute event 1.5 s
+    longer), the worker replays the virtual ranks on that clock: the sandbox's first all_reduce completes
+    only after rank 3 arrives (t0 + 1.5 s), and the replayed timeline of ranks 0, 2, 3 is recorded."""
+    import pyarrow.parquet as pq
+
+    from prism import schemas
+
+    job, cap = order_job
+    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
+    assert graph.returncode == 0, graph.stderr[-3000:]
+    events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
+    origin = min(r["t_start_ns"] for r in events)
+    slow, shift, rows = 1_500_000_000, 0, []
+    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
+        start, end = r["t_start_ns"] - origin, r["t_end_ns"] - origin
+        if r["rank"] == 3:
+            start += shift
+            if r["kind"] == "compute" and not shift:
+                shift = slow
+            end += shift
+        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
+    (job / "calibrated").mkdir()
+    try:
+        pq.write_table(pa.Table.from_pylist(rows, schema=schemas.TIMELINE), job / "calibrated" / "timeline.parquet")
+        proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], out="timed")
+    finally:
+        (job / "calibrated" / "timeline.parquet").unlink()
+        (job / "calibrated").rmdir()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1})  # the values do not depend on the timing
+    meta = _meta(job, "timed")
+    t0 = meta["t0_ns"]
+    assert meta["emulation"]["timed"]
+    replayed = _stream(job / "timed" / "raw" / "replay" / "events.arrow")
+    assert {r["rank"] for r in replayed} == {0, 2, 3}
+    for rank in (0, 2, 3):  # the virtual ranks' whole program order, as in the capture
+        mine = [r for r in replayed if r["rank"] == rank]
+        assert [(r["seq"], r["kind"], r["op"]) for r in mine] == \
+            [(r["seq"], r["kind"], r["op"]) for r in sorted(events, key=lambda r: r["seq"]) if r["rank"] == rank]
+    arrive3 = next(r for r in replayed if r["rank"] == 3 and r["kind"] == "collective")["t_start_ns"]
+    assert arrive3 - t0 >= slow
+    sandbox = _stream(job / "timed" / "raw" / "rank=1" / "events.arrow")
+    first_wait = next(r for r in sandbox if r["kind"] == "wait")
+    assert first_wait["t_end_ns"] >= arrive3  # it waited for the slow virtual rank
+    # the virtual ranks' own waits on that all_reduce end at its real completion, not before rank 3 arrived
+    for rank in (0, 2):
+        wait = next(r for r in replayed if r["rank"] == rank and r["kind"] == "wait")
+        assert wait["t_end_ns"] >= arrive3
