@@ -26,13 +26,15 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import emulation, timed_replay
+from prism.runtime import emulation, shm, timed_replay
+from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
 class EmulationWorker(ReplayServer):
-    def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool) -> None:
+    def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool, prefetch_bytes: int = 0) -> None:
         super().__init__(plan, capture, timeout)
+        self.pool = PayloadPool(prefetch_bytes, self._read_file)
         self.lazy = False  # every participant of a group takes part in its collectives
         self.built = list(plan.order)
         self.pruned = pruned
@@ -47,6 +49,43 @@ class EmulationWorker(ReplayServer):
     def _done(self, comm: int) -> None:
         if self.timed is not None:
             self.timed.complete(comm)
+
+    # -- payloads: through the prefetch pool, in the order of use -------------------------------------------
+    def _path(self, digest: str) -> str:
+        return str(self.payloads.dir / digest[:2] / f"{digest}.bin")
+
+    @staticmethod
+    def _read_file(path: str) -> torch.Tensor:
+        with open(path, "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+    def _load(self, digest: str):
+        path = self._path(digest)
+        try:
+            data = self.pool.get(path)
+        except (FileNotFoundError, RuntimeError):
+            raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
+        self.pool.release(path)
+        return shm.decode(bytearray(data.numpy()))
+
+    def _prefetched(self, items: list, load):
+        """Yield (item, load(item)) in order; loading ahead is the pool's job (its stalls are counted)."""
+        for item in items:
+            yield item, load(item)
+
+    def schedule_payloads(self) -> None:
+        """Tell the pool the order of use: the groups' collectives and the channels' messages, interleaved
+        by position (each replay thread takes its own in order)."""
+        streams = []
+        for group in self.built:
+            comps = self.compensators(group)
+            streams.append([self.plan.payload[(v, c.key)] for c in self.plan.collectives[group]
+                            for _, _, run in comps for v in run if (v, c.key) in self.plan.payload])
+        streams += [list(ch.hashes) for ch in self.plan.channels if ch.src not in self.plan.slice_ranks]
+        order = []
+        for i in range(max((len(s) for s in streams), default=0)):
+            order += [s[i] for s in streams if i < len(s)]
+        self.pool.schedule(self._path(d) for d in order)
 
     def compensators(self, group: str) -> list[tuple[int, int, list[int]]]:
         """(participant index, rank, run) of the group's compensators."""
@@ -145,7 +184,8 @@ def serve(spec: dict) -> int:
         print(f"[prism] emulation worker: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
     worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
-                             bool(spec.get("pruning", True)))
+                             bool(spec.get("pruning", True)), int(spec.get("prefetch_mb", 256)) << 20)
+    worker.schedule_payloads()
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     found = timed_replay.find_artifacts(capture)
     if found is not None:
@@ -186,7 +226,8 @@ def serve(spec: dict) -> int:
     summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
                "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
-               "pruning": worker.pruned, "prefetch": None}
+               "pruning": worker.pruned,
+               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
     tmp = status_dir / "replay.done.tmp"
     tmp.write_text(json.dumps(summary))
     tmp.replace(status_dir / "replay.done")

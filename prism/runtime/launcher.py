@@ -191,6 +191,10 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
                           f"machine has {cores}: use at most {cores}")
     if mode.name == "emulate":
         spec.devices = slots
+        if spec.prefetch_mb < 0:
+            raise LaunchError(f"--prefetch-mb must be >= 0 (0 turns prefetch off; got {spec.prefetch_mb})")
+        if spec.steps_limit is not None and spec.steps_limit < 1:
+            raise LaunchError(f"--steps-limit must be at least 1 (got {spec.steps_limit})")
     if spec.capture is None:
         raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
                           "`prism launch --mode capture`, or a job folder holding it)")

@@ -70,6 +70,9 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         # one group (the world): one compensator per run of virtual ranks in the worker
         assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
         assert emu["communicators"] == 2 + len(ranks)
+        pool = emu["prefetch"]  # default pool: every payload the worker sends went through it, within capacity
+        assert pool["prefetch_mb"] == 256 and pool["loaded"] + pool["direct"] == 6 * (4 - len(ranks))
+        assert 0 < pool["peak_bytes"] <= pool["capacity_bytes"]
         assert sorted(p.name for p in (job / out / "raw").iterdir()) == ["meta.json"] + [f"rank={r}" for r in sorted(ranks)]
         assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
         assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
@@ -77,12 +80,15 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
 
 
 def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
+    """Also with prefetch off: every payload load is a stall (18: 6 collectives x 3 virtual ranks)."""
     job, cap = order_job
-    proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], "--no-pruning", out="emu_np")
+    proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], "--no-pruning", "--prefetch-mb", "0",
+                    out="emu_np")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _results(proc.stdout) == _results(cap.stdout, {1})
     emu = _meta(job, "emu_np")["emulation"]
     assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+    assert emu["prefetch"]["stalls"] == emu["prefetch"]["direct"] == 18 and emu["prefetch"]["peak_bytes"] == 0
 
 
 def _recorded(job, rank: int, nth: int) -> torch.Tensor:
