@@ -1,6 +1,6 @@
 """All-reduces whose result tells a live contribution from a recorded one (prism emulate's test (b)).
 
-Run: torchrun --nproc-per-node 4 tests/programs/scaled_contribution.py [--scale-rank R --scale F]
+Run: torchrun --nproc-per-node 4 tests/programs/scaled_contribution.py [--scale-rank R --scale F] [--crash-rank R]
 Each step every rank all-reduces values of very different magnitudes (every summation order rounds
 differently) and prints `result step=<k> <rank> <sha256 of the sum's bytes>`. With `--scale-rank R`, rank R
 multiplies its contribution by F at step 1 (a changed program, same communication): an emulation that
@@ -25,10 +25,13 @@ def main() -> None:
     p.add_argument("--scale-rank", type=int, default=-1)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--crash-rank", type=int, default=-1, help="this rank raises at step 1 (a crashing program)")
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for step in range(a.steps):
+        if rank == a.crash_rank and step == 1:
+            raise RuntimeError("deliberate crash at step 1")
         t = contribution(rank, step)
         if rank == a.scale_rank and step == 1:
             t = t * a.scale
