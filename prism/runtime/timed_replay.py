@@ -98,6 +98,7 @@ class TimedReplay:
         self.cursor = {v: 0 for v in self.ranks}
         self.clock = {v: 0 for v in self.ranks}
         self.out: list[dict] = []
+        self.out_comm: list[int] = []  # the comm of each recorded op (-1: none)
         self.cv = threading.Condition()
         self.t0_ns = 0
         self.stopped = False
@@ -203,16 +204,18 @@ class TimedReplay:
                 self._resume(u, done)
 
     def _resume(self, u: int, done: int) -> None:
-        self.clock[u] = max(self.clock[u], done)
-        heapq.heappush(self.heap, (self.clock[u], u))
+        """u's wait (at its clock) can end at `done`: back on the heap (the wait is recorded on resuming)."""
+        heapq.heappush(self.heap, (max(self.clock[u], done), u))
 
     def _record(self, e: dict, start: int, end: int) -> None:
         row = {f.name: e[f.name] for f in schemas.RAW_EVENTS}
         row["t_start_ns"], row["t_end_ns"] = self.t0_ns + start, self.t0_ns + end
-        comm = e["comm_id"]
-        row["t_complete_ns"] = self.t0_ns + self.completion[comm] if comm in self.completion else -1
         row["cpu_ns"] = row["device_ns"] = end - start
         self.out.append(row)
+        self.out_comm.append(e["comm_id"] if e["kind"] in _COMM else -1)
 
     def table(self) -> pa.Table:
+        """The replayed events; an op's `t_complete_ns` is its completion (known by now, or -1)."""
+        for row, comm in zip(self.out, self.out_comm):
+            row["t_complete_ns"] = self.t0_ns + self.completion[comm] if comm in self.completion else -1
         return pa.Table.from_pylist(self.out, schema=schemas.RAW_EVENTS)
