@@ -130,13 +130,16 @@ class EmulationWorker(ReplayServer):
             return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
 
         pgs = [self.pgs[group][r] for _, r, _ in comps]
+        indices = [i for i, _, _ in comps]
+        sandbox = set(self.plan.slice_ranks)
+        receivers = [i for i, (r, _) in enumerate(self.parts[group]) if r in sandbox]
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
             blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
                      for _, _, run in comps]
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             self._gate(comm)
-            emulation.issue_exchange(pgs, blobs)
+            emulation.issue_exchange(pgs, indices, blobs, receivers)
             self._done(comm)
             self.ops += 1
         self.state[name] = "done"
