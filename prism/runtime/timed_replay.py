@@ -54,6 +54,7 @@ class TimedReplay:
         if steps_limit is not None:
             rows = [r for r in rows if r["iteration"] < steps_limit]
         rows.sort(key=lambda r: (r["rank"], r["seq"]))
+        self.driven = {r["comm_id"] for r in rows if r["comm_id"] >= 0}  # comms the loop's ranks take part in
         all_members: dict[int, set[int]] = defaultdict(set)
         for r in ev.select(["rank", "comm_id"]).to_pylist():
             if r["comm_id"] >= 0:
@@ -113,7 +114,7 @@ class TimedReplay:
     def gate(self, comm: int) -> None:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
         the last arrival (a comm the loop does not drive, e.g. beyond --steps-limit, passes at once)."""
-        if comm < 0:
+        if comm < 0 or comm not in self.driven:
             return
         want = self.virtual_members.get(comm, set()) & set(self.ranks)
         with self.cv:
