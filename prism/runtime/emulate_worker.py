@@ -22,21 +22,70 @@ from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import emulation
+from prism.runtime import emulation, shm, timed_replay
+from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
 class EmulationWorker(ReplayServer):
-    def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool) -> None:
+    def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool, prefetch_bytes: int = 0) -> None:
         super().__init__(plan, capture, timeout)
+        self.pool = PayloadPool(prefetch_bytes, self._read_file)
         self.lazy = False  # every participant of a group takes part in its collectives
         self.built = list(plan.order)
         self.pruned = pruned
         self.parts = {g: emulation.participants(plan.groups[g], plan.slice_ranks, pruned) for g in plan.order}
         self.communicators = 0
+        self.timed = None  # a TimedReplay when the job is calibrated
+
+    def _gate(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.gate(comm)
+
+    def _done(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.complete(comm)
+
+    # -- payloads: through the prefetch pool, in the order of use -------------------------------------------
+    def _path(self, digest: str) -> str:
+        return str(self.payloads.dir / digest[:2] / f"{digest}.bin")
+
+    @staticmethod
+    def _read_file(path: str) -> torch.Tensor:
+        with open(path, "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+    def _load(self, digest: str):
+        path = self._path(digest)
+        try:
+            data = self.pool.get(path)
+        except (FileNotFoundError, RuntimeError):
+            raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
+        self.pool.release(path)
+        return shm.decode(bytearray(data.numpy()))
+
+    def _prefetched(self, items: list, load):
+        """Yield (item, load(item)) in order; loading ahead is the pool's job (its stalls are counted)."""
+        for item in items:
+            yield item, load(item)
+
+    def schedule_payloads(self) -> None:
+        """Tell the pool the order of use: the groups' collectives and the channels' messages, interleaved
+        by position (each replay thread takes its own in order)."""
+        streams = []
+        for group in self.built:
+            comps = self.compensators(group)
+            streams.append([self.plan.payload[(v, c.key)] for c in self.plan.collectives[group]
+                            for _, _, run in comps for v in run if (v, c.key) in self.plan.payload])
+        streams += [list(ch.hashes) for ch in self.plan.channels if ch.src not in self.plan.slice_ranks]
+        order = []
+        for i in range(max((len(s) for s in streams), default=0)):
+            order += [s[i] for s in streams if i < len(s)]
+        self.pool.schedule(self._path(d) for d in order)
 
     def compensators(self, group: str) -> list[tuple[int, int, list[int]]]:
         """(participant index, rank, run) of the group's compensators."""
@@ -81,11 +130,17 @@ class EmulationWorker(ReplayServer):
             return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
 
         pgs = [self.pgs[group][r] for _, r, _ in comps]
+        indices = [i for i, _, _ in comps]
+        sandbox = set(self.plan.slice_ranks)
+        receivers = [i for i, (r, _) in enumerate(self.parts[group]) if r in sandbox]
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
             blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
                      for _, _, run in comps]
-            emulation.issue_exchange(pgs, blobs)
+            comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
+            self._gate(comm)
+            emulation.issue_exchange(pgs, indices, blobs, receivers)
+            self._done(comm)
             self.ops += 1
         self.state[name] = "done"
 
@@ -106,11 +161,14 @@ class EmulationWorker(ReplayServer):
         tag = emulation.p2p_tag(ch.tag, n, src, dst)
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
+            self._gate(comm)
             if sending:
                 pg.send(list(ts), host[ch.dst], tag).wait()
                 emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:
                 pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
+            self._done(comm)
             self.messages += 1
         self.state[name] = "done"
 
@@ -129,10 +187,20 @@ def serve(spec: dict) -> int:
         print(f"[prism] emulation worker: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
     worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
-                             bool(spec.get("pruning", True)))
+                             bool(spec.get("pruning", True)), int(spec.get("prefetch_mb", 256)) << 20)
+    worker.schedule_payloads()
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    found = timed_replay.find_artifacts(capture)
+    if found is not None:
+        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"))
     t0_ns = time.monotonic_ns()
     threads = worker.start()
+    loop = None
+    if worker.timed is not None:
+        loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
+                                name="prism-timed-replay")
+        loop.start()
+        threads.append(loop)
     while any(t.is_alive() for t in threads):
         if worker.errors:
             print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
@@ -140,6 +208,8 @@ def serve(spec: dict) -> int:
         if stop.is_set():
             print("[prism] emulation worker stopped before it replayed everything; still waiting for: "
                   + "; ".join(worker.pending()), file=sys.stderr, flush=True)
+            if worker.timed is not None:
+                worker.timed.stop()
             return 1
         for t in threads:
             t.join(0.05)
@@ -148,10 +218,19 @@ def serve(spec: dict) -> int:
     if worker.errors:
         print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
         return 1
-    summary = {"t0_ns": t0_ns, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
+    timed = worker.timed is not None
+    if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks
+        folder = Path(spec["raw_staging"]) / "replay"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = worker.timed.table()
+        with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (folder / "events.arrow.tmp").replace(folder / "events.arrow")
+    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
                "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
-               "pruning": worker.pruned, "prefetch": None}
+               "pruning": worker.pruned,
+               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
     tmp = status_dir / "replay.done.tmp"
     tmp.write_text(json.dumps(summary))
     tmp.replace(status_dir / "replay.done")

@@ -7,9 +7,10 @@ groups holding a sandbox rank exist as communicators (the sandbox rank creates o
 worker only groups with a sandbox rank and a virtual one): one gloo instance per participant over the key
 space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves.
 
-A collective is an exchange of contributions among the participants (two gloo all-gathers: sizes, then
-the padded bytes): a sandbox member contributes its *live* tensors, a compensator the *recorded* tensors of
-its run's members (from the capture's payloads). Every sandbox member then computes its outputs from all n
+A collective is an exchange of contributions over the participants' gloo pairs: every participant sends
+its blob (size, then bytes) to each sandbox participant, so a sandbox member receives every other one and
+a compensator nothing. A sandbox member contributes its *live* tensors, a compensator the *recorded*
+tensors of its run's members (from the capture's payloads). Every sandbox member then computes its outputs from all n
 members' contributions with `semantics` (the very code capture mode runs: `CaptureTransport`'s completion
 functions), so its result is bitwise what prism defines over its live values and the virtual ranks'
 recorded ones — not the capture's result (which slice mode substitutes). The exchange runs on one thread
@@ -39,7 +40,7 @@ from prism.runtime.capture import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-_STATS = {"communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0}
+_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0}
 
 
 class EmulationError(RuntimeError):
@@ -88,31 +89,44 @@ def decode_parts(data: bytes) -> dict[int, tuple[dict, list[torch.Tensor]]]:
     return out
 
 
-def issue_exchange(pgs: list[ProcessGroupGloo], blobs: list[bytes]) -> list[bytes]:
-    """All-gather one blob per participant instance in `pgs` (the instances of one group held by this
-    process, issued together so that none waits for another); returns every participant's blob."""
-    size = len(pgs)
-    if size == 0:
-        return list(blobs)
-    world = pgs[0].size()
-    sizes = [[torch.empty(1, dtype=torch.int64) for _ in range(world)] for _ in pgs]
-    works = [pg.allgather([s], [torch.tensor([len(b)], dtype=torch.int64)]) for pg, s, b in zip(pgs, sizes, blobs)]
+COLL_TAG = 1 << 30  # gloo tags of the collectives' exchanges (p2p tags stay far below: p2p_tag)
+
+
+def issue_exchange(pgs: list[ProcessGroupGloo], indices: list[int], blobs: list[bytes],
+                   receivers: list[int]) -> dict[int, bytes]:
+    """One collective's contributions: each participant instance in `pgs` (participant `indices[k]` of the
+    group, all held by this process) sends its blob to every sandbox participant (`receivers`) but itself;
+    a sandbox participant (one instance) receives every other participant's blob. Compensators receive
+    nothing (their outputs would be discarded). Returns {participant: blob} (a receiver: all of them)."""
+    if not pgs:
+        return {0: blobs[0]}
+    keep, works = [], []
+    for pg, me, blob in zip(pgs, indices, blobs):
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+        size = torch.tensor([len(blob)], dtype=torch.int64)
+        keep += [data, size]
+        for r in receivers:
+            if r != me:
+                works.append(pg.send([size], r, COLL_TAG))
+                if len(blob):
+                    works.append(pg.send([data], r, COLL_TAG + 1))
+                _STATS["bytes_sent"] += len(blob)
+    got = {me: blob for me, blob in zip(indices, blobs)}
+    if len(pgs) == 1 and indices[0] in receivers:
+        pg, me = pgs[0], indices[0]
+        others = [j for j in range(pg.size()) if j != me]
+        sizes = {j: torch.empty(1, dtype=torch.int64) for j in others}
+        for w in [pg.recv([sizes[j]], j, COLL_TAG) for j in others]:
+            w.wait()
+        bufs = {j: torch.empty(int(sizes[j].item()), dtype=torch.uint8) for j in others}
+        for w in [pg.recv([bufs[j]], j, COLL_TAG + 1) for j in others if bufs[j].numel()]:
+            w.wait()
+        for j in others:
+            got[j] = bytes(bufs[j].numpy())
+            _STATS["bytes_received"] += bufs[j].numel()
     for w in works:
         w.wait()
-    lengths = [int(t.item()) for t in sizes[0]]
-    longest = max(lengths)
-    outs = [[torch.empty(longest, dtype=torch.uint8) for _ in range(world)] for _ in pgs]
-    works = []
-    for pg, o, b in zip(pgs, outs, blobs):
-        buf = torch.zeros(longest, dtype=torch.uint8)
-        if b:
-            buf[:len(b)] = torch.frombuffer(bytearray(b), dtype=torch.uint8)
-        works.append(pg.allgather([o], [buf]))
-    for w in works:
-        w.wait()
-    _STATS["bytes_sent"] += longest * (world - 1) * len(pgs)
-    _STATS["bytes_received"] += longest * (world - 1) * len(pgs)
-    return [bytes(t[:n].numpy()) for t, n in zip(outs[0], lengths)]
+    return got
 
 
 # -- rank side ---------------------------------------------------------------------------------------------
@@ -156,6 +170,38 @@ class _EmuWork(Work):
         self.wait()
 
 
+class _SourceWork(Work):
+    """A recv's work that also says who sent (what `recv_anysource` answers)."""
+
+    def __init__(self, inner: Work, src: int) -> None:
+        super().__init__()
+        self._inner, self._src = inner, src
+
+    def wait(self, timeout=None) -> bool:
+        return self._inner.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._inner.get_future()
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def _source_rank(self) -> int:
+        return self._src
+
+
 class EmulateTransport(CaptureTransport):
     """The transport of one group of a sandbox rank (see the module doc)."""
 
@@ -167,9 +213,12 @@ class EmulateTransport(CaptureTransport):
         self.n = len(members)
         self.seq = 0
         self.sent, self.received, self.received_any = {}, {}, {}
+        _STATS["groups"] += 1
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
         self.index = self.host[self.members[self.me]]
+        sandbox = sandbox_ranks()
+        self.receivers = [i for i, (r, _) in enumerate(self.parts) if r in sandbox]
         self.pg = None
         if len(self.parts) > 1:
             self.pg = ProcessGroupGloo(PrefixStore("gloo/", emu_store(group_name, store)), self.index,
@@ -196,7 +245,8 @@ class EmulateTransport(CaptureTransport):
         def run() -> None:
             try:
                 got: dict = {}
-                for data in issue_exchange([self.pg] if self.pg is not None else [], [blob]):
+                pgs = [self.pg] if self.pg is not None else []
+                for data in issue_exchange(pgs, [self.index], [blob], self.receivers).values():
                     got.update(decode_parts(data))
                 self.got[key] = got
                 with torch.no_grad():
@@ -227,14 +277,18 @@ class EmulateTransport(CaptureTransport):
         return self.pg.recv(list(tensors), self.host[self.members[src]], p2p_tag(tag, self.n, src, self.me))
 
     def _recv_anysource(self, work_id, op, tensors, tag):
-        raise EmulationError("prism emulate does not replay a recv from any source yet (group "
-                             f"{self.group}); name the source rank in the program")
+        """Only where one source is possible (a group of two): a recv from that member."""
+        if self.n != 2:
+            raise EmulationError(f"prism emulate replays a recv from any source only in groups of two (group "
+                                 f"{self.group} has {self.n} members); name the source rank in the program")
+        src = 1 - self.me
+        return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
 
 
 def write_rank_stats(rank: int) -> None:
     """At the sandbox rank's end: its transports' numbers, for meta.json (`emulation`)."""
     folder = os.environ.get("PRISM_STATUS_DIR")
-    if folder:
+    if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(_STATS))

@@ -191,6 +191,10 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
                           f"machine has {cores}: use at most {cores}")
     if mode.name == "emulate":
         spec.devices = slots
+        if spec.prefetch_mb < 0:
+            raise LaunchError(f"--prefetch-mb must be >= 0 (0 turns prefetch off; got {spec.prefetch_mb})")
+        if spec.steps_limit is not None and spec.steps_limit < 1:
+            raise LaunchError(f"--steps-limit must be at least 1 (got {spec.steps_limit})")
     if spec.capture is None:
         raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
                           "`prism launch --mode capture`, or a job folder holding it)")
@@ -290,6 +294,12 @@ def launch(spec: LaunchSpec) -> int:
         "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
         "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
     }
+    log_staging = None
+    if spec.mode == "emulate" and spec.out is not None:  # the sandbox ranks' output, also in OUT/logs
+        log_staging = spec.out / f".logs.tmp-{run_id}"
+        log_staging.mkdir(parents=True)
+        zspec["log_dir"] = str(log_staging.resolve())
+        zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
     if mode.replay:
         zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
                      prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
@@ -320,8 +330,10 @@ def launch(spec: LaunchSpec) -> int:
         _publish(staging, spec, run_id, started, stats)
         if payload_staging is not None:
             _replace_dir(payload_staging, spec.out / "payloads", run_id)
+        if log_staging is not None:
+            _replace_dir(log_staging, spec.out / "logs", run_id)
     else:
-        for folder in (staging, payload_staging):
+        for folder in (staging, payload_staging, log_staging):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
     return code
@@ -386,7 +398,8 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
         "worker_bytes_sent": replay.get("bytes_sent", 0),
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
-        "prefetch": replay.get("prefetch"),
+        "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
+        "replayed_events": replay.get("replayed_events", 0),
     }
 
 

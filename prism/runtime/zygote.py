@@ -174,6 +174,21 @@ def _run_replay(spec: dict) -> int:
     return code
 
 
+class _Tee:
+    """A forwarding sink that also appends to a rank's log file (mode emulate: OUT/logs/rank=R.log)."""
+
+    def __init__(self, sink, log) -> None:
+        self.sink, self.log = sink, log
+
+    def write(self, data: bytes) -> None:
+        self.sink.write(data)
+        self.log.write(data)
+
+    def flush(self) -> None:
+        self.sink.flush()
+        self.log.flush()
+
+
 class _LineForwarder:
     """Forwards the ranks' stdout/stderr whole lines at a time, so lines of different ranks never mix."""
 
@@ -363,8 +378,13 @@ def supervise(spec: dict) -> int:
         os.close(w_out)
         os.close(w_err)
         read_ends += [r_out, r_err]
-        out.add(r_out, sys.stdout.buffer)
-        out.add(r_err, sys.stderr.buffer)
+        if spec.get("log_dir") and rank != REPLAY:
+            log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
+            out.add(r_out, _Tee(sys.stdout.buffer, log))
+            out.add(r_err, _Tee(sys.stderr.buffer, log))
+        else:
+            out.add(r_out, sys.stdout.buffer)
+            out.add(r_err, sys.stderr.buffer)
         if capture:
             child_end.close()
             ctl[rank] = parent_end
