@@ -10,6 +10,7 @@ COMMANDS = {
     "graph": ("prism.graph", "build the graph tables of a job from its raw trace"),
     "sql": ("prism.sql", "DuckDB SQL over a job's artifacts"),
     "calibrate": ("prism.calibrate.stage", "one global clock for a job's graph (calibrated timeline)"),
+    "emulate": ("prism.emulate.stage", "run sandbox ranks for real inside the replayed job (emulation/)"),
     "baseline": ("prism.baseline", "the real run of a job config, its graph and summary"),
     "bench": ("prism.bench", "benchmarks that print tables (overhead, ...)"),
 }

@@ -53,12 +53,25 @@ class CaptureConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class EmulateConfig:
+    """The `emulate` section; `wanted` when the config has one (the pipeline then runs the stage)."""
+
+    wanted: bool = False
+    sandbox: str | None = None  # ranks or coordinates (prism.emulate.sandbox); None: the stage's default
+    devices: int | None = None
+    steps: int | None = None
+    pruning: bool = True
+    prefetch_mb: int | None = None
+
+
+@dataclass(kw_only=True, slots=True)
 class JobConfig:
     job: str
     nproc: int
     workload: WorkloadConfig
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    emulate: EmulateConfig = field(default_factory=EmulateConfig)
     results: str = "results"
     device: str = "cpu"
 
@@ -142,6 +155,7 @@ def _check_devices(job: JobConfig, source: str) -> None:
 
 def from_dict(raw: dict, source: str = "config") -> JobConfig:
     validate(raw, source)
+    wants_emulation = "emulate" in raw  # with_defaults adds the section: decide from what the user wrote
     raw = with_defaults(raw)
     wl = raw["workload"]
     job = JobConfig(
@@ -153,9 +167,16 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
                                 args=_workload_args(wl, raw["device"], source)),
         baseline=BaselineConfig(**raw["baseline"]),
         capture=CaptureConfig(**raw["capture"]),
+        emulate=_emulate(raw, wants_emulation),
     )
     _check_devices(job, source)
     return job
+
+
+def _emulate(raw: dict, wanted: bool) -> EmulateConfig:
+    section = dict(raw.get("emulate") or {})
+    run = section.pop("run", True)
+    return EmulateConfig(wanted=wanted and run, **section)
 
 
 def load(path: str | Path | None = None) -> JobConfig:

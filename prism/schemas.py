@@ -183,6 +183,38 @@ ITERATIONS = pa.schema(
     ]
 )
 
+# The emulation (`emulation/events.parquet`): every event of the job on the emulation's clock (ns from its
+# start), the graph's columns as measured by the row's source: 'sandbox' (a sandbox rank's real run),
+# 'replay' (a virtual rank the replay worker drove in wall-clock time), 'computed' (the calibrate sweep with
+# the sandbox's measured durations substituted).
+EMULATION_EVENTS = pa.schema(
+    list(EVENTS)
+    + [
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("source", _dict, nullable=False),
+    ]
+)
+
+# Per rank and iteration of the emulation (`emulation/iterations.parquet`), as `ITERATIONS`: 'computed' rows
+# for every rank (the substituted sweep: the job's prediction under the sandbox's measured behaviour),
+# 'sandbox' rows for each sandbox rank (its measured timeline).
+EMULATION_ITERATIONS = pa.schema(list(ITERATIONS) + [pa.field("source", _dict, nullable=False)])
+
+# The sandbox ranks' memory at each marker of their real run (`emulation/memory.parquet`).
+EMULATION_MEMORY = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("microbatch", pa.int32(), nullable=False),
+        pa.field("marker", _dict, nullable=False),  # fwd_begin, bwd_end, iteration_end, ...
+        pa.field("t_ns", pa.int64(), nullable=False),  # the marker's end, ns from the emulation's start
+        pa.field("mem_bytes", pa.int64(), nullable=False),
+        pa.field("mem_peak_bytes", pa.int64(), nullable=False),
+    ]
+)
+
 ALL: dict[str, pa.Schema] = {
     "raw_events": RAW_EVENTS,
     "raw_groups": RAW_GROUPS,
@@ -195,6 +227,9 @@ ALL: dict[str, pa.Schema] = {
     "slice_events": SLICE_EVENTS,
     "timeline": TIMELINE,
     "iterations": ITERATIONS,
+    "emulation_events": EMULATION_EVENTS,
+    "emulation_iterations": EMULATION_ITERATIONS,
+    "emulation_memory": EMULATION_MEMORY,
 }
 
 

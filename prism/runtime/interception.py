@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture, markers
+from prism.runtime import capture, markers, modes
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
 from prism.runtime.transport import RealTransport, slice_store
 
-MODES = ("real", "capture", "slice")  # emulate arrives with its transport
+MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
 
 _state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": [], "mode": None, "out": None}
 
@@ -38,12 +38,12 @@ def _ensure_recorder() -> Recorder | None:
         if _state["out"] is not None:
             rank = int(os.environ.get("RANK", "0"))
             device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
-            if _state["mode"] == "slice":  # checks every op against the capture as it is issued
+            if modes.get(_state["mode"]).recorder == "checked":  # checks every op against the capture as issued
                 rec = SliceRecorder(rank, _state["out"], Path(os.environ["PRISM_CAPTURE"]), device=device)
             else:
                 rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
-        drain = _drain if _state["mode"] == "capture" else None
+        drain = _drain if modes.get(_state["mode"]).coordinator else None
         _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
     return _state["recorder"]
 
@@ -68,12 +68,17 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     name = str(dist_opts.group_id)
     rec = _ensure_recorder()
-    if _state["mode"] == "capture":
+    kind = modes.get(_state["mode"]).transport
+    if kind == "capture":
         transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
+    elif kind == "emulate":
+        from prism.runtime.emulation import EmulateTransport
+
+        transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
     else:
         args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
         kwargs = dict(want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name)
-        if _state["mode"] == "slice":
+        if kind == "slice":
             # the real transport, in a key space the replay server (the virtual members) can reach
             transport = SliceTransport(slice_store(name, dist_opts.store), *args, results=_captured_results(),
                                        **kwargs)
@@ -90,11 +95,12 @@ def install(mode: str, out_dir: str | Path | None) -> None:
     """Route every process group through prism's backend in `mode`, recording to `out_dir` (or not)."""
     if mode not in MODES:
         raise ValueError(f"PRISM_MODE={mode!r} is not a mode of this prism (modes: {', '.join(MODES)})")
+    mode_ = modes.get(mode)
     if _state["installed"]:
         return
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
-    if mode == "capture":
+    if mode_.coordinator:
         capture.install_future_helpers()
     original = c10d._new_process_group_helper
 
@@ -140,7 +146,7 @@ def install_from_env() -> None:
 
 def start_rank() -> None:
     """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
-    if _state["mode"] == "capture":
+    if modes.get(_state["mode"]).coordinator:
         capture.client().start()
 
 
@@ -155,5 +161,9 @@ def finish(code: int = 0) -> None:
     rec = _state["recorder"]
     if rec is not None and code == 0:
         rec.close()
+    if _state["mode"] == "emulate" and code == 0:
+        from prism.runtime import emulation
+
+        emulation.write_rank_stats(int(os.environ.get("RANK", "0")))
     if linked:
         capture.client().finish(code)

@@ -2,9 +2,13 @@
 
     prism launch --nproc W [--mode real|capture|off] [--out DIR [--force]] [--pin] (SCRIPT | -m MODULE) [ARGS...]
     prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--out DIR] [--pin] ...
+    prism launch --nproc W --mode emulate --sandbox 3,17 --capture JOB [--devices P] [--no-pruning] ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`).
+Mode `emulate` forks only the sandbox ranks plus one replay worker (`prism.runtime.emulation`): the
+sandbox's collectives compute prism's semantics over its live contributions and the virtual ranks'
+recorded ones (pruned: one compensating peer per run of consecutive virtual members).
 
 Everything a user can get wrong is checked here, before any rank starts (exit code 2); the program checks
 its own arguments in its ranks (a rank exiting with code 2 is reported once, as a usage error). With `--out`,
@@ -39,12 +43,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import run_files
+from prism.runtime import modes, run_files
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-MODES = ("real", "capture", "slice", "off")
+MODES = tuple(modes.MODES)
 SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
 HANG_EXIT = 86  # exit code of a detected hang: distinct from a program's own small exit codes
 
@@ -67,7 +71,10 @@ class LaunchSpec:
     payloads: bool = True  # capture: keep every contribution for the later modes
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
-    capture: Path | None = None  # slice: the capture folder the replay server answers from
+    capture: Path | None = None  # slice, emulate: the capture folder the replay process answers from
+    pruning: bool = True  # emulate: one compensator per run of virtual members (False: one peer each)
+    prefetch_mb: int = 256  # emulate: payload pool of the replay worker
+    steps_limit: int | None = None  # emulate: replay only the first N iterations
     force: bool = False  # --out may hold files: clear them
     progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
 
@@ -82,7 +89,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             split = i
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
-                   "--slice-ranks", "--capture"):
+                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -97,6 +104,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "--devices slots through the coordinator; slice: run --slice-ranks for real, "
                              "the other ranks replayed from --capture; off: no interception")
     parser.add_argument("--slice-ranks", default="", help="slice: comma-separated global ranks to run for real")
+    parser.add_argument("--sandbox", default="", help="emulate: comma-separated global ranks that run the real "
+                                                      "program inside the replayed job")
+    parser.add_argument("--no-pruning", action="store_true",
+                        help="emulate: every virtual member of a group is its own peer (no compensators)")
+    parser.add_argument("--prefetch-mb", type=int, default=256, help="emulate: payload prefetch pool (MiB)")
+    parser.add_argument("--steps-limit", type=int, default=None, help="emulate: replay only N iterations")
     parser.add_argument("--capture", type=Path, default=None,
                         help="slice: the capture folder (raw/ and payloads/) that the replay server answers from")
     parser.add_argument("--devices", type=int, default=None,
@@ -123,11 +136,15 @@ def parse(argv: list[str]) -> LaunchSpec:
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
                       preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
-                      force=opts.force, progress=opts.progress)
+                      force=opts.force, progress=opts.progress,
+                      pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit)
+    if opts.sandbox and opts.slice_ranks:
+        raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
+    option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
     try:
-        spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
+        spec.slice_ranks = [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
-        raise LaunchError(f"--slice-ranks must be comma-separated rank numbers (got {opts.slice_ranks!r})") from None
+        raise LaunchError(f"{option} must be comma-separated rank numbers (got {text!r})") from None
     if rest[0] in ("-m", "--module"):
         if len(rest) < 2:
             raise LaunchError("-m needs a module name (e.g. -m prism.workloads.moe_gpt)")
@@ -141,6 +158,7 @@ def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    mode = modes.get(spec.mode)
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -153,13 +171,14 @@ def validate(spec: LaunchSpec) -> None:
                               f"cores (CPU device slots); use 1..{cores}")
     elif spec.progress:
         raise LaunchError(f"--progress reports a capture's progress; --mode {spec.mode} has none to report")
-    if spec.mode != "capture" and spec.devices is not None:
-        raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks; "
-                          f"--mode {spec.mode} gives every rank its own process: drop --devices")
-    if spec.mode == "slice":
-        _validate_slice(spec)
+    if spec.mode not in ("capture", "emulate") and spec.devices is not None:
+        raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks (or "
+                          f"the sandbox ranks of --mode emulate); --mode {spec.mode} gives every rank its own "
+                          "process: drop --devices")
+    if mode.needs_capture:
+        _validate_slice(spec, mode)
     elif spec.slice_ranks or spec.capture is not None:
-        raise LaunchError("--slice-ranks and --capture belong to --mode slice")
+        raise LaunchError("--slice-ranks, --sandbox and --capture belong to --mode slice / emulate")
     if spec.script is not None:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
@@ -175,21 +194,35 @@ def validate(spec: LaunchSpec) -> None:
         raise LaunchError(f"--out {spec.out} is a file, not a folder; choose another path")
 
 
-def _validate_slice(spec: LaunchSpec) -> None:
-    ranks, world = spec.slice_ranks, spec.nproc
+def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
+    """Slice and emulate: the ranks run for real and the capture the others are replayed from."""
+    ranks, world, opt = spec.slice_ranks, spec.nproc, mode.ranks_option
     if not ranks:
-        raise LaunchError("--mode slice needs --slice-ranks (e.g. --slice-ranks 0,1: the ranks that run for real)")
+        raise LaunchError(f"--mode {mode.name} needs {opt} (e.g. {opt} 0,1: the ranks that run for real)")
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:
-        raise LaunchError(f"--slice-ranks {bad} outside 0..{world - 1} (--nproc {world})")
+        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {world})")
     if len(set(ranks)) != len(ranks):
-        raise LaunchError(f"--slice-ranks lists a rank twice: {ranks}")
+        raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    if len(ranks) > cores:
-        raise LaunchError(f"a slice of {len(ranks)} ranks needs {len(ranks)} cores (one device each); this "
-                          f"machine has {cores}: plan slices of at most {cores} ranks")
+    slots = spec.devices if mode.name == "emulate" and spec.devices else len(ranks)
+    if mode.name == "emulate" and slots < 1:
+        raise LaunchError(f"--devices must be at least 1 (got {slots})")
+    if slots > cores:
+        raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
+                          f"machine has {cores}: use at most {cores}")
+    if mode.name == "emulate":
+        spec.devices = slots
+        if spec.prefetch_mb < 0:
+            raise LaunchError(f"--prefetch-mb must be >= 0 (0 turns prefetch off; got {spec.prefetch_mb})")
+        if spec.steps_limit is not None and spec.steps_limit < 1:
+            raise LaunchError(f"--steps-limit must be at least 1 (got {spec.steps_limit})")
     if spec.capture is None:
-        raise LaunchError("--mode slice needs --capture CAPDIR (the output folder of `prism launch --mode capture`)")
+        raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
+                          "`prism launch --mode capture`, or a job folder holding it)")
+    if mode.name == "emulate" and not (spec.capture / "raw" / "meta.json").is_file() \
+            and (spec.capture / "capture" / "raw" / "meta.json").is_file():
+        spec.capture = spec.capture / "capture"  # a job folder: its capture lives in JOB/capture
     meta_path = spec.capture / "raw" / "meta.json"
     if not meta_path.is_file():
         raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
@@ -273,10 +306,11 @@ class _SignalForwarder:
 def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
     tag = run_files.temp_tag(run_id)
     status_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
-    staging = payload_staging = shm_dir = None
+    staging = payload_staging = shm_dir = log_staging = None
+    mode = modes.get(spec.mode)
     code = 1
     try:
-        env = _rank_environment(spec)
+        env = _rank_environment(spec, status_dir)
         if spec.mode != "off" and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
@@ -296,8 +330,14 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
             "progress": _progress_style(spec),
         }
-        if spec.mode == "slice":
-            zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture))
+        if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
+            log_staging = spec.out / f".logs.tmp-{tag}"
+            log_staging.mkdir()
+            zspec["log_dir"] = str(log_staging.resolve())
+            zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
+        if mode.replay:
+            zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
+                         prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
         spec_file = status_dir / "spec.json"
         spec_file.write_text(json.dumps(zspec))
         started = time.time()
@@ -306,13 +346,18 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
         if signals.received is not None:
             code = 128 + signals.received
         if code == 0 and staging is not None:
-            stats_file = status_dir / ("replay.done" if spec.mode == "slice" else "capture_stats.json")
+            stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+            if spec.mode == "emulate":
+                stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
+                                                    for p in status_dir.glob("emulate-rank*.json")}}
             _publish(staging, spec, run_id, started, stats)
             if payload_staging is not None:
                 _replace_dir(payload_staging, spec.out / "payloads", run_id)
+            if log_staging is not None:
+                _replace_dir(log_staging, spec.out / "logs", run_id)
     finally:
-        for folder in (status_dir, shm_dir, staging, payload_staging):
+        for folder in (status_dir, shm_dir, staging, payload_staging, log_staging):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
     return code
@@ -327,22 +372,24 @@ def _progress_style(spec: LaunchSpec) -> str | None:
     return "log" if spec.progress else None
 
 
-def _rank_environment(spec: LaunchSpec) -> dict[str, str]:
+def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
-                "PRISM_SLICE_RANKS"):
+                "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
-    if spec.mode != "off":
+    mode = modes.get(spec.mode)
+    if mode.intercepted:
         env["PRISM_MODE"] = spec.mode
     if spec.mode == "capture":
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
                    PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
-    if spec.mode == "slice":  # the store is hosted by the supervisor, as in capture
+    if mode.replay:  # the store is hosted by the supervisor, as in capture
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
-                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)))
+                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)), PRISM_PRUNING=str(int(spec.pruning)),
+                   PRISM_STATUS_DIR=str(status_dir))
         if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
             # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
@@ -408,8 +455,27 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats,
                     gloo_lazy_init=os.environ.get("TORCH_GLOO_LAZY_INIT",
                                                   "1" if spec.nproc > SLICE_LAZY_GLOO_FROM else "0") == "1")
+    if spec.mode == "emulate":
+        meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
+                    t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
+
+
+def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
+    """meta.json's `emulation`: the replay worker's numbers plus the sandbox ranks' transports'."""
+    replay, ranks = stats["replay"], stats["ranks"].values()
+    return {
+        "pruning": spec.pruning, "startup_s": replay.get("startup_s"),
+        "communicators": replay.get("communicators", 0) + sum(r["communicators"] for r in ranks),
+        "worker_communicators": replay.get("communicators", 0),
+        "bytes_moved": sum(r["bytes_sent"] for r in ranks) + replay.get("bytes_sent", 0),
+        "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
+        "worker_bytes_sent": replay.get("bytes_sent", 0),
+        "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
+        "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
+        "replayed_events": replay.get("replayed_events", 0),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

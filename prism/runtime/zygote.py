@@ -94,6 +94,8 @@ def _run_rank(spec: dict, rank: int) -> int:
     if spec.get("pin"):
         cores = sorted(os.sched_getaffinity(0))
         index = spec["ranks"].index(rank) if spec.get("ranks") else rank  # slice: one core per slice rank
+        if spec.get("mode") == "emulate":  # the sandbox ranks share --devices slots
+            index %= spec["devices"]
         os.sched_setaffinity(0, {cores[index % len(cores)]})
         torch.set_num_threads(1)
     intercepted = bool(os.environ.get("PRISM_MODE"))
@@ -152,17 +154,23 @@ def _run_replay(spec: dict) -> int:
     os.environ.pop("PRISM_OUT", None)  # the server records nothing
     if spec.get("pin"):  # keep off the slice ranks' cores where others are free (their timings are measured)
         cores = sorted(os.sched_getaffinity(0))
-        free = cores[len(spec["ranks"]):]
+        free = cores[spec.get("devices") or len(spec["ranks"]):] if spec.get("mode") == "emulate" \
+            else cores[len(spec["ranks"]):]
         if free:
             os.sched_setaffinity(0, set(free))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
-        from prism.runtime import replay
+        if spec.get("mode") == "emulate":
+            from prism.runtime import emulate_worker
 
-        code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
-                            float(spec.get("replay_timeout_s") or 600))
+            code = emulate_worker.serve(spec)
+        else:
+            from prism.runtime import replay
+
+            code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
+                                float(spec.get("replay_timeout_s") or 600))
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
@@ -171,6 +179,21 @@ def _run_replay(spec: dict) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+class _Tee:
+    """A forwarding sink that also appends to a rank's log file (mode emulate: OUT/logs/rank=R.log)."""
+
+    def __init__(self, sink, log) -> None:
+        self.sink, self.log = sink, log
+
+    def write(self, data: bytes) -> None:
+        self.sink.write(data)
+        self.log.write(data)
+
+    def flush(self) -> None:
+        self.sink.flush()
+        self.log.flush()
 
 
 class _LineForwarder:
@@ -330,8 +353,11 @@ def supervise(spec: dict) -> int:
     sys.stderr.flush()
     out = _LineForwarder()
     read_ends: list[int] = []
-    capture = spec.get("mode") == "capture"
-    slice_mode = spec.get("mode") == "slice"
+    from prism.runtime import modes
+
+    mode = modes.get(spec.get("mode") or "off")
+    capture = mode.coordinator
+    slice_mode = mode.replay  # slice or emulate: only some ranks, plus the replay process
     ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(range(spec["nproc"]))
     ctl: dict[int, socket.socket] = {}
     for rank in ids:
@@ -362,8 +388,13 @@ def supervise(spec: dict) -> int:
         os.close(w_out)
         os.close(w_err)
         read_ends += [r_out, r_err]
-        out.add(r_out, sys.stdout.buffer)
-        out.add(r_err, sys.stderr.buffer)
+        if spec.get("log_dir") and rank != REPLAY:
+            log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
+            out.add(r_out, _Tee(sys.stdout.buffer, log))
+            out.add(r_err, _Tee(sys.stderr.buffer, log))
+        else:
+            out.add(r_out, sys.stdout.buffer)
+            out.add(r_err, sys.stderr.buffer)
         if capture:
             child_end.close()
             ctl[rank] = parent_end
@@ -431,7 +462,7 @@ def supervise(spec: dict) -> int:
     out.drain(2.0)
     del store
     if replay["error"]:
-        print(f"[prism] slice run failed: {replay['error']}", file=sys.stderr)
+        print(f"[prism] {mode.name} run failed: {replay['error']}", file=sys.stderr)
         return 3
     if link is not None:
         link.close()
@@ -446,7 +477,8 @@ def supervise(spec: dict) -> int:
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
-        who = "the replay server" if rank == REPLAY else f"rank {rank}"
+        who = ("the replay worker" if mode.name == "emulate" else "the replay server") if rank == REPLAY \
+            else f"rank {rank}"
         print(f"[prism] {who} failed with {how}; the other ranks were stopped.", file=sys.stderr)
         tb = Path(spec["status_dir"], "replay.traceback" if rank == REPLAY else f"rank{rank}.traceback")
         if tb.exists():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--bucket-mb", type=float, default=0.25, help="gradient all-reduce bucket size in MiB")
     add("--backend", default=None, help="default: nccl with CUDA, else gloo")
     add("--device", default="cpu", help="cpu, cuda, or auto (cuda when available); cpu unless asked")
+    add("--extra-compute-ms", type=float, default=0.0,
+        help="what-if: busy-spin this much thread CPU time after each microbatch's forward on --extra-compute-rank")
+    add("--extra-compute-rank", default="", help="comma-separated global ranks that spin (default: none)")
     return p.parse_args(argv)
 
 
@@ -134,6 +138,18 @@ def local_batch(a: argparse.Namespace, lay: Layout, step: int, device) -> list[t
     return out
 
 
+def spin(ns: int) -> None:
+    """Busy-spin `ns` of this thread's CPU time (a what-if's extra compute: CPU time grows, unlike a sleep).
+
+    The thread clock is a system call (which can flush the TLB and slow what runs next), so it is read once
+    per ~0.2 ms of spinning on the vDSO wall clock."""
+    end = time.thread_time_ns() + ns
+    while (now := time.thread_time_ns()) < end:
+        stop = time.perf_counter_ns() + min(end - now, 200_000)
+        while time.perf_counter_ns() < stop:
+            pass
+
+
 # ---------------------------------------------------------------- one training step: 1F1B over microbatches
 
 def train_step(a, model: Stage, lay: Layout, sync: GradSync, batch, device) -> torch.Tensor:
@@ -147,6 +163,8 @@ def train_step(a, model: Stage, lay: Layout, sync: GradSync, batch, device) -> t
         n_tokens = all_reduce(torch.tensor([float(local)], device=device), lay.dp_group)
     report = torch.zeros((), device=device)
     done = {"fwd": 0, "bwd": 0}
+    spinning = str(lay.rank) in a.extra_compute_rank.split(",")
+    spin_ns = int(a.extra_compute_ms * 1e6) if spinning else 0
     queue: list[tuple] = []
 
     def forward(x):
@@ -163,6 +181,8 @@ def train_step(a, model: Stage, lay: Layout, sync: GradSync, batch, device) -> t
             objective = objective + dp * ce.sum() / n_tokens[0]
             out = None
         report = report + objective.detach()
+        if spin_ns:
+            spin(spin_ns)
         return x, out, objective
 
     def backward(x, out, objective, grad):

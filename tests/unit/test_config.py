@@ -19,6 +19,20 @@ def test_tiny_config_loads():
     assert job.nproc == 2 and job.baseline.wanted(2, cores=2)
 
 
+def test_emulate_section():
+    assert config.load().emulate.wanted and config.load(data_path("tiny.yaml")).emulate.sandbox == "1"
+    assert not config.from_dict({"job": "x", "nproc": 2, "workload": {"module": "m"},
+                                 "emulate": {"run": False}}).emulate.wanted
+    base = {"job": "x", "nproc": 2, "workload": {"module": "m"}}
+    assert not config.from_dict(base).emulate.wanted
+    e = config.from_dict({**base, "emulate": {"sandbox": "pp=last", "prefetch_mb": 8, "pruning": False}}).emulate
+    assert (e.wanted, e.sandbox, e.prefetch_mb, e.pruning, e.devices) == (True, "pp=last", 8, False, None)
+    with pytest.raises(config.ConfigError, match="'emulate'"):
+        config.from_dict({**base, "emulate": {"sandboxes": "1"}})
+    with pytest.raises(config.ConfigError, match="'emulate.devices'"):
+        config.from_dict({**base, "emulate": {"devices": 0}})
+
+
 def test_args_mapping_becomes_flags():
     assert config.args_to_list({"tp": 2, "var_seq": True, "off": False}) == ["--tp", "2", "--var-seq"]
     assert config.args_to_list(["--x", 3]) == ["--x", "3"]

@@ -43,8 +43,18 @@ def test_tiny_config_dry_run_includes_the_baseline(tmp_path):
                      "--config", f"results={tmp_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    for rule in ("baseline_run", "baseline_graph", "baseline_summary", "capture", "graph", "summary"):
+    for rule in ("baseline_run", "baseline_graph", "baseline_summary", "capture", "graph", "summary", "emulate"):
         assert rule in out, rule
+    assert "--sandbox 1 --devices 1" in out  # the config's emulate section, as the stage's options
+
+
+def test_emulate_runs_only_when_the_config_asks(tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(data_path("tiny.yaml").read_text() + "  run: false\n")  # the emulate section is last
+    proc = snakemake("--profile", "profiles/local", "-n", "--configfile", str(plain), "--config",
+                     f"results={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rule emulate" not in proc.stdout + proc.stderr and "calibrate" in proc.stdout + proc.stderr
 
 
 def test_bad_config_is_rejected_naming_the_key(tmp_path):
@@ -87,3 +97,14 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
     # nothing changed: nothing is scheduled
     again = snakemake(*args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # the emulation ran (its config section), and changing only its settings re-runs only it
+    emulated = (tmp_path / "tiny" / "emulation" / "summary.txt").read_text()
+    assert "sandbox rank(s) 1 of W=2" in emulated
+    other = tmp_path / "other_sandbox.yaml"
+    other.write_text(data_path("tiny.yaml").read_text().replace('sandbox: "1"', 'sandbox: "0"'))
+    changed = snakemake("--profile", "profiles/local", "--configfile", str(other), "--config", f"results={tmp_path}",
+                        "-n")
+    out = changed.stdout + changed.stderr
+    assert "rule emulate:" in out, out
+    for rule in ("capture", "graph", "slice_run", "calibrate", "summary", "baseline_run"):
+        assert f"rule {rule}:" not in out, rule

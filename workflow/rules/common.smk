@@ -41,6 +41,19 @@ def measured_slices(wildcards):
     return [f"{JOB_DIR}/slices/slice={k}/events.parquet" for k in ks]
 
 
+def emulate_options():
+    """The emulate section as `prism emulate` options (quoted for the shell)."""
+    import shlex
+
+    e = JOB.emulate
+    opts = [] if e.sandbox is None else ["--sandbox", e.sandbox]
+    opts += [] if e.devices is None else ["--devices", str(e.devices)]
+    opts += [] if e.steps is None else ["--steps", str(e.steps)]
+    opts += [] if e.pruning else ["--no-pruning"]
+    opts += [] if e.prefetch_mb is None else ["--prefetch-mb", str(e.prefetch_mb)]
+    return " ".join(shlex.quote(o) for o in opts)
+
+
 def final_targets():
     return stage_targets() + [f"{JOB_DIR}/prism.duckdb"]
 
@@ -48,6 +61,8 @@ def final_targets():
 def stage_targets():
     """What the pipeline produces for the job, before its catalog."""
     targets = [f"{JOB_DIR}/summary.txt"]
+    if JOB.emulate.wanted:
+        targets.append(f"{JOB_DIR}/emulation/summary.txt")
     if JOB.baseline.wanted(JOB.nproc):
         targets.append(f"{JOB_DIR}/baseline/summary.txt")
     return targets

@@ -1,0 +1,87 @@
+"""The calibrated sweep with some events' durations replaced: what the emulate stage and what-if use.
+
+The emulate stage runs a few sandbox ranks for real; the rest of the job's timeline is computed: the
+calibrate sweep with the sandbox's *measured* durations in place of their calibrated ones
+(`substitute_measured`, by the rules of `durations.bare_graph`: compute and markers their own device
+time, ops their issue time, waits what they spend besides waiting). `lengthen_after_marker` is the
+what-if a prediction is compared with: a rank's compute lengthened by a fixed time per microbatch.
+
+`calibrated_inputs` gives the durations and transfers the calibrate stage swept: the slice runs'
+tables (``slices/durations.parquet``, ``slices/transfers.parquet``) when the job has them, else the
+bare-graph baseline, as `prism.calibrate` does without ``--durations`` / ``--transfers``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from prism.calibrate import durations as rules
+from prism.calibrate.arrays import K_COMPUTE, K_MARKER
+from prism.calibrate.stage import JobGraph, _id_rank
+from prism.calibrate.sweep import Timeline, discover
+
+
+def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, np.ndarray, str]:
+    """(durations int64[n] in event order, transfers int64[m], where they came from)."""
+    job_dir = Path(job_dir)
+    g, c = job.graph, job.columns
+    dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+                                 c["t_complete_ns"], g.n_comms)
+    d_path, t_path = job_dir / "slices" / "durations.parquet", job_dir / "slices" / "transfers.parquet"
+    if d_path.is_file() and t_path.is_file():
+        dur = rules.read_durations(d_path, np.sort(job.event_ids))[_id_rank(job.event_ids)]
+        xfer = rules.read_transfers(t_path, job.comm_ids)
+        return dur, xfer, "slice runs (slices/durations.parquet, slices/transfers.parquet)"
+    return dur, xfer, "bare graph (no slice runs)"
+
+
+def substitute_measured(
+    job: JobGraph,
+    durations: np.ndarray,
+    rows: np.ndarray,
+    device_ns: np.ndarray,
+    t_start_ns: np.ndarray,
+    t_end_ns: np.ndarray,
+    t_complete_ns: np.ndarray,
+) -> np.ndarray:
+    """`durations` with the events at positions `rows` timed by their measurement (arrays aligned with
+    `rows`, on any one clock per row set), by the bare-graph rules. Returns a new array."""
+    g = job.graph
+    n = g.n_events
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = []
+    for values in (device_ns, t_start_ns, t_end_ns, t_complete_ns):
+        full = np.full(n, -1, dtype=np.int64)
+        full[rows] = np.asarray(values, dtype=np.int64)
+        cols.append(full)
+    measured, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, *cols, g.n_comms)
+    out = np.array(durations, dtype=np.int64, copy=True)
+    out[rows] = measured[rows]
+    return out
+
+
+def lengthen_after_marker(job: JobGraph, durations: np.ndarray, rank: int, extra_ns: int,
+                          marker: str = "fwd_end") -> np.ndarray:
+    """`durations` with `extra_ns` added to the first compute event after each `marker` of `rank` (the
+    span a program spends right after each microbatch's forward, for ``marker="fwd_end"``)."""
+    g = job.graph
+    lo, hi = int(g.rank_ptr[rank]), int(g.rank_ptr[rank + 1])
+    names = np.array(g.op_names + [""], dtype=object)
+    is_marker = (g.kind[lo:hi] == K_MARKER) & (names[g.op_code[lo:hi]] == marker)
+    compute = np.flatnonzero(g.kind[lo:hi] == K_COMPUTE)
+    out = np.array(durations, dtype=np.int64, copy=True)
+    for m in np.flatnonzero(is_marker):
+        nxt = compute[np.searchsorted(compute, m)] if np.searchsorted(compute, m) < len(compute) else -1
+        if nxt >= 0:
+            out[lo + nxt] += int(extra_ns)
+    return out
+
+
+def sweep(job: JobGraph, durations: np.ndarray, transfers: np.ndarray) -> Timeline:
+    """The global timeline for these durations (the calibrate sweep)."""
+    return discover(job.graph, durations, transfers)[1]
+
+
+__all__ = ["calibrated_inputs", "lengthen_after_marker", "substitute_measured", "sweep"]

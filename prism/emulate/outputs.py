@@ -1,0 +1,264 @@
+"""The emulation's artifacts, built from what ``prism launch --mode emulate --out OUT`` wrote.
+
+OUT holds ``raw/meta.json`` (``t0_ns``: the common start of sandbox and replay on the host monotonic
+clock), ``raw/rank=R/events.arrow`` (each sandbox rank's PrismTrace, in the capture's program order),
+``raw/replay/events.arrow`` (the virtual ranks the replay worker drove) and ``logs/rank=R.log``.
+
+- ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
+  (measured), replay rows (replayed in wall-clock time), and 'computed' rows for the rest: the calibrate
+  sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`).
+- ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
+  and over each sandbox rank's measured timeline ('sandbox').
+- ``memory``: the sandbox ranks' memory at each of their markers.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism import artifacts, schemas
+from prism.calibrate import substitute
+from prism.calibrate.stage import JobGraph, iterations_table
+from prism.calibrate.sweep import Timeline
+
+# What must be equal, event by event, between a sandbox rank's run and its capture (its communication).
+SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
+
+
+class MismatchError(Exception):
+    """A sandbox rank's run departs from its capture (exit 1): rank, seq and both sides named."""
+
+
+@dataclass(eq=False)
+class Emulation:
+    """The stage's tables and what the summary reports."""
+
+    tables: dict[str, pa.Table]
+    sandbox: list[int]
+    meta: dict  # the launch's raw/meta.json
+    computed: Timeline  # the substituted sweep
+    measured_iterations: list[int]  # iterations every sandbox rank ran for real
+
+
+def _strings(table: pa.Table) -> list[tuple]:
+    cols = []
+    for name in SAME:
+        col = table[name]
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        cols.append(col.to_pylist())
+    return list(zip(*cols))
+
+
+def _show(row: tuple | None) -> str:
+    if row is None:
+        return "nothing (the sequence ended)"
+    return ", ".join(f"{n}={v}" for n, v in zip(SAME, row) if v not in (None, -1) or n == "kind")
+
+
+def align(rank: int, measured: pa.Table, graph: pa.Table, prefix: bool) -> pa.Table:
+    """A sandbox rank's events checked against its capture's; `prefix`: it may stop early (``--steps``)."""
+    measured = measured.sort_by("seq")
+    got, want = _strings(measured), _strings(graph)
+    short = prefix and len(got) < len(want)
+    if got != (want[: len(got)] if short else want):
+        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise MismatchError(
+            f"sandbox rank {rank} departed from its capture at seq {i}: the emulation has "
+            f"{_show(got[i] if i < len(got) else None)}, the capture graph "
+            f"{_show(want[i] if i < len(want) else None)} ({len(got)} vs {len(want)} events). A what-if may change "
+            "values and compute time, not the communication (op, group, size, order)")
+    return measured
+
+
+def _sandbox_tables(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray, prefix: bool):
+    parts, rows = [], []
+    for r in sandbox:
+        measured = artifacts.read_raw_stream(out / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+        lo, hi = int(ptr[r]), int(ptr[r + 1])
+        measured = align(r, measured, graph.slice(lo, hi - lo), prefix)
+        parts.append(measured)
+        rows.append(np.arange(lo, lo + measured.num_rows, dtype=np.int64))
+    return parts, rows
+
+
+def _replay_table(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray):
+    path = out / "raw" / "replay" / "events.arrow"
+    if not path.is_file():
+        return None, np.empty(0, dtype=np.int64)
+    replay = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)
+    rank = replay["rank"].to_numpy().astype(np.int64)
+    seq = replay["seq"].to_numpy().astype(np.int64)
+    world = len(ptr) - 1
+    bad = np.flatnonzero((rank < 0) | (rank >= world) | np.isin(rank, sandbox))
+    if len(bad) == 0:
+        bad = np.flatnonzero((seq < 0) | (seq >= ptr[np.clip(rank + 1, 0, world)] - ptr[np.clip(rank, 0, world)]))
+    if len(bad):
+        i = int(bad[0])
+        raise artifacts.ArtifactError(f"{path}: row {i} (rank {int(rank[i])}, seq {int(seq[i])}) is no virtual "
+                                      "rank's event of the graph: the emulation ran another job")
+    pos = ptr[rank] + seq
+    kinds = replay["kind"].cast(pa.string()).to_pylist()
+    want = graph["kind"].take(pa.array(pos)).cast(pa.string()).to_pylist()
+    if kinds != want:
+        i = next(i for i, (a, b) in enumerate(zip(kinds, want)) if a != b)
+        raise artifacts.ArtifactError(f"{path}: rank {int(rank[i])} seq {int(seq[i])} is a {kinds[i]} in the replay "
+                                      f"but a {want[i]} in the graph: the emulation ran another job")
+    return replay, pos
+
+
+def _with_ids(raw: pa.Table, graph: pa.Table, pos: np.ndarray) -> pa.Table:
+    """Raw rows (RAW_EVENTS) as graph rows: the graph's ids at positions `pos`."""
+    ids = graph.select(["event_id", "comm_id", "op_event_id"]).take(pa.array(pos))
+    cols = {name: raw[name] for name in schemas.RAW_EVENTS.names}
+    cols.update({name: ids[name] for name in ids.column_names})
+    return pa.table(cols)
+
+
+def _as_events(table: pa.Table, start: np.ndarray, end: np.ndarray, source: str) -> pa.Table:
+    table = table.select(schemas.EVENTS.names).cast(schemas.EVENTS)
+    return (table.append_column("start_ns", pa.array(start, pa.int64()))
+            .append_column("end_ns", pa.array(end, pa.int64()))
+            .append_column("source", pa.array([source] * table.num_rows, pa.string()).dictionary_encode()))
+
+
+def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], durations: np.ndarray,
+          transfers: np.ndarray, steps: int | None = None) -> Emulation:
+    """The emulation's tables from the launch's OUT folder (see the module docstring).
+
+    `graph` is ``graph/events.parquet`` in (rank, seq) order, `durations` / `transfers` the calibrated
+    ones (`substitute.calibrated_inputs`); `steps` set: the sandbox may have stopped early.
+    """
+    meta = json.loads((out / "raw" / "meta.json").read_text())
+    t0 = int(meta["t0_ns"])
+    ptr = job.graph.rank_ptr
+    parts, rows = _sandbox_tables(out, sandbox, graph, ptr, steps is not None)
+    replay, replay_pos = _replay_table(out, sandbox, graph, ptr)
+
+    sb_rows = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+    sb = pa.concat_tables(parts) if parts else None
+    col = {name: sb[name].to_numpy().astype(np.int64) for name in
+           ("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
+    dur = substitute.substitute_measured(job, durations, sb_rows, col["device_ns"], col["t_start_ns"],
+                                         col["t_end_ns"], col["t_complete_ns"])
+    computed = substitute.sweep(job, dur, transfers)
+
+    n = job.graph.n_events
+    start, end = computed.start_ns.copy(), computed.end_ns.copy()
+    source = np.zeros(n, dtype=np.int8)  # 0 computed, 1 replay, 2 sandbox
+    if replay is not None:
+        start[replay_pos] = replay["t_start_ns"].to_numpy() - t0
+        end[replay_pos] = replay["t_end_ns"].to_numpy() - t0
+        source[replay_pos] = 1
+    start[sb_rows] = col["t_start_ns"] - t0
+    end[sb_rows] = col["t_end_ns"] - t0
+    source[sb_rows] = 2
+
+    pieces = []
+    rest = np.flatnonzero(source == 0)
+    pieces.append(_as_events(graph.take(pa.array(rest)), start[rest], end[rest], "computed"))
+    if replay is not None and replay.num_rows:
+        pieces.append(_as_events(_with_ids(replay, graph, replay_pos), start[replay_pos], end[replay_pos], "replay"))
+    if sb is not None:
+        pieces.append(_as_events(_with_ids(sb, graph, sb_rows), start[sb_rows], end[sb_rows], "sandbox"))
+    events = pa.concat_tables(pieces).sort_by([("rank", "ascending"), ("seq", "ascending")])
+
+    it_computed = iterations_table(job, computed)
+    # the sandbox's measured iterations: unmeasured events (after --steps) get a sentinel, and the
+    # iterations that touch one are dropped (measured times may be < 0: events before the common start)
+    unmeasured = -(2**62)
+    only = np.full(n, unmeasured, dtype=np.int64), np.full(n, unmeasured, dtype=np.int64)
+    only[0][sb_rows], only[1][sb_rows] = start[sb_rows], end[sb_rows]
+    it_sb = iterations_table(job, Timeline(only[0], only[1], computed.comm_start_ns, computed.comm_end_ns))
+    it_sb = it_sb.filter(pc.and_(pc.is_in(it_sb["rank"], pa.array(sandbox, pa.int32())),
+                                 pc.and_(pc.not_equal(it_sb["start_ns"], unmeasured),
+                                         pc.not_equal(it_sb["end_ns"], unmeasured))))
+    iterations = pa.concat_tables([
+        it_computed.append_column("source", pa.array(["computed"] * it_computed.num_rows).dictionary_encode()),
+        it_sb.append_column("source", pa.array(["sandbox"] * it_sb.num_rows).dictionary_encode()),
+    ])
+    per_rank = [set(it_sb.filter(pc.equal(it_sb["rank"], r))["iteration"].to_pylist()) for r in sandbox]
+    measured = sorted(set.intersection(*per_rank)) if per_rank else []
+
+    memory = _memory(sb, t0) if sb is not None else None
+    tables = {"events": events, "iterations": iterations}
+    if memory is not None:
+        tables["memory"] = memory
+    return Emulation(tables, sandbox, meta, computed, measured)
+
+
+def _memory(sb: pa.Table, t0: int) -> pa.Table:
+    marks = sb.filter(pc.equal(sb["kind"].cast(pa.string()), "marker"))
+    return pa.table({
+        "rank": marks["rank"], "seq": marks["seq"], "iteration": marks["iteration"],
+        "microbatch": marks["microbatch"], "marker": marks["op"],
+        "t_ns": pc.subtract(marks["t_end_ns"], pa.scalar(t0, pa.int64())),
+        "mem_bytes": marks["mem_bytes"], "mem_peak_bytes": marks["mem_peak_bytes"],
+    })
+
+
+SCHEMAS = {"events": schemas.EMULATION_EVENTS, "iterations": schemas.EMULATION_ITERATIONS,
+           "memory": schemas.EMULATION_MEMORY}
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+
+def job_iteration_ns(iterations: pa.Table, keep: list[int] | None = None) -> dict[int, int]:
+    """Per iteration, the slowest rank's duration (as `prism calibrate` reports the job's iteration time)."""
+    out: dict[int, int] = {}
+    for k, d in zip(iterations["iteration"].to_pylist(), iterations["duration_ns"].to_pylist()):
+        if keep is None or k in keep:
+            out[k] = max(out.get(k, 0), d)
+    return out
+
+
+def steady_ms(per_iter: dict[int, int]) -> float | None:
+    """Median over iterations >= 1 (iteration 0 holds start-up), or over all when there is only one."""
+    vals = [v for k, v in per_iter.items() if k >= 1] or list(per_iter.values())
+    return statistics.median(vals) / 1e6 if vals else None
+
+
+def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | None, seconds: float) -> str:
+    keep = em.measured_iterations
+    it = em.tables["iterations"]
+    computed = it.filter(pc.equal(it["source"].cast(pa.string()), "computed"))
+    sandbox = it.filter(pc.equal(it["source"].cast(pa.string()), "sandbox"))
+    cal = steady_ms(job_iteration_ns(calibrated, keep))
+    emu = steady_ms(job_iteration_ns(computed, keep))
+    stats = em.meta.get("emulation", {})
+
+    def ms(v):
+        return "n/a" if v is None else f"{v:.2f} ms"
+
+    delta = f" ({100 * (emu - cal) / cal:+.1f} % vs calibrated)" if cal and emu is not None else ""
+    lines = [
+        f"prism emulate of {job_dir}: sandbox rank(s) {','.join(map(str, em.sandbox))} of W={em.meta.get('world_size')}"
+        f" on {em.meta.get('devices') or devices or '?'} device(s), {len(keep)} iteration(s) emulated ({', '.join(map(str, keep))}), "
+        f"{seconds:.1f} s",
+        "",
+        "job iteration time (slowest rank per iteration, median over iterations >= 1 of those emulated):",
+        f"  calibrated prediction:                         {ms(cal)}",
+        f"  under the sandbox's measured behaviour:        {ms(emu)}{delta}",
+        "sandbox ranks' own iteration time (median):",
+    ]
+    for r in em.sandbox:
+        mine = sandbox.filter(pc.equal(sandbox["rank"], r))
+        pred = calibrated.filter(pc.equal(calibrated["rank"], r))
+        lines.append(f"  rank {r}: measured {ms(steady_ms(job_iteration_ns(mine, keep)))}, calibrated prediction "
+                     f"{ms(steady_ms(job_iteration_ns(pred, keep)))}")
+    if stats:
+        lines += ["", "emulation: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))]
+    lines += ["", f"artifacts: {job_dir / 'emulation'}/{{events,iterations,memory}}.parquet, logs/rank=R.log",
+              f"query: prism sql --job {job_dir} \"SELECT source, count(*) FROM emulation_events GROUP BY 1\""]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Emulation", "MismatchError", "SCHEMAS", "align", "build", "job_iteration_ns", "steady_ms", "summary"]

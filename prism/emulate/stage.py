@@ -1,0 +1,187 @@
+"""The emulate stage: chosen sandbox ranks run the job's real program inside the replayed W-rank job.
+
+    prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
+        ->  DIR/emulation/{events,iterations,memory}.parquet, logs/rank=R.log, summary.txt, meta.json
+
+``--what-if-args 'ARGS'`` appends ARGS to the program of the sandbox ranks (a changed program whose
+communication is the capture's). SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
+of the last pipeline stage (`prism.emulate.sandbox`). The program and its arguments are the capture's
+(``raw/meta.json``). The stage checks the job (captured with payloads, graph, calibrated, all of one
+run), runs ``prism launch --mode emulate`` into a staging folder, builds the tables
+(`prism.emulate.outputs`) and publishes ``DIR/emulation/`` in one rename. Bad input is one message and
+exit 2; a sandbox whose communication departs from the capture, exit 1; nothing is written either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from prism import artifacts
+from prism import sql as prism_sql
+from prism.calibrate import substitute
+from prism.calibrate.stage import CalibrateError, load_graph
+from prism.emulate import inputs, outputs, sandbox
+
+PREFIX = "prism emulate"
+
+
+class EmulateError(Exception):
+    """Bad input: one message, exit 2."""
+
+
+def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | None, steps: int | None,
+                   pruning: bool, prefetch_mb: int | None, pin: bool, what_if: list[str] = ()) -> list[str]:
+    """The ``prism launch --mode emulate`` command line (the contract with the runtime)."""
+    cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(job.world), "--mode", "emulate",
+           "--capture", str(job.dir), "--sandbox", ",".join(map(str, ranks)), "--out", str(out)]
+    if devices is not None:
+        cmd += ["--devices", str(devices)]
+    if not pruning:
+        cmd.append("--no-pruning")
+    if prefetch_mb is not None:
+        cmd += ["--prefetch-mb", str(prefetch_mb)]
+    if steps is not None:
+        cmd += ["--steps-limit", str(steps)]
+    if pin:
+        cmd.append("--pin")
+    return cmd + job.program + list(what_if)
+
+
+def _run(cmd: list[str], log: Path) -> int:
+    """Run the launcher in its own session, its output forwarded to the terminal and kept in `log`; on an
+    interrupt, stop it whole."""
+    with open(log, "wb") as keep:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for line in proc.stdout:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+                keep.write(line)
+            return proc.wait()
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Replace `final` by `staging` in renames (the old one, with --force, is removed after)."""
+    trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, trash)
+    os.replace(staging, final)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
+            pruning: bool = True, prefetch_mb: int | None = None, force: bool = False, pin: bool = True,
+            launch=None, what_if: list[str] = ()) -> tuple[outputs.Emulation, str]:
+    """Run the stage; returns the emulation and its summary. `what_if`: arguments appended to the capture's
+    program for the sandbox ranks (a changed program; its communication must stay the capture's).
+    `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
+    began = time.monotonic()
+    final = job_dir / "emulation"
+    if final.exists() and any(final.iterdir()) and not force:
+        raise EmulateError(f"{final} exists and is not empty: pass --force to replace it")
+    if steps is not None and steps < 1:
+        raise EmulateError(f"--steps {steps}: emulate at least one step")
+    if devices is not None and devices < 1:
+        raise EmulateError(f"--devices {devices}: at least one device slot")
+    job = inputs.load(job_dir)
+    ranks_table = artifacts.read_parquet(job_dir / "graph" / "ranks.parquet")
+    ranks = sandbox.resolve(spec, ranks_table)
+    n_events = dict(zip(ranks_table["rank"].to_pylist(), ranks_table["n_events"].to_pylist()))
+    inputs.check_ranks_captured(job, ranks, n_events)
+    graph_job = load_graph(job_dir)
+    durations, transfers, _ = substitute.calibrated_inputs(job_dir, graph_job)
+    graph = artifacts.read_parquet(job_dir / "graph" / "events.parquet").sort_by(
+        [("rank", "ascending"), ("seq", "ascending")])
+    calibrated = artifacts.read_parquet(job_dir / "calibrated" / "iterations.parquet")
+
+    staging = job_dir / f".emulation.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    run_dir = staging / "run"
+    try:
+        cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin, what_if)
+        staging.mkdir(parents=True)
+        launch_log = staging / "launch.log"
+        code = launch(cmd, run_dir) if launch is not None else _run(cmd, launch_log)
+        if code != 0:
+            raise LaunchFailed(code, ranks)
+        em = outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps)
+        result = staging / "emulation"
+        artifacts.write_outputs(result, em.tables, outputs.SCHEMAS)
+        logs = sorted((run_dir / "logs").glob("rank=*.log"))
+        (result / "logs").mkdir()
+        for log in logs:
+            shutil.copy2(log, result / "logs" / log.name)
+        if not logs and launch_log.is_file():  # a launcher that keeps no per-rank logs: its whole output
+            shutil.copy2(launch_log, result / "logs" / "launch.log")
+        text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
+        (result / "summary.txt").write_text(text)
+        shutil.copy2(run_dir / "raw" / "meta.json", result / "meta.json")  # the launch's stats
+        _publish(result, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    prism_sql.write_catalog(job_dir)  # the DuckDB views, emulation's included
+    return em, text
+
+
+class LaunchFailed(Exception):
+    def __init__(self, code: int, ranks: list[int]) -> None:
+        super().__init__(f"the emulation failed (prism launch exit code {code}; sandbox ranks "
+                         f"{','.join(map(str, ranks))}; their output is above); nothing written")
+        self.code = code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prism emulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True, help="job folder: capture, graph/, calibrated/")
+    parser.add_argument("--sandbox", help="ranks (3,17) or coordinates (pp=last,tp=0,dp=0; ...); default: one "
+                                          "rank of the last pipeline stage")
+    parser.add_argument("--devices", type=int, help="device slots P for the sandbox ranks")
+    parser.add_argument("--steps", type=int, help="emulate only the first N steps")
+    parser.add_argument("--no-pruning", action="store_true", help="run collectives among all members")
+    parser.add_argument("--prefetch-mb", type=int, help="payload prefetch pool size in MiB (0: off)")
+    parser.add_argument("--force", action="store_true", help="replace an existing JOB/emulation")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the sandbox ranks to cores")
+    parser.add_argument("--what-if-args", default="",
+                        help="what-if: arguments appended to the capture's program for the sandbox ranks, e.g. "
+                             "'--extra-compute-ms 20 --extra-compute-rank 7' (values and compute may change, the "
+                             "communication may not)")
+    args = parser.parse_args(argv)
+    try:
+        _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
+                          args.prefetch_mb, args.force, not args.no_pin, what_if=shlex.split(args.what_if_args))
+    except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, CalibrateError,
+            artifacts.ArtifactError) as exc:
+        print(f"{PREFIX}: error: {exc}", file=sys.stderr)
+        return 2
+    except outputs.MismatchError as exc:
+        print(f"{PREFIX}: error: {exc}; nothing written", file=sys.stderr)
+        return 1
+    except LaunchFailed as exc:
+        print(f"{PREFIX}: error: {exc}", file=sys.stderr)
+        return exc.code if exc.code > 0 else 1
+    print(text, end="")
+    return 0
+
+
+__all__ = ["EmulateError", "emulate", "launch_command", "main"]

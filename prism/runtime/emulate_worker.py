@@ -1,0 +1,239 @@
+"""Mode `emulate`, the replay worker: one process that stands in for every virtual rank (see `emulation`).
+
+It reads the capture's plan (`replay.load_plan`), creates the compensators of each group that holds a
+sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one
+per virtual member), and replays: per group one thread takes the group's collectives in `group_seq` order
+and exchanges, for every compensator at once, its run's recorded contributions with the sandbox members
+(`emulation.issue_exchange`); per message channel between a sandbox rank and a virtual one, one thread
+sends the recorded payloads or receives the sandbox's messages. Payloads are read a few ahead of use.
+
+When everything is replayed it writes `status_dir/replay.done` (its numbers for meta.json) and waits to be
+stopped (SIGTERM); stopped earlier, it says what it still waited for.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
+import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+from prism.runtime import emulation, shm, timed_replay
+from prism.runtime.prefetch import PayloadPool
+from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
+
+
+class EmulationWorker(ReplayServer):
+    def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool, prefetch_bytes: int = 0) -> None:
+        super().__init__(plan, capture, timeout)
+        self.pool = PayloadPool(prefetch_bytes, self._read_file)
+        self.lazy = False  # every participant of a group takes part in its collectives
+        self.built = list(plan.order)
+        self.pruned = pruned
+        self.parts = {g: emulation.participants(plan.groups[g], plan.slice_ranks, pruned) for g in plan.order}
+        self.communicators = 0
+        self.timed = None  # a TimedReplay when the job is calibrated
+
+    def _gate(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.gate(comm)
+
+    def _done(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.complete(comm)
+
+    # -- payloads: through the prefetch pool, in the order of use -------------------------------------------
+    def _path(self, digest: str) -> str:
+        return str(self.payloads.dir / digest[:2] / f"{digest}.bin")
+
+    @staticmethod
+    def _read_file(path: str) -> torch.Tensor:
+        with open(path, "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+    def _load(self, digest: str):
+        path = self._path(digest)
+        try:
+            data = self.pool.get(path)
+        except (FileNotFoundError, RuntimeError):
+            raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
+        self.pool.release(path)
+        return shm.decode(bytearray(data.numpy()))
+
+    def _prefetched(self, items: list, load):
+        """Yield (item, load(item)) in order; loading ahead is the pool's job (its stalls are counted)."""
+        for item in items:
+            yield item, load(item)
+
+    def schedule_payloads(self) -> None:
+        """Tell the pool the order of use: the groups' collectives and the channels' messages, interleaved
+        by position (each replay thread takes its own in order)."""
+        streams = []
+        for group in self.built:
+            comps = self.compensators(group)
+            streams.append([self.plan.payload[(v, c.key)] for c in self.plan.collectives[group]
+                            for _, _, run in comps for v in run if (v, c.key) in self.plan.payload])
+        streams += [list(ch.hashes) for ch in self.plan.channels if ch.src not in self.plan.slice_ranks]
+        order = []
+        for i in range(max((len(s) for s in streams), default=0)):
+            order += [s[i] for s in streams if i < len(s)]
+        self.pool.schedule(self._path(d) for d in order)
+
+    def compensators(self, group: str) -> list[tuple[int, int, list[int]]]:
+        """(participant index, rank, run) of the group's compensators."""
+        sandbox = set(self.plan.slice_ranks)
+        return [(i, r, run) for i, (r, run) in enumerate(self.parts[group]) if r not in sandbox]
+
+    def _build(self, group: str) -> None:
+        comps = self.compensators(group)
+        size = len(self.parts[group])
+        self.state[f"group {group}"] = f"creating its {len(comps)} compensators " \
+                                       f"(waits for the sandbox ranks to create group {group})"
+        made: dict[int, ProcessGroupGloo] = {}
+        failed: list[BaseException] = []
+
+        def make(index: int, rank: int) -> None:
+            try:
+                shared = _PollingStore(self.store, self._store_lock)
+                self._keep.append(shared)  # the Python object must outlive its use from C++
+                made[rank] = ProcessGroupGloo(PrefixStore("gloo/", emulation.emu_store(group, shared)), index,
+                                              size, self.timeout)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failed.append(exc)
+
+        threads = [threading.Thread(target=make, args=(i, r), daemon=True) for i, r, _ in comps]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
+        self.communicators += len(made)
+        self.pgs[group] = made
+
+    def _group(self, group: str) -> None:
+        name = f"group {group}"
+        self._build(group)
+        comps = self.compensators(group)
+        members = self.plan.groups[group]
+        payload = self.plan.payload
+
+        def load(c: Collective):
+            return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
+
+        pgs = [self.pgs[group][r] for _, r, _ in comps]
+        indices = [i for i, _, _ in comps]
+        sandbox = set(self.plan.slice_ranks)
+        receivers = [i for i, (r, _) in enumerate(self.parts[group]) if r in sandbox]
+        for c, recorded in self._prefetched(self.plan.collectives[group], load):
+            self.state[name] = f"{c.op} #{c.seq}"
+            blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
+                     for _, _, run in comps]
+            comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
+            self._gate(comm)
+            emulation.issue_exchange(pgs, indices, blobs, receivers)
+            self._done(comm)
+            self.ops += 1
+        self.state[name] = "done"
+
+    def _channel(self, ch: Channel) -> None:
+        name = f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"
+        members = self.plan.groups[ch.group]
+        while ch.group not in self.pgs:  # its group's compensators are being created
+            if self.errors:
+                return
+            time.sleep(0.005)
+        sandbox = set(self.plan.slice_ranks)
+        parts = self.parts[ch.group]
+        host = {m: i for i, (_, run) in enumerate(parts) for m in run}
+        sending = ch.src not in sandbox
+        virtual = ch.src if sending else ch.dst
+        pg = self.pgs[ch.group][parts[host[virtual]][0]]
+        n, src, dst = len(members), members.index(ch.src), members.index(ch.dst)
+        tag = emulation.p2p_tag(ch.tag, n, src, dst)
+        for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
+            self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
+            self._gate(comm)
+            if sending:
+                pg.send(list(ts), host[ch.dst], tag).wait()
+                emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
+            else:
+                pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
+            self._done(comm)
+            self.messages += 1
+        self.state[name] = "done"
+
+
+def serve(spec: dict) -> int:
+    """The worker's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    capture, status_dir = Path(spec["capture"]), Path(spec["status_dir"])
+    try:
+        plan = load_plan(capture, spec["ranks"])
+    except (ReplayError, OSError, pa.ArrowInvalid) as exc:
+        print(f"[prism] emulation worker: cannot read the capture: {exc}", file=sys.stderr, flush=True)
+        return 1
+    worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+                             bool(spec.get("pruning", True)), int(spec.get("prefetch_mb", 256)) << 20)
+    worker.schedule_payloads()
+    _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    found = timed_replay.find_artifacts(capture)
+    if found is not None:
+        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"))
+    t0_ns = time.monotonic_ns()
+    threads = worker.start()
+    loop = None
+    if worker.timed is not None:
+        loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
+                                name="prism-timed-replay")
+        loop.start()
+        threads.append(loop)
+    while any(t.is_alive() for t in threads):
+        if worker.errors:
+            print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
+            return 1
+        if stop.is_set():
+            print("[prism] emulation worker stopped before it replayed everything; still waiting for: "
+                  + "; ".join(worker.pending()), file=sys.stderr, flush=True)
+            if worker.timed is not None:
+                worker.timed.stop()
+            return 1
+        for t in threads:
+            t.join(0.05)
+            if t.is_alive():
+                break
+    if worker.errors:
+        print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
+        return 1
+    timed = worker.timed is not None
+    if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks
+        folder = Path(spec["raw_staging"]) / "replay"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = worker.timed.table()
+        with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (folder / "events.arrow.tmp").replace(folder / "events.arrow")
+    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
+               "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
+               "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
+               "pruning": worker.pruned,
+               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
+    tmp = status_dir / "replay.done.tmp"
+    tmp.write_text(json.dumps(summary))
+    tmp.replace(status_dir / "replay.done")
+    while not stop.wait(0.1):
+        pass
+    return 0

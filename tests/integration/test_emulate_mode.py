@@ -1,0 +1,267 @@
+"""Mode emulate: the sandbox ranks run the real program while one replay worker stands in for every other rank.
+
+(a) An unchanged program prints, on the sandbox ranks, bitwise what those ranks printed in the capture (and
+within 1e-5 of plain torchrun); (b) a changed contribution reaches the result: the sandbox's all-reduce is
+prism's fold of its live contribution with the virtual ranks' recorded ones, not the capture's result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+import torch
+
+from prism.runtime import semantics, shm
+from tests.conftest import PROGRAMS, run_prism, run_torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def _capture(job, nproc: int, program: list[str], devices: int = 1):
+    proc = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", str(devices),
+                      "--out", str(job / "capture"), *program])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _emulate(job, nproc: int, sandbox: str, program: list[str], *extra: str, out: str = "emu"):
+    return run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture", str(job / "capture"),
+                      "--sandbox", sandbox, *extra, "--out", str(job / out), *program])
+
+
+def _results(text: str, ranks=None) -> list[str]:
+    lines = [line for line in text.splitlines() if line.startswith("result ")]
+    if ranks is not None:
+        lines = [line for line in lines if int(line.split()[2]) in ranks]
+    return sorted(lines)
+
+
+def _meta(job, out: str = "emu") -> dict:
+    return json.loads((job / out / "raw" / "meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def order_job(tmp_path_factory):
+    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4."""
+    job = tmp_path_factory.mktemp("emu") / "job"
+    cap = _capture(job, 4, [str(PROGRAMS / "reduction_order.py")])
+    return job, cap
+
+
+def test_unchanged_program_repeats_the_capture_bitwise(order_job):
+    """Sandbox {1} alone and {0, 2} together (two runs of virtual members, a rank-0 root): each collective
+    output's hash equals the capture's for the same rank, though the virtual ranks only exist as replay."""
+    job, cap = order_job
+    for sandbox, out in (("1", "emu1"), ("0,2", "emu02")):
+        ranks = {int(r) for r in sandbox.split(",")}
+        proc = _emulate(job, 4, sandbox, [str(PROGRAMS / "reduction_order.py")], "--devices", "1", out=out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = _results(proc.stdout)
+        assert got == _results(cap.stdout, ranks) and len(got) >= 5 * len(ranks)
+        meta = _meta(job, out)
+        assert meta["mode"] == "emulate" and meta["sandbox"] == sorted(ranks)
+        emu = meta["emulation"]
+        assert emu["pruning"] and emu["collectives_replayed"] == 6 and emu["bytes_moved"] > 0
+        # one group (the world): one compensator per run of virtual ranks in the worker
+        assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
+        assert emu["communicators"] == 2 + len(ranks)
+        pool = emu["prefetch"]  # default pool: every payload the worker sends went through it, within capacity
+        assert pool["prefetch_mb"] == 256 and pool["loaded"] + pool["direct"] == 6 * (4 - len(ranks))
+        assert 0 < pool["peak_bytes"] <= pool["capacity_bytes"]
+        assert sorted(p.name for p in (job / out / "raw").iterdir()) == ["meta.json"] + [f"rank={r}" for r in sorted(ranks)]
+        assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
+        assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
+            _results(cap.stdout, {min(ranks)})
+
+
+def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
+    """Also with prefetch off: every payload load is a stall (18: 6 collectives x 3 virtual ranks)."""
+    job, cap = order_job
+    proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], "--no-pruning", "--prefetch-mb", "0",
+                    out="emu_np")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1})
+    emu = _meta(job, "emu_np")["emulation"]
+    assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+    assert emu["prefetch"]["stalls"] == emu["prefetch"]["direct"] == 18 and emu["prefetch"]["peak_bytes"] == 0
+
+
+def _recorded(job, rank: int, nth: int) -> torch.Tensor:
+    """Rank's recorded contribution to its `nth` collective (program order) in the capture."""
+    with pa.OSFile(str(job / "capture" / "raw" / f"rank={rank}" / "payloads.arrow")) as f:
+        rows = ipc.open_stream(f).read_all().to_pylist()
+    ins = sorted((r["work_id"], r["hash"]) for r in rows if r["role"] == "in")
+    _, tensors = shm.PayloadStore(job / "capture" / "payloads").get(ins[nth][1])
+    return tensors[0]
+
+
+def test_changed_contribution_is_folded_live(tmp_path):
+    """(b) Rank 2 triples its contribution at step 1 (the capture ran the unchanged program): its step-1
+    sum is semantics.reduce over [recorded 0, recorded 1, live 2, recorded 3], bitwise; steps 0 and 2 are
+    the capture's. Slice mode would print the capture's step-1 sum instead."""
+    import sys
+
+    sys.path.insert(0, str(PROGRAMS))
+    from scaled_contribution import contribution
+
+    job = tmp_path / "job"
+    prog = [str(PROGRAMS / "scaled_contribution.py")]
+    cap = _capture(job, 4, prog)
+    proc = _emulate(job, 4, "2", prog + ["--scale-rank", "2", "--scale", "3.0"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {line.split()[1]: line.split()[3] for line in _results(proc.stdout)}
+    want = {line.split()[1]: line.split()[3] for line in _results(cap.stdout, {2})}
+    assert got["step=0"] == want["step=0"] and got["step=2"] == want["step=2"]
+    live = contribution(2, 1) * 3.0
+    assert torch.equal(_recorded(job, 2, 1) * 3.0, live)  # the capture recorded the unscaled value
+    parts = [_recorded(job, 0, 1), _recorded(job, 1, 1), live, _recorded(job, 3, 1)]
+    expected = semantics.reduce(parts, semantics.RedOp.SUM)
+    assert got["step=1"] == hashlib.sha256(expected.numpy().tobytes()).hexdigest()[:16]
+    assert got["step=1"] != want["step=1"]
+
+
+@pytest.mark.parametrize("name", ["alltoall", "ddp"])
+def test_public_api_program_repeats_the_capture(tmp_path, name):
+    """Public-API programs, W=2, rank 1 in the sandbox: the all-to-all program (uneven all_to_all_single,
+    recv from any source, async ops) and DDP (bucketed gradient all-reduces through futures, SGD then
+    AdamW) print what rank 1 printed in the capture, and what plain torchrun prints."""
+    job = tmp_path / "job"
+    prog = [str(PROGRAMS / f"{name}.py")]
+    cap = _capture(job, 2, prog)
+    proc = _emulate(job, 2, "1", prog)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1}) and _results(proc.stdout)
+    ref = run_torchrun(2, prog)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = _results(ref.stdout, {1})
+    assert len(want) == len(_results(proc.stdout))
+    for a, b in zip(_results(proc.stdout), want):  # two members: prism's sum is gloo's, so 1e-5 is loose
+        ta, tb = a.split(), b.split()
+        assert len(ta) == len(tb) and all(x == y or _close(float(x), float(y)) for x, y in zip(ta, tb)), (a, b)
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+STEP = re.compile(r"step=(\d+) (loss|grad_norm)=(\S+)")
+
+
+def _steps(text: str) -> list[tuple[int, str, float]]:
+    return sorted((int(m[1]), m[2], float(m[3])) for m in STEP.finditer(text))
+
+
+LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss are tp 0 on the last stage)
+    (4, ["--tp", "2", "--dp", "2", "--ep", "2"], "0"),
+    (4, ["--pp", "2", "--dp", "2", "--microbatches", "4", "--var-seq"], "2"),
+]
+
+
+@pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS, ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq"])
+def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandbox):
+    job = tmp_path / "job"
+    prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
+    cap = _capture(job, nproc, prog, devices=2)
+    proc = _emulate(job, nproc, sandbox, prog)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _steps(proc.stdout + proc.stderr)
+    want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
+    assert len(got) == 4 and got == want  # two steps, loss and grad_norm, as printed (bitwise text)
+    ref = run_torchrun(nproc, prog)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    for (s, what, x), (s2, what2, y) in zip(got, sorted(set(_steps(ref.stdout + ref.stderr)))):
+        assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
+
+
+def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+    """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
+    traceback named, the worker is stopped too, and nothing is published under OUT."""
+    import time
+
+    job, _ = order_job
+    scaled = job.parent / "scaled"
+    _capture(scaled, 4, [str(PROGRAMS / "scaled_contribution.py")])
+    started = time.monotonic()
+    proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--crash-rank", "2"], out="crash")
+    assert proc.returncode != 0
+    assert "rank 2 failed" in proc.stderr and "deliberate crash at step 1" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    out = scaled / "crash"
+    assert not (out / "raw").exists() and not (out / "logs").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_path):
+    job, _ = order_job
+    prog = [str(PROGRAMS / "reduction_order.py")]
+    proc = _emulate(job, 4, "4", prog, out="bad")
+    assert proc.returncode == 2 and "--sandbox [4] outside 0..3" in proc.stderr
+    assert not (job / "bad" / "raw").exists()
+    # another program against this capture: the first differing op is named with both sides
+    proc = _emulate(job, 4, "1", [str(PROGRAMS / "scaled_contribution.py")], out="diverged")
+    assert proc.returncode != 0
+    assert re.search(r"rank 1 diverged from its capture: its op #\d+ \(seq \d+ in the capture\)", proc.stderr), \
+        proc.stderr[-3000:]
+    assert not (job / "diverged" / "raw").exists() and not (job / "diverged" / "logs").exists()
+    assert not [p for p in (job / "diverged").iterdir() if p.name.startswith(".")]
+
+
+def _stream(path) -> list[dict]:
+    with pa.OSFile(str(path)) as f:
+        return ipc.open_stream(f).read_all().to_pylist()
+
+
+def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
+    """With a calibrated timeline (written here: the capture's own times, rank 3's first compute event 1.5 s
+    longer), the worker replays the virtual ranks on that clock: the sandbox's first all_reduce completes
+    only after rank 3 arrives (t0 + 1.5 s), and the replayed timeline of ranks 0, 2, 3 is recorded."""
+    import pyarrow.parquet as pq
+
+    from prism import schemas
+
+    job, cap = order_job
+    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
+    assert graph.returncode == 0, graph.stderr[-3000:]
+    events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
+    origin = min(r["t_start_ns"] for r in events)
+    slow, shift, rows = 1_500_000_000, 0, []
+    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
+        start, end = r["t_start_ns"] - origin, r["t_end_ns"] - origin
+        if r["rank"] == 3:
+            start += shift
+            if r["kind"] == "compute" and not shift:
+                shift = slow
+            end += shift
+        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
+    (job / "calibrated").mkdir()
+    try:
+        pq.write_table(pa.Table.from_pylist(rows, schema=schemas.TIMELINE), job / "calibrated" / "timeline.parquet")
+        proc = _emulate(job, 4, "1", [str(PROGRAMS / "reduction_order.py")], out="timed")
+    finally:
+        (job / "calibrated" / "timeline.parquet").unlink()
+        (job / "calibrated").rmdir()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc.stdout) == _results(cap.stdout, {1})  # the values do not depend on the timing
+    meta = _meta(job, "timed")
+    t0 = meta["t0_ns"]
+    assert meta["emulation"]["timed"]
+    replayed = _stream(job / "timed" / "raw" / "replay" / "events.arrow")
+    assert {r["rank"] for r in replayed} == {0, 2, 3}
+    for rank in (0, 2, 3):  # the virtual ranks' whole program order, as in the capture
+        mine = [r for r in replayed if r["rank"] == rank]
+        assert [(r["seq"], r["kind"], r["op"]) for r in mine] == \
+            [(r["seq"], r["kind"], r["op"]) for r in sorted(events, key=lambda r: r["seq"]) if r["rank"] == rank]
+    arrive3 = next(r for r in replayed if r["rank"] == 3 and r["kind"] == "collective")["t_start_ns"]
+    assert arrive3 - t0 >= slow
+    sandbox = _stream(job / "timed" / "raw" / "rank=1" / "events.arrow")
+    first_wait = next(r for r in sandbox if r["kind"] == "wait")
+    assert first_wait["t_end_ns"] >= arrive3  # it waited for the slow virtual rank
+    # the virtual ranks' own waits on that all_reduce end at its real completion, not before rank 3 arrived
+    for rank in (0, 2):
+        wait = next(r for r in replayed if r["rank"] == rank and r["kind"] == "wait")
+        assert wait["t_end_ns"] >= arrive3

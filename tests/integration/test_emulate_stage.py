@@ -1,0 +1,250 @@
+"""The emulate stage on a real captured job (W=4: PP2 x DP2, EP2), with a stand-in for the launcher that
+writes its OUT folder in the contract's format (`emulate_fake`): outputs, clock, substitution, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from prism import artifacts, schemas
+from prism import sql as prism_sql
+from prism.calibrate.stage import iterations_table, load_graph
+from prism.calibrate.sweep import Timeline
+from prism.emulate import outputs, stage
+from tests.conftest import run_prism
+from tests.integration.emulate_fake import T0, fake_launcher, only_kind, restamp
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = ["-m", "prism.workloads.moe_gpt", "--pp", "2", "--dp", "2", "--ep", "2", "--steps", "2",
+            "--microbatches", "2", "--hidden", "32", "--ffn-hidden", "32", "--seq-len", "16", "--vocab", "64",
+            "--heads", "2", "--kv-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def calibrated_job(tmp_path_factory) -> Path:
+    job = tmp_path_factory.mktemp("emulate") / "job"
+    for args in (["launch", "--nproc", "4", "--mode", "capture", "--devices", "2", "--out", str(job), *WORKLOAD],
+                 ["graph", "--job", str(job)], ["calibrate", "--job", str(job)]):
+        proc = run_prism(args, timeout=400)
+        assert proc.returncode == 0, proc.stderr
+    return job
+
+
+@pytest.fixture
+def job(calibrated_job, tmp_path) -> Path:
+    """A private copy (tests write emulation/ and break things)."""
+    dst = tmp_path / "job"
+    shutil.copytree(calibrated_job, dst, ignore=shutil.ignore_patterns("emulation"))
+    return dst
+
+
+def read(job: Path, name: str):
+    return pq.read_table(job / "emulation" / f"{name}.parquet").to_pandas()
+
+
+def test_outputs_on_one_clock(job):
+    em, text = stage.emulate(job, "pp=last,tp=0,dp=0", launch=fake_launcher(job, [2], [3]))
+    assert em.sandbox == [2]
+    graph = pq.read_table(job / "graph" / "events.parquet").to_pandas().sort_values(["rank", "seq"])
+    events = read(job, "events")
+    assert pq.read_schema(job / "emulation" / "events.parquet").remove_metadata().equals(schemas.EMULATION_EVENTS)
+    assert len(events) == len(graph)
+    assert events[["rank", "seq", "event_id"]].to_numpy().tolist() == graph[["rank", "seq", "event_id"]].to_numpy().tolist()
+    assert events.groupby("rank").source.agg(lambda s: sorted(set(s))).to_dict() == {
+        0: ["computed"], 1: ["computed"], 2: ["sandbox"], 3: ["replay"]}
+
+    # sandbox and replay rows: their own measurement on the emulation's clock (ns from t0)
+    raw = restamp(artifacts.read_raw_stream(job / "raw" / "rank=2" / "events.arrow"), 1.0).to_pandas()
+    mine = events[events["rank"] == 2]
+    assert (mine.start_ns.to_numpy() == raw.t_start_ns.to_numpy() - T0).all()
+    assert (mine.end_ns.to_numpy() == raw.t_end_ns.to_numpy() - T0).all()
+    assert (mine.device_ns.to_numpy() == raw.device_ns.to_numpy()).all()
+    assert mine.comm_id.tolist() == graph[graph["rank"] == 2].comm_id.tolist()
+
+    # the sandbox measured exactly its captured durations: the computed timeline is the calibrated one
+    timeline = pq.read_table(job / "calibrated" / "timeline.parquet").to_pandas().sort_values(["rank", "seq"])
+    computed = events[events.source == "computed"]
+    want = timeline[timeline["rank"].isin([0, 1])]
+    assert computed.start_ns.tolist() == want.start_ns.tolist()
+    assert computed.end_ns.tolist() == want.end_ns.tolist()
+
+    # iterations: the sweep's for every rank, and the sandbox's measured ones
+    iters = read(job, "iterations")
+    calibrated = pq.read_table(job / "calibrated" / "iterations.parquet").to_pandas()
+    comp = iters[iters.source == "computed"].drop(columns="source").reset_index(drop=True)
+    assert comp.to_numpy().tolist() == calibrated.to_numpy().tolist()
+    sb = iters[iters.source == "sandbox"]
+    ends = raw[(raw.kind == "marker") & (raw.op == "iteration_end")].t_end_ns.to_numpy() - T0
+    assert sb["rank"].tolist() == [2, 2] and sb.end_ns.tolist() == ends.tolist()
+    assert sb.duration_ns.tolist() == [ends[0] - (raw.t_start_ns.iloc[0] - T0), ends[1] - ends[0]]
+    assert em.measured_iterations == [0, 1]
+
+    memory = read(job, "memory")
+    markers = raw[raw.kind == "marker"]
+    assert memory.seq.tolist() == markers.seq.tolist()
+    assert memory.mem_peak_bytes.tolist() == markers.mem_peak_bytes.tolist()
+    assert memory.marker.astype(str).tolist() == markers.op.astype(str).tolist()
+
+    assert (job / "emulation" / "logs" / "rank=2.log").read_text() == "rank 2 ran\n"
+    assert json.loads((job / "emulation" / "meta.json").read_text())["emulation"]["communicators"] == 3
+    summary = (job / "emulation" / "summary.txt").read_text()
+    assert summary == text and "calibrated prediction" in summary and "rank 2: measured" in summary
+    assert not list(job.glob(".emulation*"))
+    views = {v.name for v in prism_sql.discover(job)}
+    assert {"emulation_events", "emulation_iterations", "memory", "events", "iterations"} <= views
+    con = prism_sql.connect(job)
+    assert dict(con.execute("SELECT source, count(*) FROM emulation_events GROUP BY 1").fetchall()) == {
+        s: int((events.source == s).sum()) for s in ("computed", "replay", "sandbox")}
+
+
+def test_a_slower_sandbox_delays_the_job(job):
+    """Sandbox compute 3x its capture: the computed timeline can only move later, and the job does."""
+    em, text = stage.emulate(job, "2", launch=fake_launcher(job, [2], [], scale=3.0))
+    timeline = pq.read_table(job / "calibrated" / "timeline.parquet").sort_by([("rank", "ascending"),
+                                                                             ("seq", "ascending")])
+    assert (em.computed.end_ns >= timeline["end_ns"].to_numpy()).all()
+    assert em.computed.end_ns[-1] > timeline["end_ns"].to_numpy()[-1]
+    calibrated = artifacts.read_parquet(job / "calibrated" / "iterations.parquet")
+    it = em.tables["iterations"]
+    computed = it.filter(pc.equal(it["source"].cast(pa.string()), "computed"))
+    cal = outputs.job_iteration_ns(calibrated)
+    emu = outputs.job_iteration_ns(computed)
+    assert emu[1] > cal[1]
+    # a rank ends no earlier than the sum of its own durations: rank 2's calibrated ones + its extra compute
+    from prism.calibrate.substitute import calibrated_inputs
+
+    job_graph = load_graph(job)
+    durations = calibrated_inputs(job, job_graph)[0]
+    lo, hi = job_graph.graph.rank_ptr[2], job_graph.graph.rank_ptr[3]
+    raw = artifacts.read_raw_stream(job / "raw" / "rank=2" / "events.arrow")
+    extra = sum(int(3 * d) - d for d in only_kind(raw, "compute")["device_ns"].to_pylist())
+    assert int(em.computed.end_ns[hi - 1]) >= int(durations[lo:hi].sum()) + extra
+
+
+def run_main(args, capsys):
+    code = stage.main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, words", [("9", "rank 9 is out of range: the job has 4 ranks (0..3)"),
+                                         ("pp=5", "the job has no pp=5; its pp values are [0, 1]"),
+                                         ("tp=1", "no tp=1; its tp values are [0]")])
+def test_bad_sandbox(job, capsys, spec, words):
+    code, err = run_main(["--job", job, "--sandbox", spec], capsys)
+    assert code == 2 and words in err and err.count("\n") == 1
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation*"))
+
+
+def test_job_without_calibration(job, capsys):
+    shutil.rmtree(job / "calibrated")
+    code, err = run_main(["--job", job], capsys)
+    assert code == 2 and "not calibrated: run `prism calibrate --job" in err
+
+
+def test_calibration_of_another_graph(job, capsys):
+    path = job / "calibrated" / "timeline.parquet"
+    table = pq.read_table(path)
+    artifacts.write_parquet(table.slice(0, table.num_rows - 5), path, schemas.TIMELINE)
+    code, err = run_main(["--job", job], capsys)
+    assert code == 2 and "calibration is of another graph" in err
+
+
+def test_artifacts_of_another_run(job, capsys):
+    path = job / "calibrated" / "timeline.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"run_id": b"someone-else"}), path)
+    code, err = run_main(["--job", job], capsys)
+    assert code == 2 and "made from run someone-else" in err and "artifacts of another job" in err
+
+
+def test_graph_of_another_capture(job, capsys):
+    meta = json.loads((job / "raw" / "meta.json").read_text())
+    meta["world_size"] = 8
+    (job / "raw" / "meta.json").write_text(json.dumps(meta))
+    code, err = run_main(["--job", job], capsys)
+    assert code == 2 and "ranks.parquet: 4 ranks, but the capture" in err and "has 8" in err
+
+
+def test_existing_emulation_needs_force(job, capsys):
+    (job / "emulation").mkdir()
+    (job / "emulation" / "keep.txt").write_text("mine")
+    code, err = run_main(["--job", job], capsys)
+    assert code == 2 and "pass --force" in err
+    assert (job / "emulation" / "keep.txt").read_text() == "mine"
+    stage.emulate(job, None, force=True, launch=fake_launcher(job, [2], []))
+    assert not (job / "emulation" / "keep.txt").exists() and (job / "emulation" / "events.parquet").is_file()
+
+
+def test_sandbox_departing_from_its_capture(job):
+    def edit(rank, table):
+        kinds = table["kind"].cast(pa.string()).to_pylist()
+        i = kinds.index("collective", 20)
+        nbytes = table["bytes"].to_numpy().copy()
+        nbytes[i] += 4
+        return table.set_column(table.schema.get_field_index("bytes"), "bytes", pa.array(nbytes, pa.int64()))
+
+    with pytest.raises(outputs.MismatchError, match=r"sandbox rank 2 departed from its capture at seq \d+"):
+        stage.emulate(job, "2", launch=fake_launcher(job, [2], [], edit=edit))
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation*"))
+
+
+def test_failed_launch_writes_nothing(job):
+    with pytest.raises(stage.LaunchFailed, match="exit code 3"):
+        stage.emulate(job, "2", launch=fake_launcher(job, [2], [], fail=3))
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation*"))
+
+
+def test_launch_command_follows_the_contract(job):
+    from prism.emulate import inputs
+
+    j = inputs.load(job)
+    cmd = stage.launch_command(j, [2, 3], job / "out", devices=2, steps=1, pruning=False, prefetch_mb=64, pin=True,
+                               what_if=["--extra-compute-ms", "20"])
+    i = cmd.index("launch")
+    assert cmd[i:i + 17] == ["launch", "--nproc", "4", "--mode", "emulate", "--capture", str(job), "--sandbox",
+                             "2,3", "--out", str(job / "out"), "--devices", "2", "--no-pruning", "--prefetch-mb",
+                             "64", "--steps-limit"]
+    assert cmd[-len(WORKLOAD) - 2:] == WORKLOAD + ["--extra-compute-ms", "20"]  # the capture's program, what-if
+
+
+def test_steps_limit_measures_a_prefix(job):
+    def first_iteration(rank, table):
+        return table.filter(pc.equal(table["iteration"], 0))
+
+    with pytest.raises(outputs.MismatchError, match="the sequence ended"):
+        stage.emulate(job, "2", launch=fake_launcher(job, [2], [], edit=first_iteration))
+    em, text = stage.emulate(job, "2", steps=1, launch=fake_launcher(job, [2], [], edit=first_iteration))
+    assert em.measured_iterations == [0] and "1 iteration(s) emulated (0)" in text
+    events = read(job, "events")
+    mine = events[events["rank"] == 2]
+    assert set(mine[mine.iteration == 0].source) == {"sandbox"} and set(mine[mine.iteration == 1].source) == {
+        "computed"}
+
+
+def test_real_emulation_end_to_end(job):
+    """`prism emulate` over `prism launch --mode emulate`: the sandbox's real run, its log, its memory."""
+    proc = run_prism(["emulate", "--job", str(job), "--sandbox", "pp=last,dp=1", "--devices", "1"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sandbox rank(s) 3 of W=4" in proc.stdout
+    events = read(job, "events")
+    graph = pq.read_table(job / "graph" / "events.parquet").to_pandas()
+    assert len(events) == len(graph)
+    mine = events[events["rank"] == 3]
+    assert set(mine.source) == {"sandbox"} and len(mine) == int((graph["rank"] == 3).sum())
+    assert (mine.end_ns.to_numpy()[1:] >= mine.start_ns.to_numpy()[1:]).all()
+    iters = read(job, "iterations")
+    assert sorted(iters[iters.source == "sandbox"].iteration) == [0, 1]
+    assert len(read(job, "memory")) == int(((graph["rank"] == 3) & (graph.kind == "marker")).sum())
+    logs = job / "emulation" / "logs"
+    log = logs / "rank=3.log" if (logs / "rank=3.log").is_file() else logs / "launch.log"  # per-rank: the runtime's
+    assert "step=2 loss=" in log.read_text() and "step=2 loss=" in proc.stdout
+    meta = json.loads((job / "emulation" / "meta.json").read_text())
+    assert meta["mode"] == "emulate" and meta["sandbox"] == [3] and meta["emulation"]["communicators"] > 0
