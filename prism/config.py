@@ -114,13 +114,17 @@ def validate(raw: dict, source: str = "config") -> None:
         raise ConfigError(f"{source}: invalid value at '{key}': {err.message}")
 
 
+# sections whose presence asks for a stage: never added by with_defaults (their keys get defaults when present)
+OPTIONAL_SECTIONS = frozenset({"emulate"})
+
+
 def with_defaults(raw: dict, node: dict | None = None) -> dict:
     """A copy of `raw` with every key the schema gives a default filled in where `raw` leaves it out
     (sections included: a missing `capture:` becomes its defaults). Nothing comes from the default job."""
     node = schema() if node is None else node
     out = dict(raw)
     for key, sub in node.get("properties", {}).items():
-        if key not in out:
+        if key not in out and key not in OPTIONAL_SECTIONS:
             if "default" in sub:
                 out[key] = sub["default"]
             elif sub.get("type") == "object" and any("default" in p for p in sub.get("properties", {}).values()):
@@ -155,7 +159,6 @@ def _check_devices(job: JobConfig, source: str) -> None:
 
 def from_dict(raw: dict, source: str = "config") -> JobConfig:
     validate(raw, source)
-    wants_emulation = "emulate" in raw  # with_defaults adds the section: decide from what the user wrote
     raw = with_defaults(raw)
     wl = raw["workload"]
     job = JobConfig(
@@ -167,16 +170,16 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
                                 args=_workload_args(wl, raw["device"], source)),
         baseline=BaselineConfig(**raw["baseline"]),
         capture=CaptureConfig(**raw["capture"]),
-        emulate=_emulate(raw, wants_emulation),
+        emulate=_emulate(raw),
     )
     _check_devices(job, source)
     return job
 
 
-def _emulate(raw: dict, wanted: bool) -> EmulateConfig:
+def _emulate(raw: dict) -> EmulateConfig:
     section = dict(raw.get("emulate") or {})
     run = section.pop("run", True)
-    return EmulateConfig(wanted=wanted and run, **section)
+    return EmulateConfig(wanted="emulate" in raw and run, **section)
 
 
 def load(path: str | Path | None = None) -> JobConfig:

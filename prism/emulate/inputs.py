@@ -100,13 +100,13 @@ def load(job_dir: str | Path) -> Job:
 def _same_run(job_dir: Path, cap: Path, meta: dict, world: int) -> None:
     """The graph and the calibration are of this capture (same run, same events)."""
     graph_events = job_dir / "graph" / "events.parquet"
-    run_id = meta.get("run_id")
     for path in (graph_events, job_dir / "graph" / "ranks.parquet", job_dir / "calibrated" / "timeline.parquet"):
         artifacts.check_version(path)
-        stamped = (pq.read_schema(path).metadata or {}).get(b"run_id")
-        if stamped is not None and run_id is not None and stamped.decode() != run_id:
-            raise EmulateInputError(f"{path}: made from run {stamped.decode()}, but the capture {cap / 'raw'} is run "
-                                    f"{run_id}: artifacts of another job; re-run the graph and calibrate stages")
+    try:
+        artifacts.same_run([cap / "raw", graph_events, job_dir / "graph" / "ranks.parquet",
+                            job_dir / "calibrated" / "timeline.parquet"])
+    except artifacts.ArtifactError as exc:
+        raise EmulateInputError(str(exc)) from None
     ranks = pq.read_table(job_dir / "graph" / "ranks.parquet", columns=["rank", "n_events"])
     if ranks.num_rows != world:
         raise EmulateInputError(f"{job_dir / 'graph' / 'ranks.parquet'}: {ranks.num_rows} ranks, but the capture "

@@ -126,7 +126,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
             raise LaunchFailed(code, ranks)
         em = outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps)
         result = staging / "emulation"
-        artifacts.write_outputs(result, em.tables, outputs.SCHEMAS)
+        artifacts.write_outputs(result, em.tables, outputs.SCHEMAS, run_id=job.meta["run_id"])
         logs = sorted((run_dir / "logs").glob("rank=*.log"))
         (result / "logs").mkdir()
         for log in logs:

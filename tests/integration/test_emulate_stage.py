@@ -100,7 +100,8 @@ def test_outputs_on_one_clock(job):
     assert not list(job.glob(".emulation*"))
     views = {v.name for v in prism_sql.discover(job)}
     assert {"emulation_events", "emulation_iterations", "memory", "events", "iterations"} <= views
-    con = prism_sql.connect(job)
+    con, skipped = prism_sql.connect(job)
+    assert skipped == {}
     assert dict(con.execute("SELECT source, count(*) FROM emulation_events GROUP BY 1").fetchall()) == {
         s: int((events.source == s).sum()) for s in ("computed", "replay", "sandbox")}
 
@@ -152,7 +153,8 @@ def test_job_without_calibration(job, capsys):
 def test_calibration_of_another_graph(job, capsys):
     path = job / "calibrated" / "timeline.parquet"
     table = pq.read_table(path)
-    artifacts.write_parquet(table.slice(0, table.num_rows - 5), path, schemas.TIMELINE)
+    artifacts.write_parquet(table.slice(0, table.num_rows - 5), path, schemas.TIMELINE,
+                            run_id=artifacts.read_run_id(path))
     code, err = run_main(["--job", job], capsys)
     assert code == 2 and "calibration is of another graph" in err
 
@@ -160,9 +162,9 @@ def test_calibration_of_another_graph(job, capsys):
 def test_artifacts_of_another_run(job, capsys):
     path = job / "calibrated" / "timeline.parquet"
     table = pq.read_table(path)
-    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"run_id": b"someone-else"}), path)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"prism.run_id": b"someone-else"}), path)
     code, err = run_main(["--job", job], capsys)
-    assert code == 2 and "made from run someone-else" in err and "artifacts of another job" in err
+    assert code == 2 and "(run someone-else)" in err and "come from different runs" in err
 
 
 def test_graph_of_another_capture(job, capsys):
