@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,24 @@ def open_page(page: Path, workdir: Path, width: int = 1400, height: int = 5000) 
     for stderr in (dom.stderr, shoot.stderr):
         errors += [line for line in stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
     return PageResult(dom.stdout, errors, shot)
+
+
+class _Sources(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href") and value and not value.startswith(("#", "data:", "javascript:")):
+                self.external.append(f"<{tag} {name}={value}>")
+
+
+def external_resources(text: str) -> list[str]:
+    """The tags of a page that load something (script src, link href, img src): a self-contained page has none."""
+    parser = _Sources()
+    parser.feed(text)
+    return parser.external
 
 
 def plots_without_data(dom: str) -> tuple[int, list[str]]:

@@ -8,7 +8,8 @@
   every other member's wait (or the member). Default: ``DIR/export/<timeline>.perfetto.json``.
 - ``kineto``: one file per rank, ``DIR/export/<timeline>.kineto/rank-R.json``, in the PyTorch profiler's
   (Kineto's) layout that Holistic Trace Analysis reads: ``distributedInfo`` (rank, world_size),
-  ``deviceProperties``, and ``traceEvents`` where every event is a ``cpu_op`` on the rank's host thread
+  ``deviceProperties``, and ``traceEvents``: a ``ProfilerStep#k`` annotation per iteration (HTA's iterations),
+  every event a ``cpu_op`` on the rank's host thread
   and, for compute and communication, a ``kernel`` on a device stream (compute on the program's stream,
   communication on its own stream named ``ncclDevKernel_<op>``, spanning from the op's issue to the end of
   the wait on it), linked by ``correlation``/``External id`` through a ``cuda_runtime`` launch. prism's
@@ -107,6 +108,10 @@ def kineto(tl: Timeline, rank: int) -> dict:
         {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "device 0"}},
         {"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "program"}},
     ]
+    steps = ev.group_by("iteration").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("iteration")
+    for iteration, start, end in steps.rows():  # HTA splits a trace into iterations by these
+        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{iteration}", "pid": rank,
+                    "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": {"External id": 0}})
     rows = ev.select("kind", "op", "group", "iteration", "event_id", "bytes", "start_ns", "end_ns", "stream").rows()
     correlation = 0
     for i, (kind, op, group, iteration, event_id, nbytes, start, end, stream) in enumerate(rows):
@@ -143,11 +148,11 @@ def kineto(tl: Timeline, rank: int) -> dict:
     }
 
 
-def _write_json(path: Path, payload: dict) -> None:
+def _write_json(path: Path, payload: dict, separators: tuple[str, str] = (",", ":")) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w") as fh:
-            json.dump(payload, fh, separators=(",", ":"))
+            json.dump(payload, fh, separators=separators)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -171,7 +176,8 @@ def export(job: str | Path, timeline: str, fmt: str, out: str | Path | None = No
     staging.mkdir()
     try:
         for rank in np.unique(tl.events["rank"].to_numpy()).tolist():
-            _write_json(staging / f"rank-{rank}.json", kineto(tl, rank))
+            # '"rank": R' with a space: HTA finds a file's rank with the regex '"rank":\s+(\d+)'
+            _write_json(staging / f"rank-{rank}.json", kineto(tl, rank), separators=(", ", ": "))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
     finally:
