@@ -1,25 +1,17 @@
-# The job's HTML report (after calibrate; also after the baseline and the emulation when the config has them).
-# Its output is report()-wrapped, so `snakemake --report` links it.
-
-
-def report_inputs(wildcards):
-    """The calibrated timeline and summary, plus the baseline's graph and the emulation when configured."""
-    inputs = [f"{JOB_DIR}/calibrated/timeline.parquet", f"{JOB_DIR}/calibrated/iterations.parquet",
-              f"{JOB_DIR}/summary.txt"]
-    if JOB.baseline.wanted(JOB.nproc):
-        inputs.append(f"{JOB_DIR}/baseline/graph/events.parquet")
-    if "emulate" in config:
-        inputs.append(f"{JOB_DIR}/emulation/events.parquet")
-    return inputs
+# The job's HTML report, after calibrate; also after the baseline and the emulation when the config has them
+# (the input function adds their outputs). The output is report()-wrapped: `snakemake --report` links it.
 
 
 rule report:
     input:
-        report_inputs,
+        lambda w: [f"{JOB_DIR}/calibrated/timeline.parquet", f"{JOB_DIR}/calibrated/iterations.parquet",
+                   f"{JOB_DIR}/summary.txt"]
+        + ([f"{JOB_DIR}/baseline/graph/events.parquet"] if JOB.baseline.wanted(JOB.nproc) else [])
+        + ([f"{JOB_DIR}/emulation/events.parquet"] if "emulate" in config else []),
     output:
         report(f"{JOB_DIR}/report/report.html", category="prism", labels={"file": "report"}),
     params:
-        job=JOB_DIR,
+        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
     log:
         f"{JOB_DIR}/logs/report.log",
     conda:
