@@ -55,10 +55,24 @@ def run_pipeline(argv: list[str]) -> int:
         print(f"prism run: error: {snakefile} not found: prism run needs a source checkout of prism "
               "(pip install -e .)", file=sys.stderr)
         return 2
+    argv = _absolute_configfiles(argv)  # Snakemake runs in the checkout: the user's relative paths still hold
     profile = [] if "--profile" in argv else ["--profile", str(REPO / "profiles" / "local")]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), *profile, *argv]
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
+
+
+def _absolute_configfiles(argv: list[str]) -> list[str]:
+    out, in_files = [], False
+    for arg in argv:
+        if arg in ("--configfile", "--configfiles"):
+            in_files = True
+        elif arg.startswith("-"):
+            in_files = False
+        elif in_files:
+            arg = str(Path(arg).resolve())
+        out.append(arg)
+    return out
 
 
 def run_slices(argv: list[str]) -> int:

@@ -130,12 +130,13 @@ def per_rank_iteration(iterations: pl.DataFrame) -> pl.DataFrame:
 
 
 def time_breakdown(events: pl.DataFrame, own_ns: pl.DataFrame | None) -> pl.DataFrame:
-    """Per rank, over iterations >= 1: compute, communication and idle ms.
+    """Per rank, over iterations >= 1 (all, when there is only one): compute, communication and idle ms.
 
     compute: compute events; communication: collective, send, recv and wait events; idle: the part of a
     wait beyond its own duration (`own_ns`: event_id, duration_ns, the durations the calibration used),
     the time the rank was blocked on others. Without `own_ns`, idle is not separated (0)."""
-    ev = events.filter(pl.col("iteration") >= 1).with_columns(span=pl.col("end_ns") - pl.col("start_ns"))
+    later = events.filter(pl.col("iteration") >= 1)
+    ev = (later if later.height else events).with_columns(span=pl.col("end_ns") - pl.col("start_ns"))
     if own_ns is not None:
         ev = ev.join(own_ns.select("event_id", own="duration_ns"), on="event_id", how="left")
         blocked = pl.when(pl.col("kind") == "wait").then((pl.col("span") - pl.col("own")).clip(lower_bound=0)) \

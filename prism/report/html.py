@@ -102,9 +102,12 @@ def build(job: str | Path) -> str:
     }, strict=False))
     page.text("The job's iteration k ends when its last rank ends iteration k; iteration times are the gaps "
               "between consecutive ends, iteration 0 (start-up) left out (prism/iterations.py).", "note")
-    page.figure(plots.iteration_time_per_rank(
-        per_rank, predicted["median_ms"] if predicted else None,
-        data.per_rank_iteration(base_iters) if base_iters is not None else None))
+    if per_rank.height:
+        page.figure(plots.iteration_time_per_rank(
+            per_rank, predicted["median_ms"] if predicted else None,
+            data.per_rank_iteration(base_iters) if base_iters is not None else None))
+    else:
+        page.text("One iteration only: no per-rank iteration time after the start-up (run more steps).", "note")
 
     shown = data.shown_iteration(iterations)
     page.heading(f"Critical path and timeline of iteration {shown}")

@@ -57,3 +57,11 @@ def test_commands_named_in_messages_and_docs_exist():
     assert named, "no `prism COMMAND` found: the pattern is wrong"
     unknown = {name: where for name, where in named.items() if name not in cli.COMMANDS}
     assert unknown == {}
+
+
+def test_run_passes_configfiles_as_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = cli._absolute_configfiles(["-n", "--configfile", "a.yaml", "--config", "results=r", "--configfiles",
+                                     "b.yaml", "c.yaml", "-j", "2"])
+    assert got == ["-n", "--configfile", str(tmp_path / "a.yaml"), "--config", "results=r", "--configfiles",
+                   str(tmp_path / "b.yaml"), str(tmp_path / "c.yaml"), "-j", "2"]
