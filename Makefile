@@ -20,6 +20,7 @@ demo: $(STAMP)
 	@echo; $(BIN)/python -m prism.summary --show --job results/default
 	@test ! -f results/default/baseline/summary.txt || $(BIN)/python -m prism.summary --show --job results/default/baseline
 	@echo "Results of the default job: $(CURDIR)/results/default/ (prism sql --job results/default \"SELECT * FROM ranks\")"
+	@test -f results/default/report/report.html && echo "Report: $(CURDIR)/results/default/report/report.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra

@@ -1,0 +1,5 @@
+import sys
+
+from prism.report.stage import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The report stage: ``python -m prism.report --job DIR [--out FILE]`` (``prism report``).
+
+Writes ``DIR/report/report.html`` (atomically: a temp name, then a rename), one self-contained page:
+predicted iteration time per rank and overall, the critical path, compute/communication/idle per rank,
+peak memory per rank, a timeline of one iteration, and, when they exist, the emulation's sandbox ranks
+and the baseline against the prediction. Needs the calibrated timeline (``DIR/calibrated/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from prism.artifacts import ArtifactError
+
+
+def write_report(job: Path, out: Path | None = None) -> Path:
+    from prism.report.html import build
+
+    out = out or job / "report" / "report.html"
+    page = build(job)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prism report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>) holding calibrated/")
+    parser.add_argument("--out", type=Path, help="HTML file to write (default: JOB/report/report.html)")
+    args = parser.parse_args(argv)
+    if not args.job.is_dir():
+        print(f"prism report: error: {args.job} is not a job folder: run the pipeline first (make demo, or "
+              "snakemake -s workflow/Snakefile --profile profiles/local)", file=sys.stderr)
+        return 2
+    try:
+        out = write_report(args.job, args.out)
+    except ArtifactError as exc:
+        print(f"prism report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"prism report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

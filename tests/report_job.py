@@ -1,0 +1,99 @@
+"""A small job folder written by hand (graph tables, calibrated timeline, baseline, emulation) for the
+report and export tests: 2 ranks, 3 iterations of compute -> all_reduce -> wait -> iteration_end, plus a
+send/recv pair per iteration from rank 0 to rank 1; rank 1 computes longer, so rank 0 waits on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from prism import schemas
+from prism.artifacts import write_outputs, write_parquet
+from prism.calibrate.stage import calibrate
+
+ITERATIONS = 3
+COMPUTE_NS = (1_000_000, 3_000_000)  # rank 0, rank 1
+
+
+def _events() -> tuple[list[dict], list[dict]]:
+    rows: list[dict] = []
+    comms: dict[int, dict] = {}
+    base = {f.name: (-1 if pa.types.is_integer(f.type) else None) for f in schemas.EVENTS}
+    base.update(is_async=True, stream=0, bytes=0, tag=0, microbatch=-1, group=None, dtype=None, shape=None)
+    for rank in (0, 1):
+        t = 0
+        seq = 0
+        for it in range(ITERATIONS):
+            c_ar, c_p2p = 2 * it, 2 * it + 1
+
+            def add(kind, op, dur, comm=-1, op_event=-1, group=None, nbytes=0, mem=-1):
+                nonlocal t, seq
+                eid = rank * 1000 + seq
+                rows.append({**base, "event_id": eid, "rank": rank, "seq": seq, "kind": kind, "op": op,
+                             "group": group, "iteration": it, "t_start_ns": t, "t_end_ns": t + dur,
+                             "cpu_ns": dur, "device_ns": dur, "t_complete_ns": t + dur, "comm_id": comm,
+                             "op_event_id": op_event, "bytes": nbytes, "mem_peak_bytes": mem,
+                             "mem_bytes": mem, "group_seq": it if group else -1})
+                if comm >= 0:
+                    comms.setdefault(comm, {"members": [], "event_ids": []})
+                    comms[comm]["members"].append(rank)
+                    comms[comm]["event_ids"].append(eid)
+                t += dur
+                seq += 1
+                return eid
+
+            add("compute", "compute", COMPUTE_NS[rank], mem=(rank + 1) * 2**20)
+            op = add("collective", "all_reduce", 10_000, comm=c_ar, group="0", nbytes=4096)
+            add("wait", "wait", 5_000, op_event=op)
+            if rank == 0:
+                op = add("send", "send", 2_000, comm=c_p2p, nbytes=1024)
+            else:
+                op = add("recv", "recv", 2_000, comm=c_p2p, nbytes=1024)
+            add("wait", "wait", 1_000, op_event=op)
+            add("marker", "iteration_end", 0)
+    comm_rows = []
+    for cid, c in sorted(comms.items()):
+        p2p = cid % 2 == 1
+        comm_rows.append({"comm_id": cid, "kind": "p2p" if p2p else "collective",
+                          "op": "send_recv" if p2p else "all_reduce", "group": None if p2p else "0",
+                          "group_seq": -1 if p2p else cid // 2, "src": 0 if p2p else -1, "dst": 1 if p2p else -1,
+                          "tag": 0, "n_members": 2, "bytes": 4096, "members": c["members"],
+                          "event_ids": c["event_ids"], "iteration": cid // 2, "t_first_start_ns": 0,
+                          "t_last_start_ns": 0, "t_last_end_ns": 0})
+    return rows, comm_rows
+
+
+def _write_graph(folder: Path, rows: list[dict], comm_rows: list[dict], scale: float = 1.0) -> None:
+    scaled = [{**r, **{k: int(r[k] * scale) for k in ("t_start_ns", "t_end_ns", "t_complete_ns")}} for r in rows]
+    write_parquet(pa.Table.from_pylist(scaled), folder / "events.parquet", schemas.EVENTS)
+    write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS)
+    write_parquet(pa.Table.from_pylist([{"group": "0", "desc": "dp", "size": 2, "members": [0, 1], "ring": [0, 1],
+                                         "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS)
+    write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": -1, "dp": r, "ep": -1,
+                                         "n_events": len(rows) // 2, "iterations": ITERATIONS} for r in (0, 1)]),
+                  folder / "ranks.parquet", schemas.RANKS)
+
+
+def make_job(job: Path, baseline: bool = True, emulation: bool = False) -> Path:
+    rows, comm_rows = _events()
+    _write_graph(job / "graph", rows, comm_rows)
+    tables, _, _ = calibrate(job)
+    write_outputs(job / "calibrated", tables)
+    if baseline:  # the real run: 10 % slower than the graph's times
+        _write_graph(job / "baseline" / "graph", rows, comm_rows, scale=1.1)
+    if emulation:  # rank 1 ran in the sandbox (measured 5 % slower), rank 0 was replayed
+        ev = tables["timeline"].to_pylist()
+        graph = {r["event_id"]: r for r in rows}
+        out = []
+        for e in ev:
+            g = graph[e["event_id"]]
+            s = 1.05 if g["rank"] == 1 else 1.0
+            out.append({**{k: g[k] for k in ("event_id", "rank", "seq", "kind", "op", "group", "iteration",
+                                            "comm_id", "op_event_id", "bytes", "stream", "mem_peak_bytes")},
+                        "start_ns": int(e["start_ns"] * s), "end_ns": int(e["end_ns"] * s),
+                        "source": "sandbox" if g["rank"] == 1 else "replay"})
+        (job / "emulation").mkdir(parents=True)
+        import pyarrow.parquet as pq
+        pq.write_table(pa.Table.from_pylist(out), job / "emulation" / "events.parquet")
+    return job
