@@ -28,7 +28,7 @@ def launch(mode: str, flags: list[str], out: Path | None = None) -> list[float]:
     if out is not None:
         cmd += ["--out", str(out)]
     proc = subprocess.run(cmd + WORKLOAD + flags, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO,
-                          env=make_env(PRISM_DEVICE="cuda", **NCCL_ENV))
+                          env=make_env(PRISM_DEVICE="cuda", CUDA_VISIBLE_DEVICES="0", **NCCL_ENV))
     assert proc.returncode == 0, f"{mode} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     assert "re-initialize CUDA" not in proc.stderr
     losses = [float(w[5:]) for w in proc.stdout.split() if w.startswith("loss=")]
