@@ -108,11 +108,20 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         elif asked in ("prism", "undefined"):
             asked = _state.get("default_asked", asked)
         _state["asked"].append((asked, desc))
+        # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
+        # device eagerly, but prism's group is the process group itself (no per-device backend): it is
+        # bound to the device afterwards, and connects when first used.
+        device_id = kwargs.pop("device_id", None)
+        if len(args) >= 4:
+            device_id, args = args[3], args[:3] + (None,) + args[4:]
         try:
             result = original(group_size, group_rank, global_ranks_in_group, "prism", store, group_name,
                               *args, **kwargs)
         finally:
             _state["asked"].pop()
+        pg = result[0] if isinstance(result, tuple) else result
+        if device_id is not None and isinstance(pg, PrismProcessGroup):
+            pg.bound_device_id = device_id
         _report_asked_backend(result, asked)
         return result
 

@@ -59,7 +59,14 @@ def warm_imports(compute: bool) -> None:
     h = torch.nn.functional.rms_norm(x, (4,)) if hasattr(torch.nn.functional, "rms_norm") else x
     logits = lin(torch.nn.functional.silu(h) * torch.softmax(h, dim=-1))
     loss = torch.nn.functional.cross_entropy(logits.view(-1, 8), torch.tensor([1, 2, 3]))
-    loss.backward()
+    if torch.cuda.is_available():  # NVML's answer (`_keep_cuda_for_the_ranks`): CUDA stays untouched
+        # A backward pass starts autograd's device threads, which count the CUDA devices through the CUDA
+        # runtime: the driver is then initialised here and every forked rank's first CUDA call fails
+        # ("initialization error"), and the threads do not survive the fork. Gradients by hand instead.
+        for p in list(emb.parameters()) + list(lin.parameters()):
+            p.grad = torch.zeros_like(p)
+    else:
+        loss.backward()
     opt = torch.optim.AdamW(list(emb.parameters()) + list(lin.parameters()))
     # the optimizer's step checks that no CUDA graph is being captured, which creates the CUDA context:
     # a rank forked after that cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess")

@@ -44,11 +44,11 @@ def read_events(path: Path) -> pa.Table:
         return reader.read_all()
 
 
-def check_trace(out: Path, nproc: int) -> None:
+def check_trace(out: Path, nproc: int, collectives: bool = True) -> None:
     for rank in range(nproc):
         ev = read_events(out / "raw" / f"rank={rank}" / "events.arrow")
         kinds = ev.column("kind").to_pylist()
-        assert kinds.count("collective") >= 1, f"rank {rank} recorded no collective"
+        assert not collectives or kinds.count("collective") >= 1, f"rank {rank} recorded no collective"
         waited = [w for k, w in zip(kinds, ev.column("work_id").to_pylist()) if k == "wait"]
         assert len(waited) == len(set(waited)), f"rank {rank}: an op has several wait events"
         for col in ("cpu_ns", "device_ns"):
@@ -81,4 +81,4 @@ def test_workload_layout_equals_mode_off(layout: str, tmp_path: Path) -> None:
     assert ref, "the workload printed no loss"
     assert len(got) == len(ref) and all(same_value(a[5:], b[5:]) for a, b in zip(ref, got)), (
         f"off {ref} != real {got}")
-    check_trace(tmp_path / "job", nproc)
+    check_trace(tmp_path / "job", nproc, collectives=nproc > 1)  # one rank: the workload communicates not
