@@ -10,6 +10,7 @@ BENCHES = {
     "capture": "prism.bench.capture",
     "calibrate": "prism.bench.calibrate",
     "fidelity": "prism.bench.fidelity",
+    "pruning": "prism.bench.pruning",
 }
 
 

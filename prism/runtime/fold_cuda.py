@@ -1,0 +1,73 @@
+"""The CUDA fold kernel of `cuda/fold.cu`, built on first use with torch's extension tooling (JIT, sm_90).
+
+Imported only when a CUDA tensor reaches `compensation` (CPU runs and CI never build it). Flags: Hopper
+machine code (`-gencode arch=compute_90,code=sm_90`), no fast math, no FMA contraction (`--fmad=false`),
+IEEE division, no flush to zero, so each step rounds like torch's own ops. The build needs `nvcc`
+(CUDA_HOME or on PATH) and `ninja` (torch.utils.cpp_extension.load refuses to build without it);
+`PRISM_CUDA_BUILD_DIR` overrides torch's default build folder (~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from prism.runtime.semantics import RedOp
+
+SOURCES = Path(__file__).resolve().parents[2] / "cuda"
+NVCC_FLAGS = ["-O3", "-gencode", "arch=compute_90,code=sm_90", "--fmad=false", "-ftz=false",
+              "-prec-div=true", "-prec-sqrt=true"]
+OP_CODES = {RedOp.SUM: 0, RedOp.AVG: 0, RedOp.PRODUCT: 1, RedOp.MIN: 2, RedOp.MAX: 3,
+            RedOp.BAND: 4, RedOp.BOR: 5, RedOp.BXOR: 6}
+
+_lock = threading.Lock()
+_module = None
+
+
+class KernelBuildError(RuntimeError):
+    """The CUDA fold kernel could not be built (the message says what is missing)."""
+
+
+def _build():
+    from torch.utils import cpp_extension
+    sources = [SOURCES / "fold_binding.cpp", SOURCES / "fold.cu"]
+    missing = [str(s) for s in sources if not s.is_file()]
+    if missing:
+        raise KernelBuildError(f"CUDA fold sources missing: {', '.join(missing)} (prism's cuda/ folder must sit "
+                               f"beside the prism package: install prism from its checkout with pip install -e)")
+    if cpp_extension.CUDA_HOME is None:
+        raise KernelBuildError("no CUDA toolkit found to build the fold kernel: set CUDA_HOME or put nvcc on PATH")
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError as e:
+        raise KernelBuildError("building the CUDA fold kernel needs ninja: pip install ninja") from e
+    build_dir = os.environ.get("PRISM_CUDA_BUILD_DIR")
+    if build_dir:
+        Path(build_dir).mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(name="prism_fold", sources=[str(s) for s in sources],
+                              extra_cflags=["-O2"], extra_cuda_cflags=NVCC_FLAGS,
+                              build_directory=build_dir, verbose=bool(os.environ.get("PRISM_CUDA_VERBOSE")))
+
+
+def module():
+    """The loaded extension (built once per process, under a lock: the replay worker has many threads)."""
+    global _module
+    if _module is None:
+        with _lock:
+            if _module is None:
+                _module = _build()
+    return _module
+
+
+def fold(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
+    """Left fold of `tensors` (no AVG division) on their CUDA device."""
+    return module().fold(list(tensors), OP_CODES[op])
+
+
+def finish_avg(acc: torch.Tensor, n: int) -> torch.Tensor:
+    """AVG's final division by the group size, as the CPU path divides."""
+    return module().finish_avg(acc, int(n))

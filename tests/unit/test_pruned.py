@@ -1,0 +1,108 @@
+"""PrunedGroup: every collective kind's sandbox outputs equal `semantics` over all members; messages counted."""
+
+import random
+
+import pytest
+import torch
+
+from prism.runtime import semantics
+from prism.runtime.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
+from prism.runtime.semantics import RedOp
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(_BITS[a.element_size()]),
+                                                                      b.view(_BITS[b.element_size()]))
+
+
+def case(seed, dtype=torch.float32, numel=12):
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    n = rng.randint(2, 9)
+    members = rng.sample(range(100), n)
+    sandbox = set(rng.sample(members, rng.randint(1, n)))
+    scale = lambda: 10.0 ** torch.randint(-5, 6, (numel,), generator=g)
+    recorded = {m: (torch.randn(numel, generator=g, dtype=torch.float64) * scale()).to(dtype) for m in members}
+    live = {m: (torch.randn(numel, generator=g, dtype=torch.float64) * scale()).to(dtype) for m in sandbox}
+    full = [live.get(m, recorded[m]) for m in members]
+    return members, sandbox, live, {m: t for m, t in recorded.items() if m not in sandbox}, full
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_reductions_equal_semantics_bitwise(dtype):
+    for seed in range(25):
+        members, sandbox, live, rec, full = case(seed, dtype, numel=2520)   # divisible by n = 2..9
+        for op in [RedOp.SUM, RedOp.AVG, RedOp.PRODUCT, RedOp.MIN, RedOp.MAX]:
+            want = semantics.reduce(full, op)
+            g = PrunedGroup(members, sandbox)
+            out = g.all_reduce(op, live, rec)
+            assert set(out) == sandbox and all(same_bits(t, want) for t in out.values()), (seed, op)
+            root = sorted(sandbox)[0]
+            red = PrunedGroup(members, sandbox).reduce(op, root, live, rec)
+            assert same_bits(red[root], want) and all(red[r] is None for r in sandbox - {root})
+            rs = PrunedGroup(members, sandbox).reduce_scatter(op, live, rec)
+            for r, t in rs.items():
+                want_c = semantics.reduce_scatter_chunk(full, op, members.index(r), len(members))
+                assert same_bits(t, want_c), (seed, op, r)
+
+
+def test_data_movement_kinds_equal_semantics():
+    for seed in range(20):
+        members, sandbox, live, rec, full = case(seed)
+        n = len(members)
+        ag = PrunedGroup(members, sandbox).all_gather(live, rec)
+        assert all(all(torch.equal(a, b) for a, b in zip(v, full)) for v in ag.values())
+        dst = sorted(sandbox)[-1]
+        ga = PrunedGroup(members, sandbox).gather(dst, live, rec)
+        assert all(torch.equal(a, b) for a, b in zip(ga[dst], full))
+        for src in (members[0], members[-1]):
+            bc = PrunedGroup(members, sandbox).broadcast(src, live, rec)
+            assert all(torch.equal(t, full[members.index(src)]) for t in bc.values())
+            lists = {m: list(torch.arange(float(n * 2)).reshape(n, 2) + m) for m in members}
+            sc = PrunedGroup(members, sandbox).scatter(src, {m: lists[m] for m in sandbox},
+                                                       {m: lists[m] for m in members if m not in sandbox})
+            assert all(torch.equal(t, lists[src][members.index(r)]) for r, t in sc.items())
+        rows = [torch.arange(float(n * 3 * (i + 1))).reshape(n * (i + 1), 3) for i in range(n)]
+        splits = {m: [i + 1] * n for i, m in enumerate(members)}
+        a2a = PrunedGroup(members, sandbox).all_to_all_single(
+            splits, {m: rows[i] for i, m in enumerate(members) if m in sandbox},
+            {m: rows[i] for i, m in enumerate(members) if m not in sandbox})
+        for r, t in a2a.items():
+            assert torch.equal(t, semantics.all_to_all_single(rows, [splits[m] for m in members], members.index(r)))
+
+
+def test_chain_messages_hand_counted():
+    # 8 members, sandbox {3, 5}: participants 0[0,1,2] -> 3 -> 4[4] -> 5 -> 6[6,7]; 4 links, then the
+    # result from 6 to 3 and 5: 6 messages of 40 bytes (10 float32).
+    members = list(range(8))
+    rec = {m: torch.ones(10) for m in members if m not in (3, 5)}
+    g = PrunedGroup(members, {3, 5})
+    g.all_reduce(RedOp.SUM, {3: torch.ones(10), 5: torch.ones(10)}, rec)
+    assert g.messages == [(0, 3, 40), (3, 4, 40), (4, 5, 40), (5, 6, 40), (6, 3, 40), (6, 5, 40)]
+    assert g.bytes_moved() == 240
+    assert ring_all_reduce_bytes(8, 40) == 2 * 7 * 40
+    # gathering instead: each of 2 sandbox members gets the prefold of [0,1,2] and members 4..7 but itself
+    assert individual_all_reduce_bytes(members, {3, 5}, 40) == 2 * (1 + 4) * 40
+
+
+def test_sandbox_last_member_holds_result():
+    g = PrunedGroup([0, 1, 2, 3], {3})
+    out = g.all_reduce(RedOp.SUM, {3: torch.tensor([1.0])}, {m: torch.tensor([1.0]) for m in range(3)})
+    assert out[3].item() == 4.0 and g.messages == [(0, 3, 4)]
+
+
+def test_missing_contribution_is_named():
+    with pytest.raises(ValueError, match=r"sandbox ranks \[2\].*virtual ranks \[1\]"):
+        PrunedGroup([0, 1, 2], {2}).all_reduce(RedOp.SUM, {}, {0: torch.ones(1)})
+
+
+def test_pruning_bench_table(capsys):
+    from prism.bench import pruning
+    assert pruning.main(["--sizes", "2,8", "--sandbox", "1,2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert len(rows) == 2 * 2 * 3
+    # n=8, s=2 first: participants 0, 1, [2..7]; links 0->1, 1->2 and the result 2->0, 2->1: 4 S; ring 14 S
+    assert ["8", "2", "first", "3", "14", "4", "14", "0.286"] in rows
+    with pytest.raises(SystemExit):
+        pruning.main(["--sizes", "1"])
