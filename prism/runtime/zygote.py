@@ -61,16 +61,12 @@ def warm_imports(compute: bool) -> None:
     loss = torch.nn.functional.cross_entropy(logits.view(-1, 8), torch.tensor([1, 2, 3]))
     if torch.cuda.is_available():  # NVML's answer (`_keep_cuda_for_the_ranks`): CUDA stays untouched
         # A backward pass starts autograd's device threads, which count the CUDA devices through the CUDA
-        # runtime: the driver is then initialised here and every forked rank's first CUDA call fails
-        # ("initialization error"), and the threads do not survive the fork. Gradients by hand instead.
-        for p in list(emb.parameters()) + list(lin.parameters()):
-            p.grad = torch.zeros_like(p)
-    else:
-        loss.backward()
+        # runtime, and the optimizer's step checks for graph capture on the current accelerator: either
+        # initialises the driver here, and every forked rank's first CUDA call then fails
+        # ("initialization error"). Where there is CUDA, the ranks pay for those lazy steps themselves.
+        return
+    loss.backward()
     opt = torch.optim.AdamW(list(emb.parameters()) + list(lin.parameters()))
-    # the optimizer's step checks that no CUDA graph is being captured, which creates the CUDA context:
-    # a rank forked after that cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess")
-    opt._cuda_graph_capture_health_check = lambda: None
     opt.step()
     opt.zero_grad()
 
