@@ -147,10 +147,13 @@ class PrismWork(Work):
         return True
 
     def resolve(self, work: Work | None, outputs: list[torch.Tensor]) -> None:
-        """An op issued inside coalescing: NCCL gave it no work of its own; it completes with `work`, the
-        coalesced op's (or, where the backend gave none, it is complete: `outputs`)."""
-        self._inner = [(work if work is not None else _done_work(outputs)) if w is None else w
-                       for w in self._inner]
+        """An op issued inside coalescing completes with `work`, the batch's (NCCL: the ops run when the
+        batch ends; the work NCCL gave an op inside it, if any, does not wait for that). Where the backend
+        gave no batch work (gloo: no coalescing), the op's own work stays; none at all: complete."""
+        if work is not None:
+            self._inner = [work for _ in self._inner]
+        else:
+            self._inner = [_done_work(outputs) if w is None else w for w in self._inner]
 
     @_nodynamo
     def get_future(self) -> torch.futures.Future:
