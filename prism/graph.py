@@ -129,8 +129,26 @@ def _read_ranks(rank_dirs: list[Path]) -> tuple[pa.Table, pa.Table]:
             f"{rank_dirs[rank] / 'events.arrow'}: row {row - starts[row]} has seq {seq[row]}, expected "
             f"{row - starts[row]}; events must be in program order without gaps (a lost batch?)"
         )
+    _check_durations(table, rank_dirs)
     table = table.add_column(0, "event_id", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     return table, pa.concat_tables(groups)
+
+
+def _check_durations(table: pa.Table, rank_dirs: list[Path]) -> None:
+    """No duration is negative: an event ends after it starts, and its clocks read >= 0 (-1: not measured)."""
+    t0, t1 = table.column("t_start_ns").to_numpy(), table.column("t_end_ns").to_numpy()
+    for name, bad in (("t_end_ns < t_start_ns", t1 < t0),
+                      ("cpu_ns", table.column("cpu_ns").to_numpy() < -1),
+                      ("device_ns", table.column("device_ns").to_numpy() < -1)):
+        rows = np.flatnonzero(bad)
+        if len(rows):
+            row = int(rows[0])
+            rank, seq = table.column("rank")[row].as_py(), table.column("seq")[row].as_py()
+            raise GraphError(
+                f"{rank_dirs[rank] / 'events.arrow'}: event seq {seq} of rank {rank} ({table.column('kind')[row]} "
+                f"{table.column('op')[row]}) has a negative duration ({name}); {len(rows)} such events: the "
+                "recorder that wrote it is broken (re-record with this prism)"
+            )
 
 
 def _ranks_str(ranks) -> str:

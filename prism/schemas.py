@@ -50,13 +50,19 @@ RAW_EVENT_FIELDS = [
     pa.field("microbatch", pa.int32(), nullable=False),  # forward index in this iteration, -1: outside
     pa.field("t_start_ns", pa.int64(), nullable=False),  # host monotonic clock (shared by the host)
     pa.field("t_end_ns", pa.int64(), nullable=False),
-    pa.field("cpu_ns", pa.int64(), nullable=False),  # CPU time of the rank's thread inside the event
-    pa.field("device_ns", pa.int64(), nullable=False),  # device-clock duration (CPU: = cpu_ns); -1
+    # CPU time of the recording thread inside the event (thread_time); -1: the span changed thread (CUDA
+    # backward passes run on torch's device thread) or not measured
+    pa.field("cpu_ns", pa.int64(), nullable=False),
+    # CUDA: GPU time between the event's boundaries on the rank's current stream (CUDA events); CPU: no
+    # device clock, the same thread CPU time as cpu_ns; -1: not measured
+    pa.field("device_ns", pa.int64(), nullable=False),
     # when the op's result was ready: exact for ops consumed through their future (a completion callback),
     # an upper bound for waited ops (the wait's start if the result was already there, else its end); -1
     pa.field("t_complete_ns", pa.int64(), nullable=False),
     pa.field("mem_bytes", pa.int64(), nullable=False),  # memory in use at the event's end; -1: not measured
     pa.field("mem_peak_bytes", pa.int64(), nullable=False),  # peak so far; -1: not measured
+    # CUDA: the caching allocator's reserved bytes at the event's end; -1: not measured (CPU: no allocator)
+    pa.field("mem_reserved_bytes", pa.int64(), nullable=False),
     pa.field("stream", pa.int32(), nullable=False),  # 0: the program's stream
 ]
 RAW_EVENTS = pa.schema(RAW_EVENT_FIELDS)

@@ -2,6 +2,10 @@
 no recording (no interception at all), PrismTrace (`--mode real --out`), and torch.profiler with a Kineto
 JSON export — run interleaved (A B C, A B C, ...). Prints the median iteration time of each, the overhead
 ratios against no recording, and the bytes each writes per iteration.
+
+`--device cuda` runs the workload on the GPU (`--device cuda`; NCCL with a GPU per rank, else gloo with
+CUDA tensors) and records PrismTrace with the CUDA clock (`PRISM_DEVICE=cuda`: CUDA events at every event
+boundary, read lazily, and the caching allocator's memory at every marker).
 """
 
 from __future__ import annotations
@@ -67,8 +71,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--workload", default="--dp 2 --ep 2 --microbatches 4",
                         help="reference workload flags")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the workload runs and what PrismTrace's device clock is")
     args = parser.parse_args(argv)
     workload = ["-m", "prism.workloads.moe_gpt", "--steps", str(args.steps)] + args.workload.split()
+    where = "CPU"
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("prism bench overhead: --device cuda but no CUDA device is visible here; run it on a GPU "
+                  "host or use --device cpu", file=sys.stderr)
+            return 2
+        gpus = torch.cuda.device_count()
+        backend = "nccl" if gpus >= args.nproc else "gloo"  # NCCL needs a GPU per rank
+        workload += ["--device", "cuda", "--backend", backend]
+        os.environ["PRISM_DEVICE"] = "cuda"
+        where = f"{torch.cuda.get_device_name(0)} x{min(gpus, args.nproc)}, {backend}"
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
     written: dict[str, list[int]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
@@ -81,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  round {rep + 1}/{args.repeats} {variant:<11} median "
                       f"{statistics.median(durations):8.3f} ms", file=sys.stderr, flush=True)
     base = statistics.median(results["none"])
-    print(f"\nprism bench overhead: W={args.nproc} pinned, workload `{' '.join(workload[2:])}`, "
+    print(f"\nprism bench overhead: {where}, W={args.nproc} pinned, workload `{' '.join(workload[2:])}`, "
           f"{args.repeats} interleaved rounds, iterations after warm-up per variant: "
           f"{len(results['none'])}")
     print(f"{'variant':<12} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'overhead':>9} "

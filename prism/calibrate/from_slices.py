@@ -129,6 +129,12 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
             raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
                                  f"{job_dir} --slice {k})")
         ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
+        bad = np.flatnonzero((ev["device_ns"].to_numpy() < -1)
+                             | (ev["t_end_ns"].to_numpy() < ev["t_start_ns"].to_numpy()))
+        if len(bad):
+            i = int(bad[0])
+            raise CalibrateError(f"{path}: event_id {ev['event_id'][i]} has a negative duration "
+                                 f"({len(bad)} such events): the slice run's recorder is broken; re-run the slice")
         try:
             rows = np.array([position[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
         except KeyError as exc:

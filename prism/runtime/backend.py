@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Work
+from torch._C._distributed_c10d import Work, _create_work_from_future
 
 from prism import schemas
 from prism.runtime.recorder import Recorder
@@ -52,6 +52,28 @@ def _describe(tensors) -> tuple[int, str | None, str | None, torch.device]:
     return nbytes, str(first.dtype).removeprefix("torch."), shape, first.device
 
 
+def _outputs(args: tuple) -> list[torch.Tensor]:
+    """The tensors an op writes: its first argument in the `Backend` calling convention (none: barrier)."""
+    first = args[0] if args else None
+    if isinstance(first, torch.Tensor):
+        return [first]
+    if isinstance(first, (list, tuple)):
+        return _flat(first)
+    return []
+
+
+def _done_work(outputs: list[torch.Tensor]) -> Work:
+    """A completed work holding `outputs`.
+
+    NCCL runs an op that was not asked for asynchronously (`opts.asyncOp` False: `dist.all_reduce(t)`,
+    `dist.send`) synchronised at the C++ level (the current stream waits on the NCCL stream) and returns
+    no work; torch's Python API then waits on nothing. Prism's backend always returns a work, so that the
+    wait is recorded: for such an op, one that is complete (stream-ordered, like NCCL's own)."""
+    fut = torch.futures.Future()
+    fut.set_result(outputs)
+    return _create_work_from_future(fut)
+
+
 def _future_of(work: Work) -> torch.futures.Future | None:
     """The work's future, or None where the backend has none (gloo: send/recv, reduce_scatter)."""
     try:
@@ -80,6 +102,16 @@ def _future_by_waiting(work: Work) -> torch.futures.Future:
     return fut
 
 
+def _distinct(works) -> list[Work]:
+    """The works, each once (an NCCL coalesced batch: one work for all its ops), none unresolved."""
+    seen, out = set(), []
+    for w in works:
+        if w is not None and id(w) not in seen:
+            seen.add(id(w))
+            out.append(w)
+    return out
+
+
 class PrismWork(Work):
     """Wraps the transport's work; records when the program waits on it."""
 
@@ -99,6 +131,8 @@ class PrismWork(Work):
         self._waited = True
         sync = record and _called_by_torch_blocking_api()
         for inner, wid in zip(self._inner, self._ids):
+            if inner is None:  # an op inside NCCL coalescing: it runs at `_end_coalescing` (see `resolve`)
+                continue
             if not record:
                 inner.wait()
                 continue
@@ -112,15 +146,26 @@ class PrismWork(Work):
             rec.completed_by(wid, start[0] if ready else rec.last_end_ns)
         return True
 
+    def resolve(self, work: Work | None, outputs: list[torch.Tensor]) -> None:
+        """An op issued inside coalescing completes with `work`, the batch's (NCCL: the ops run when the
+        batch ends; the work NCCL gave an op inside it, if any, does not wait for that). Where the backend
+        gave no batch work (gloo: no coalescing), the op's own work stays; none at all: complete."""
+        if work is not None:
+            self._inner = [work for _ in self._inner]
+        else:
+            self._inner = [_done_work(outputs) if w is None else w for w in self._inner]
+
     @_nodynamo
     def get_future(self) -> torch.futures.Future:
-        futs = [_future_of(w) or _future_by_waiting(w) for w in self._inner]
+        futs = [_future_of(w) or _future_by_waiting(w) for w in _distinct(self._inner)]
         if self._rec is not None and not self._futured:
             # consumed through its future (DDP): its completion time is only known from a callback
             self._futured = True
             rec = self._rec
-            for fut, wid in zip(futs, self._ids):
-                fut.add_done_callback(lambda _f, wid=wid: rec.completed(wid))
+            by_work = dict(zip(map(id, _distinct(self._inner)), futs))
+            for inner, wid in zip(self._inner, self._ids):
+                if inner is not None:
+                    by_work[id(inner)].add_done_callback(lambda _f, wid=wid: rec.completed(wid))
         if len(futs) == 1:
             return futs[0]
         # several works (a coalesced op, a batch of p2p ops): one future of all their output tensors
@@ -128,31 +173,58 @@ class PrismWork(Work):
 
     @_nodynamo
     def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._inner)
+        return all(w is not None and w.is_completed() for w in self._inner)
 
     @_nodynamo
     def is_success(self) -> bool:
-        return all(w.is_success() for w in self._inner)
+        return all(w is not None and w.is_success() for w in self._inner)
 
     @_nodynamo
     def exception(self):
-        for w in self._inner:
+        for w in _distinct(self._inner):
             if w.exception() is not None:
                 return w.exception()
         return None
 
     @_nodynamo
     def result(self) -> list[torch.Tensor]:
-        return [t for w in self._inner for t in w.result()]
+        return [t for w in _distinct(self._inner) for t in w.result()]
 
     @_nodynamo
     def synchronize(self) -> None:
-        for w in self._inner:
+        for w in _distinct(self._inner):
             w.synchronize()
 
     @_nodynamo
     def _source_rank(self) -> int:  # a recv from any source: who sent (group rank)
         return self._inner[0]._source_rank()
+
+
+class _Joined(PrismWork):
+    """Several issued ops waited together (a coalesced op, a batch of p2p ops).
+
+    Its inner works are read from the op works when used, so that ops resolved after issue (NCCL
+    coalescing: one work stands for the whole batch) are seen."""
+
+    def __init__(self, works: list[PrismWork], recorder: Recorder | None, op: str, group: str) -> None:
+        super().__init__([], recorder, [], op, group)
+        self._works = works
+
+    @property
+    def _inner(self):
+        return [w._inner[0] for w in self._works]
+
+    @_inner.setter
+    def _inner(self, value):  # set by PrismWork.__init__ (empty)
+        pass
+
+    @property
+    def _ids(self):
+        return [w._ids[0] for w in self._works]
+
+    @_ids.setter
+    def _ids(self, value):
+        pass
 
 
 class PrismProcessGroup(dist.ProcessGroup):
@@ -215,14 +287,17 @@ class PrismProcessGroup(dist.ProcessGroup):
             rec.check(kind, op, self._name, gseq, peer, tag, nbytes)
             start = rec.begin()
         inner = self._transport.call(method, device, *args, work_id=wid, op=op)
+        if inner is None and self._coalesced is None:  # NCCL, not async: synchronised already
+            inner = _done_work(_outputs(args))
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)
             # No completion callback here: it runs on the backend's thread and costs a GIL hand-off per
             # op. A waited op's completion is seen at its wait; a future's consumer gets one (get_future).
+        work = PrismWork([inner], rec, [wid], op, self._name)
         if self._coalesced is not None:
-            self._coalesced.append((inner, wid))
-        return PrismWork([inner], rec, [wid], op, self._name)
+            self._coalesced.append((work, _outputs(args)))
+        return work
 
     def _root(self, opts) -> int:
         return self._global_ranks[opts.rootRank]
@@ -286,7 +361,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def _combine(self, op: str, method: str, pairs, opts) -> Work:
         """A coalesced op as one recorded op per tensor pair, waited together."""
         works = [self._issue(op, schemas.KIND_COLLECTIVE, method, [i], (o, i, opts)) for o, i in pairs]
-        return PrismWork([w._inner[0] for w in works], self._rec, [w._ids[0] for w in works], op, self._name)
+        return _Joined(works, self._rec, op, self._name)
 
     @_nodynamo
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -360,5 +435,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     @_nodynamo
     def _end_coalescing(self, device):
         issued, self._coalesced = self._coalesced or [], None
-        self._transport.end_coalescing(device)
-        return PrismWork([w for w, _ in issued], self._rec, [i for _, i in issued], "coalesced", self._name)
+        end = self._transport.end_coalescing(device)  # NCCL: the one work of the whole batch
+        for work, outputs in issued:
+            work.resolve(end, outputs)
+        return _Joined([w for w, _ in issued], self._rec, "coalesced", self._name)

@@ -114,16 +114,51 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         elif asked in ("prism", "undefined"):
             asked = _state.get("default_asked", asked)
         _state["asked"].append((asked, desc))
+        # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
+        # device eagerly, but prism's group is the process group itself (no per-device backend): it is
+        # bound to the device afterwards, and connects when first used.
+        device_id = kwargs.pop("device_id", None)
+        if len(args) >= 4:
+            device_id, args = args[3], args[:3] + (None,) + args[4:]
         try:
             result = original(group_size, group_rank, global_ranks_in_group, "prism", store, group_name,
                               *args, **kwargs)
         finally:
             _state["asked"].pop()
+        pg = result[0] if isinstance(result, tuple) else result
+        if device_id is not None and isinstance(pg, PrismProcessGroup):
+            pg.bound_device_id = device_id
         _report_asked_backend(result, asked)
         return result
 
     c10d._new_process_group_helper = helper
+    _coalesce_cuda_p2p_batches()
     atexit.register(finish)
+
+
+def _coalesce_cuda_p2p_batches() -> None:
+    """`batch_isend_irecv` coalesces only for a group whose type is exactly `ProcessGroup`; prism's group
+    (a subclass) would get one plain NCCL op after the other, and a ring of them deadlocks (each rank's
+    send waits for a recv its peer has not issued). On CUDA tensors, prism's group coalesces them as
+    torch does for NCCL (one NCCL group, one work for the batch); CPU batches are unchanged."""
+    original = c10d.batch_isend_irecv
+    if getattr(original, "_prism", False):
+        return
+
+    def batch_isend_irecv(p2p_op_list):
+        group = (p2p_op_list[0].group or c10d._get_default_group()) if p2p_op_list else None
+        device = p2p_op_list[0].tensor.device if p2p_op_list else None
+        if not isinstance(group, PrismProcessGroup) or device.type != "cuda":
+            return original(p2p_op_list)
+        c10d._check_p2p_op_list(p2p_op_list)
+        with c10d._coalescing_manager(group, device, async_ops=True) as cm:
+            for op in p2p_op_list:
+                peer = {"group_dst" if op.op is c10d.isend else "group_src": op.group_peer}
+                op.op(op.tensor, group=op.group, tag=op.tag, **peer)
+        return cm.works
+
+    batch_isend_irecv._prism = True
+    c10d.batch_isend_irecv = dist.batch_isend_irecv = batch_isend_irecv
 
 
 def _report_asked_backend(result, asked: str) -> None:

@@ -1,7 +1,8 @@
 """What a rank's memory use is, measured honestly.
 
-CUDA: the caching allocator's statistics (`memory_allocated`, `max_memory_allocated`): exactly the tensor
-memory the program holds on the device. CPU: PyTorch keeps no allocator statistics for host tensors, so
+CUDA: the caching allocator's statistics (`memory_allocated`, `max_memory_allocated`, `memory_reserved`):
+exactly the tensor memory the program holds on the device, its peak, and what the allocator holds from
+the driver (allocated plus cached blocks). CPU: PyTorch keeps no allocator statistics for host tensors, so
 prism records the process's resident set size (RSS, from /proc/self/statm) and its peak (getrusage). RSS
 includes the interpreter, torch's libraries and pages shared with the zygote (counted once per process
 here), and freed tensor memory that the C allocator has not returned: it bounds the tensor memory from
@@ -17,19 +18,20 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class MemoryProbe:
-    """`sample()` -> (bytes in use now, peak bytes so far) for this rank's device."""
+    """`sample()` -> (bytes in use now, peak bytes so far, bytes reserved) for this rank's device
+    (reserved: the caching allocator's on CUDA; -1 on CPU, where there is none)."""
 
     def __init__(self, device: str = "cpu") -> None:
         self.cuda = device.startswith("cuda")
         self._statm = None if self.cuda else os.open("/proc/self/statm", os.O_RDONLY)
         self._peak = 0
 
-    def sample(self) -> tuple[int, int]:
+    def sample(self) -> tuple[int, int, int]:
         if self.cuda:
             import torch
 
-            return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+            return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
         resident = int(os.pread(self._statm, 64, 0).split()[1]) * _PAGE
         # the kernel's maxrss lags the current RSS by a few pages: the peak is the larger of the two
         self._peak = max(self._peak, resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        return resident, self._peak
+        return resident, self._peak, -1

@@ -3,7 +3,15 @@
 The hot path is a tuple append per event plus two clock reads; columns are built only when a batch is
 flushed to the rank's raw stream (`<raw dir>/rank=R/events.arrow`, Arrow IPC stream, schema
 `prism.schemas.RAW_EVENTS`). A compute event is the span between the end of one recorded event and the
-start of the next, timed on the rank's own thread CPU clock (`device_ns` equals `cpu_ns` on CPU).
+start of the next.
+
+Clocks: `cpu_ns` is the CPU time of the recording thread inside the span (-1 when the span starts on one
+thread and ends on another: torch runs a CUDA backward pass on its own device thread, and two threads'
+CPU clocks cannot be subtracted). `device_ns` on CPU equals `cpu_ns`; on CUDA (`device="cuda"`) it is
+the GPU time between the span's boundaries on the rank's current stream, from CUDA events recorded at
+each boundary (`_DeviceClock`): the events are only queued on the hot path and read when complete, at
+each iteration end (those already done) and at a flush (waiting for the last ones). A negative duration
+is an error naming the rank and the event.
 """
 
 from __future__ import annotations
@@ -24,7 +32,49 @@ _cpu = time.thread_time_ns
 
 # Column order of the tuples kept in memory (a prefix of RAW_EVENTS without `rank`).
 _COLUMNS = [f.name for f in schemas.RAW_EVENTS if f.name != "rank"]
+_DEVICE_NS = _COLUMNS.index("device_ns")
 _FLUSH_EVERY = 65536
+
+
+class NegativeDuration(RuntimeError):
+    """A clock went backwards inside an event: the trace would be wrong, so the rank stops."""
+
+
+class _DeviceClock:
+    """CUDA events on the current stream at event boundaries, resolved lazily into `device_ns`."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._free: list = []
+        self._pending: list[tuple[int, object, object]] = []  # (row index, start event, end event)
+
+    def mark(self):
+        ev = self._free.pop() if self._free else self._event()
+        ev.record()
+        return ev
+
+    def span(self, index: int, start, end) -> None:
+        self._pending.append((index, start, end))
+
+    def resolve(self, rows: list[tuple], rank: int, wait: bool) -> None:
+        """Write the device time of every completed span into `rows` (all of them with `wait`)."""
+        done = 0
+        for index, start, end in self._pending:
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                break  # one stream: the later spans are not complete either
+            ns = round(start.elapsed_time(end) * 1e6)
+            row = rows[index]
+            if ns < 0:
+                raise NegativeDuration(f"rank {rank}: event seq {row[0]} ({row[1]} {row[2]}) has negative device "
+                                       f"time {ns} ns (its CUDA events were recorded on different streams)")
+            rows[index] = row[:_DEVICE_NS] + (ns,) + row[_DEVICE_NS + 1:]
+            self._free.append(start)
+            done += 1
+        del self._pending[:done]
 
 
 class Recorder:
@@ -46,26 +96,35 @@ class Recorder:
         self.iteration = 0
         self.microbatch = -1
         self.closed = False
+        self._clock = _DeviceClock() if device.startswith("cuda") else None
         self._last_end_wall = _wall()
         self._last_end_cpu = _cpu()
+        self._last_end_thread = threading.get_ident()
+        self._last_end_event = self._clock.mark() if self._clock else None
 
     # -- the hot path -------------------------------------------------------------------------------
     def check(self, kind: str, op: str, group: str, group_seq: int, peer: int, tag: int, nbytes: int) -> None:
         """Called before a communication op is issued (a slice run checks it against its capture)."""
 
-    def begin(self) -> tuple[int, int]:
-        """Start an event: closes the compute segment since the previous event; returns (wall, cpu)."""
+    def begin(self) -> tuple:
+        """Start an event: closes the compute segment since the previous event; returns (wall, cpu, ev)."""
         wall, cpu = _wall(), _cpu()
-        seg_cpu = cpu - self._last_end_cpu
+        clock = self._clock
+        ev = clock.mark() if clock is not None else None
+        # two threads' CPU clocks cannot be subtracted: unknown (-1) when the span changed thread
+        seg_cpu = cpu - self._last_end_cpu if threading.get_ident() == self._last_end_thread else -1
         if seg_cpu > 0 or wall - self._last_end_wall > 0:
             self._rows.append(
                 (
                     self._seq, schemas.KIND_COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1,
-                    self.iteration, self.microbatch, self._last_end_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, 0,
+                    self.iteration, self.microbatch, self._last_end_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, -1,
+                    0,
                 )
             )
             self._seq += 1
-        return wall, cpu
+            if clock is not None:
+                clock.span(len(self._rows) - 1, self._last_end_event, ev)
+        return wall, cpu, ev
 
     def end(
         self,
@@ -80,19 +139,27 @@ class Recorder:
         dtype: str | None = None,
         shape: str | None = None,
         work_id: int = -1,
-        mem: tuple[int, int] = (-1, -1),
+        mem: tuple[int, int, int] = (-1, -1, -1),
     ) -> int:
-        """Finish an event begun with `begin`; returns its index (for `mark_async`)."""
+        """Finish an event begun with `begin` (on the same thread); returns its index."""
         wall, cpu = _wall(), _cpu()
         dcpu = cpu - start[1]
+        if dcpu < 0 or wall < start[0]:
+            raise NegativeDuration(f"rank {self.rank}: event seq {self._seq} ({kind} {op}) has a negative duration "
+                                   f"(cpu {dcpu} ns, wall {wall - start[0]} ns): begin and end on different threads?")
         self._rows.append(
             (
                 self._seq, kind, op, group, group_seq, peer, tag, nbytes, dtype, shape, False, work_id,
-                self.iteration, self.microbatch, start[0], wall, dcpu, dcpu, -1, mem[0], mem[1], 0,
+                self.iteration, self.microbatch, start[0], wall, dcpu, dcpu, -1, mem[0], mem[1], mem[2], 0,
             )
         )
         self._seq += 1
         self._last_end_wall, self._last_end_cpu = wall, cpu
+        self._last_end_thread = threading.get_ident()
+        if self._clock is not None:
+            ev = self._clock.mark()
+            self._clock.span(len(self._rows) - 1, start[2], ev)
+            self._last_end_event = ev
         if work_id >= 0 and kind != schemas.KIND_WAIT:
             self._pending_async[work_id] = len(self._rows) - 1
         return len(self._rows) - 1
@@ -119,10 +186,15 @@ class Recorder:
     def resync(self) -> None:
         """Forget the time since the last event (capture: the rank was parked outside any event)."""
         self._last_end_wall, self._last_end_cpu = _wall(), _cpu()
+        self._last_end_thread = threading.get_ident()
+        if self._clock is not None:
+            self._last_end_event = self._clock.mark()
 
     def marker(self, op: str) -> None:
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
+        if op == "iteration_end" and self._clock is not None:  # read the device times already known
+            self._clock.resolve(self._rows, self.rank, wait=False)
         if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
             self.flush()
 
@@ -135,6 +207,8 @@ class Recorder:
         with self._lock:
             if not self._rows:
                 return
+            if self._clock is not None:
+                self._clock.resolve(self._rows, self.rank, wait=True)
             rows, self._rows = self._rows, []
             # ops not waited on yet are being overlapped with what follows them (or consumed through
             # their future, as DDP does): they are async.

@@ -66,6 +66,12 @@ def warm_imports(compute: bool) -> None:
     h = torch.nn.functional.rms_norm(x, (4,)) if hasattr(torch.nn.functional, "rms_norm") else x
     logits = lin(torch.nn.functional.silu(h) * torch.softmax(h, dim=-1))
     loss = torch.nn.functional.cross_entropy(logits.view(-1, 8), torch.tensor([1, 2, 3]))
+    if torch.cuda.is_available():  # NVML's answer (`_keep_cuda_for_the_ranks`): CUDA stays untouched
+        # A backward pass starts autograd's device threads, which count the CUDA devices through the CUDA
+        # runtime, and the optimizer's step checks for graph capture on the current accelerator: either
+        # initialises the driver here, and every forked rank's first CUDA call then fails
+        # ("initialization error"). Where there is CUDA, the ranks pay for those lazy steps themselves.
+        return
     loss.backward()
     opt = torch.optim.AdamW(list(emb.parameters()) + list(lin.parameters()))
     opt.step()
@@ -524,9 +530,27 @@ def _stop(children: dict[int, int], now: float) -> float:
     return now + GRACE_S
 
 
+def _keep_cuda_for_the_ranks() -> None:
+    """The zygote never initialises CUDA: the ranks do, after the fork. `torch.cuda.is_available()` asks
+    the CUDA runtime (which marks any later fork bad) unless NVML answers it: make NVML answer here and
+    in the ranks (the answer is the same)."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+
+def _check_cuda_uninitialised(spec: dict) -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        by = f" (by --preload {','.join(spec['preload'])}?)" if spec.get("preload") else ""
+        raise SystemExit(f"[prism] CUDA was initialised in prism's zygote before the ranks were forked{by}: "
+                         "forked ranks could not use CUDA. Preload only modules that do not touch CUDA at "
+                         "import time.")
+
+
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     _die_with_parent()
+    _keep_cuda_for_the_ranks()
     if spec.get("pin"):
         os.environ["OMP_NUM_THREADS"] = "1"
     warm_imports(compute=spec.get("mode") == "capture" or bool(spec.get("pin")))
@@ -537,6 +561,7 @@ def main() -> int:
         for name in spec["preload"]:
             importlib.import_module(name)
         sys.path.pop(0)
+    _check_cuda_uninitialised(spec)
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
     # collections touch (and so copy) every page of the zygote's heap.
     gc.collect()

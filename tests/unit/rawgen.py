@@ -50,7 +50,7 @@ class RawJob:
             "group_seq": -1, "peer": -1, "tag": 0, "bytes": 0, "dtype": None, "shape": None,
             "is_async": False, "work_id": -1, "iteration": self._iteration[rank], "microbatch": -1,
             "t_start_ns": start, "t_end_ns": start + duration, "cpu_ns": duration, "device_ns": duration,
-            "t_complete_ns": -1, "mem_bytes": -1, "mem_peak_bytes": -1, "stream": 0,
+            "t_complete_ns": -1, "mem_bytes": -1, "mem_peak_bytes": -1, "mem_reserved_bytes": -1, "stream": 0,
         }
         event.update(values)
         self.events[rank].append(event)
