@@ -64,24 +64,29 @@ def _events() -> tuple[list[dict], list[dict]]:
     return rows, comm_rows
 
 
-def _write_graph(folder: Path, rows: list[dict], comm_rows: list[dict], scale: float = 1.0) -> None:
+RUN_ID = "report-test-run"
+
+
+def _write_graph(folder: Path, rows: list[dict], comm_rows: list[dict], scale: float = 1.0,
+                 run_id: str = RUN_ID) -> None:
     scaled = [{**r, **{k: int(r[k] * scale) for k in ("t_start_ns", "t_end_ns", "t_complete_ns")}} for r in rows]
-    write_parquet(pa.Table.from_pylist(scaled), folder / "events.parquet", schemas.EVENTS)
-    write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS)
+    write_parquet(pa.Table.from_pylist(scaled), folder / "events.parquet", schemas.EVENTS, run_id=run_id)
+    write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS, run_id=run_id)
     write_parquet(pa.Table.from_pylist([{"group": "0", "desc": "dp", "size": 2, "members": [0, 1], "ring": [0, 1],
-                                         "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS)
+                                         "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS,
+                  run_id=run_id)
     write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": -1, "dp": r, "ep": -1,
                                          "n_events": len(rows) // 2, "iterations": ITERATIONS} for r in (0, 1)]),
-                  folder / "ranks.parquet", schemas.RANKS)
+                  folder / "ranks.parquet", schemas.RANKS, run_id=run_id)
 
 
 def make_job(job: Path, baseline: bool = True, emulation: bool = False) -> Path:
     rows, comm_rows = _events()
     _write_graph(job / "graph", rows, comm_rows)
     tables, _, _ = calibrate(job)
-    write_outputs(job / "calibrated", tables)
+    write_outputs(job / "calibrated", tables, run_id=RUN_ID)
     if baseline:  # the real run: 10 % slower than the graph's times
-        _write_graph(job / "baseline" / "graph", rows, comm_rows, scale=1.1)
+        _write_graph(job / "baseline" / "graph", rows, comm_rows, scale=1.1, run_id="report-test-baseline")
     if emulation:  # rank 1 ran in the sandbox (measured 5 % slower), rank 0 was replayed
         ev = tables["timeline"].to_pylist()
         graph = {r["event_id"]: r for r in rows}

@@ -209,7 +209,10 @@ class TimedReplay:
         heapq.heappush(self.heap, (max(self.clock[u], done), u))
 
     def _record(self, e: dict, start: int, end: int) -> None:
-        row = {f.name: e[f.name] for f in schemas.RAW_EVENTS}
+        row = {f.name: e.get(f.name) for f in schemas.RAW_EVENTS}
+        for name in ("mem_bytes", "mem_peak_bytes", "mem_reserved_bytes"):
+            if row[name] is None:  # a graph from before the field existed: not measured
+                row[name] = -1
         row["t_start_ns"], row["t_end_ns"] = self.t0_ns + start, self.t0_ns + end
         row["cpu_ns"] = row["device_ns"] = end - start
         self.out.append(row)

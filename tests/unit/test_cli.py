@@ -8,7 +8,7 @@ import re
 from prism import __version__, cli
 from tests.conftest import REPO, run_prism
 
-PIPELINE = ("run", "baseline", "capture", "graph", "slices", "calibrate", "summary", "report")
+PIPELINE = ("run", "baseline", "capture", "graph", "slices", "calibrate", "emulate", "summary", "report")
 
 
 def test_help_lists_every_stage_and_tool():

@@ -31,7 +31,7 @@ def _job(tmp_path):
                          group=group, group_seq=0 if kind == "collective" else -1, peer=-1, tag=0, bytes=4,
                          dtype=None, shape=None, is_async=False, work_id=-1, iteration=0, microbatch=-1,
                          t_start_ns=start, t_end_ns=end, cpu_ns=0, device_ns=0, t_complete_ns=-1, mem_bytes=-1,
-                         mem_peak_bytes=-1, stream=0, comm_id=comm,
+                         mem_peak_bytes=-1, mem_reserved_bytes=-1, stream=0, comm_id=comm,
                          op_event_id=ids[(rank, on)] if on >= 0 else -1))
         tl.append(dict(rank=rank, seq=seq, event_id=i, start_ns=start, end_ns=end))
     (tmp_path / "graph").mkdir()
