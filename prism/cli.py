@@ -12,6 +12,7 @@ COMMANDS = {
     "calibrate": ("prism.calibrate.stage", "one global clock for a job's graph (calibrated timeline)"),
     "baseline": ("prism.baseline", "the real run of a job config, its graph and summary"),
     "bench": ("prism.bench", "benchmarks that print tables (overhead, ...)"),
+    "profiles": ("prism.profiles", "install prism's Snakemake profiles where `snakemake --profile` finds them"),
 }
 
 

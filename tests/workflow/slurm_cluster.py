@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+# Where SLURM's commands look when SLURM_CONF is unset. The slurm executor plugin's job step drops every SLURM_*
+# variable (SLURM_CONF too) before its `srun`, so inside a job only this path works: the cluster links its
+# slurm.conf here while it runs (and only where no slurm.conf exists), like a real cluster's.
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 
 
 class SlurmUnavailable(RuntimeError):
@@ -31,6 +35,8 @@ def missing_requirements() -> str | None:
         return f"not installed: {', '.join(missing)} (apt-get install -y slurm-wlm munge)"
     if os.geteuid() != 0:
         return "slurmd must run as root to start jobs"
+    if DEFAULT_CONF.exists() or DEFAULT_CONF.is_symlink():
+        return f"{DEFAULT_CONF} exists (a SLURM is configured here): a private test cluster would clash with it"
     return None
 
 
@@ -59,6 +65,7 @@ class SlurmCluster:
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.pid_files = {d: self.root / "run" / f"{d}.pid" for d in DAEMONS}
         self.started: list[str] = []
+        self.linked_conf = False
 
     @property
     def env(self) -> dict[str, str]:
@@ -130,6 +137,9 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         self._write_config()
         m = self.root / "munge"
         try:
+            DEFAULT_CONF.parent.mkdir(parents=True, exist_ok=True)
+            DEFAULT_CONF.symlink_to(self.conf)
+            self.linked_conf = True
             self._run_daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
                                         f"--key-file={m / 'munge.key'}", f"--pid-file={self.pid_files['munged']}",
                                         f"--log-file={self.root / 'log' / 'munged.log'}",
@@ -187,6 +197,9 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self.started.clear()
+        if self.linked_conf and DEFAULT_CONF.is_symlink() and DEFAULT_CONF.resolve() == self.conf.resolve():
+            DEFAULT_CONF.unlink()
+        self.linked_conf = False
 
 
 def _alive(pid: int) -> bool:

@@ -87,9 +87,22 @@ def stage_threads(stage):
     """Threads of a stage's rule. A timing-critical one takes all of Snakemake's cores when they are set (local
     runs: nothing else runs beside it), at least what it needs; on a cluster its node is reserved whole."""
     need = stage_resources(stage)["threads"]
-    if "timing_critical" in stage_resources(stage) and isinstance(workflow.cores, int):
-        return max(need, workflow.cores)
+    cores = snakemake_cores()
+    if "timing_critical" in stage_resources(stage) and cores is not None:
+        return max(need, cores)
     return need
+
+
+def snakemake_cores():
+    """Snakemake's --cores (local runs, and a job's own Snakemake on a cluster node), None where unset (the
+    submitting side of a cluster run: reading workflow.cores there raises)."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        cores = workflow.cores
+    except WorkflowError:
+        return None
+    return cores if isinstance(cores, int) else None
 
 
 def rule_resources(stage):
