@@ -36,7 +36,7 @@ def test_tiny_job_through_slurm_equals_the_local_run(slurm_cluster, tiny_referen
     assert proc.returncode == 0, out + slurm_cluster.logs()
     assert "Using profile slurm" in out
     # the stages went through SLURM (the summaries are local rules)
-    for rule in ("baseline_run", "capture", "graph", "slice_plan", "slice_run", "calibrate"):
+    for rule in ("baseline_run", "capture", "graph", "baseline_graph", "slice_plan", "slice_run", "calibrate"):
         assert f"rule_{rule}/" in out, f"{rule} was not submitted to SLURM"
     assert not _active_jobs(slurm_cluster)
     # the same artifacts as a local run, measured values aside
