@@ -26,10 +26,10 @@ def test_a_rerun_gives_the_same_artifacts_except_measured_values(tiny_reference,
     assert half_written(tmp_path / "tiny") == []
 
 
-def _wait_for(predicate, proc, what: str, timeout: float = 600) -> None:
+def _wait_for(predicate, proc, what: str, log, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert proc.poll() is None, f"snakemake ended before {what}: {proc.stdout.read()}"
+        assert proc.poll() is None, f"snakemake ended before {what}: {log.read_text()}"
         assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
         time.sleep(0.2)
 
@@ -40,17 +40,21 @@ def test_ctrl_c_during_capture_leaves_nothing_half_written_and_resumes(tiny_refe
     args = tiny_args(tmp_path, "profiles/local", "baseline={run: never}")
     job = tmp_path / "tiny"
     log = job / "logs" / "capture.log"
-    proc = subprocess.Popen([*SNAKEMAKE, *args], cwd=REPO, env=snakemake_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out_log = tmp_path / "snakemake.log"
+    log_file = open(out_log, "w")
+    proc = subprocess.Popen([*SNAKEMAKE, *args], cwd=REPO, env=snakemake_env(), stdout=log_file,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # the capture's ranks are past their first training step: mid-stage
-        _wait_for(lambda: log.is_file() and "step=1" in log.read_text(), proc, "capture step")
+        _wait_for(lambda: log.is_file() and "step=1" in log.read_text(), proc, "capture step", out_log)
         os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        log_file.close()
+    out = out_log.read_text()
     assert proc.returncode != 0, out
     assert "launcher got signal" in log.read_text(), "the capture was not interrupted mid-stage"
     assert not (job / "capture" / "raw").exists(), "an interrupted capture published its raw trace"

@@ -63,21 +63,25 @@ def test_a_failing_rule_is_reported_not_waited_on(slurm_cluster, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_interrupting_snakemake_cancels_its_slurm_jobs(slurm_cluster, tmp_path):
+    log = tmp_path / "snakemake.log"
+    log_file = open(log, "w")
     proc = subprocess.Popen([*SNAKEMAKE, *tiny_args(tmp_path, "profiles/slurm", "baseline={run: never}")],
-                            cwd=REPO, env=snakemake_env(**slurm_cluster.env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=snakemake_env(**slurm_cluster.env), stdout=log_file,
+                            stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
         while not any(" RUNNING " in line for line in _active_jobs(slurm_cluster)):
-            assert proc.poll() is None, proc.stdout.read()
+            assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "no SLURM job started"
             time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, _ = proc.communicate(timeout=120)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends Snakemake
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log_file.close()
+    out = log.read_text()
     assert proc.returncode != 0, out
     assert not _active_jobs(slurm_cluster), out
     assert any(" CANCELLED " in line for line in slurm_cluster.squeue())
