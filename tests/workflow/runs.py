@@ -122,9 +122,9 @@ def differences(a: Path, b: Path, under: tuple[str, ...] = ("",)) -> list[str]:
 
 
 def half_written(job: Path) -> list[str]:
-    """Leftovers of an interrupted stage: temp files and staging folders (hidden names with .tmp or .old)."""
-    return sorted(str(p.relative_to(job)) for p in job.rglob(".*")
-                  if (".tmp" in p.name or ".old" in p.name or p.name.endswith(".run")))
+    """Leftovers of an interrupted stage: temp files (`*.tmp*`) and staging folders (`.raw.old-*`, `.slice=K.run`)."""
+    return sorted(str(p.relative_to(job)) for p in job.rglob("*")
+                  if ".tmp" in p.name or (p.name.startswith(".") and (".old" in p.name or p.name.endswith(".run"))))
 
 
 def processes_mentioning(text: str) -> list[str]:
