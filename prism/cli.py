@@ -28,6 +28,7 @@ TOOLS = {
     "sql": ("prism.sql", "DuckDB SQL over a job's artifacts"),
     "launch": ("prism.runtime.launcher", "run a program's W ranks (torchrun-compatible) with PrismTrace"),
     "bench": ("prism.bench", "benchmarks that print tables (overhead, ...)"),
+    "profiles": ("prism.profiles", "install prism's Snakemake profiles where `snakemake --profile` finds them"),
 }
 COMMANDS = {**STAGES, **TOOLS}
 SLICES = {"plan": "prism.slices.plan", "run": "prism.slices.run"}

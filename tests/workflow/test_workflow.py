@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import duckdb
 import pytest
 
-from tests.conftest import REPO, data_path, make_env, run_prism
-
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", "workflow/Snakefile"]
-
-
-def snakemake(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = make_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run([*SNAKEMAKE, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=env)
+from tests.conftest import data_path, run_prism
+from tests.workflow.runs import snakemake, tiny_args
 
 
 def test_lint_is_clean():
@@ -65,24 +55,43 @@ def test_bad_config_is_rejected_naming_the_key(tmp_path):
     assert "sometimes" in proc.stdout + proc.stderr
 
 
+def test_rules_get_threads_and_resources_from_the_config(tmp_path):
+    """W=2 on P=1: timing-critical stages ask for 2 cores and a node of their own; no bare `python` anywhere."""
+    one_slot = tmp_path / "one_slot.yaml"
+    one_slot.write_text(data_path("tiny.yaml").read_text() + "capture: {devices: 1}\n")
+    proc = snakemake("--profile", "profiles/slurm", "-n", "--configfile", str(one_slot),
+                     "--config", f"results={tmp_path}", "-p")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    blocks = {b.split(":", 1)[0].split()[-1]: b for b in out.split("\nrule ")[1:]}
+    assert "cpus_per_task=1," in blocks["capture"] and "slurm_extra=--exclusive" in blocks["capture"]
+    assert "timing_critical=1" in blocks["capture"] and "gpu=" not in blocks["capture"]
+    assert "cpus_per_task=2," in blocks["baseline_run"] and "slurm_extra=--exclusive" in blocks["baseline_run"]
+    assert "exclusive" not in blocks["graph"]
+    assert "python -m" not in out and "$PY -m prism.capture" in out
+    cuda = snakemake("--profile", "profiles/slurm", "-n", "--configfile", str(data_path("tiny.yaml")),
+                     "--config", f"results={tmp_path}", "device=cuda", "baseline={run: never}")
+    if cuda.returncode == 0:  # the config schema knows `device` (issue 13)
+        out = cuda.stdout + cuda.stderr
+        capture = [b for b in out.split("\nrule ")[1:] if b.startswith("capture:")][0]
+        assert "gpu=2" in capture, capture
+
+
 @pytest.mark.slow
-def test_tiny_job_end_to_end_then_cached(tmp_path):
-    args = ("--profile", "profiles/local", "--configfile", str(data_path("tiny.yaml")),
-            "--config", f"results={tmp_path}")
-    proc = snakemake(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    captured = (tmp_path / "tiny" / "summary.txt").read_text()
+@pytest.mark.timeout(1500)
+def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
+    captured = (tiny_reference / "summary.txt").read_text()
     assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
     # the job's catalog holds prediction and baseline side by side: the README's join answers
     import re
 
     readme = (REPO / "README.md").read_text()
     join = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
-    con = duckdb.connect(str(tmp_path / "tiny" / "prism.duckdb"), read_only=True)
+    con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
     rows = con.execute(join).fetchall()
     con.close()
     assert len(rows) == 3 and all(p > 0 and m > 0 for _, p, m in rows[1:]), rows
-    job = tmp_path / "tiny" / "baseline"
+    job = tiny_reference / "baseline"
     summary = (job / "summary.txt").read_text()
     assert "ranks: 2" in summary and "iterations: 3" in summary and "iteration time" in summary
     con = duckdb.connect(str(job / "prism.duckdb"), read_only=True)
@@ -95,15 +104,15 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
     assert q.returncode == 0, q.stderr
     assert q.stdout.split() == ["rank,n", "0,3", "1,3"]
     # nothing changed: nothing is scheduled
-    again = snakemake(*args, "-n")
+    again = snakemake(*tiny_args(tiny_reference.parent), "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
     # the emulation ran (its config section), and changing only its settings re-runs only it
-    emulated = (tmp_path / "tiny" / "emulation" / "summary.txt").read_text()
+    emulated = (tiny_reference / "emulation" / "summary.txt").read_text()
     assert "sandbox rank(s) 1 of W=2" in emulated
     other = tmp_path / "other_sandbox.yaml"
     other.write_text(data_path("tiny.yaml").read_text().replace('sandbox: "1"', 'sandbox: "0"'))
-    changed = snakemake("--profile", "profiles/local", "--configfile", str(other), "--config", f"results={tmp_path}",
-                        "-n")
+    changed = snakemake("--profile", "profiles/local", "--configfile", str(other), "--config",
+                        f"results={tiny_reference.parent}", "-n")
     out = changed.stdout + changed.stderr
     assert "rule emulate:" in out, out
     for rule in ("capture", "graph", "slice_run", "calibrate", "summary", "baseline_run"):

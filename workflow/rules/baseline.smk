@@ -7,13 +7,15 @@ rule baseline_run:  # runs alone: its timings must not share the machine with an
     params:
         section=section("baseline"),
         out=lambda w, output: os.path.dirname(output[0]),
-    threads: workflow.cores
+    threads: stage_threads("baseline_run")
+    resources:
+        **rule_resources("baseline_run"),
     log:
         f"{JOB_DIR}/logs/baseline_run.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
 
 
 rule baseline_graph:
@@ -23,12 +25,15 @@ rule baseline_graph:
         multiext(f"{JOB_DIR}/baseline/graph/", "events.parquet", "comms.parquet", "groups.parquet", "ranks.parquet"),
     params:
         job=lambda w, input: os.path.dirname(input[0]),
+    threads: stage_threads("baseline_graph")
+    resources:
+        **rule_resources("baseline_graph"),
     log:
         f"{JOB_DIR}/logs/baseline_graph.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.graph --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} > {log:q} 2>&1"
 
 
 rule baseline_summary:
@@ -38,9 +43,12 @@ rule baseline_summary:
         f"{JOB_DIR}/baseline/summary.txt",
     params:
         job=lambda w, output: os.path.dirname(output[0]),
+    threads: stage_threads("baseline_summary")
+    resources:
+        **rule_resources("baseline_summary"),
     log:
         f"{JOB_DIR}/logs/baseline_summary.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"

@@ -7,13 +7,15 @@ rule capture:  # runs alone: its timings must not share the machine with another
     params:
         section=section("capture"),
         out=lambda w, output: os.path.dirname(output[0]),
-    threads: workflow.cores
+    threads: stage_threads("capture")
+    resources:
+        **rule_resources("capture"),
     log:
         f"{JOB_DIR}/logs/capture.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.capture --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.capture --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
 
 
 rule graph:
@@ -24,12 +26,15 @@ rule graph:
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
         out=lambda w, output: os.path.dirname(output[0]),
+    threads: stage_threads("graph")
+    resources:
+        **rule_resources("graph"),
     log:
         f"{JOB_DIR}/logs/graph.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule summary:
@@ -40,9 +45,12 @@ rule summary:
         f"{JOB_DIR}/summary.txt",
     params:
         job=lambda w, output: os.path.dirname(output[0]),
+    threads: stage_threads("summary")
+    resources:
+        **rule_resources("summary"),
     log:
         f"{JOB_DIR}/logs/summary.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"

@@ -8,9 +8,12 @@ rule catalog:
         f"{JOB_DIR}/prism.duckdb",
     params:
         job=lambda w, output: os.path.dirname(output[0]),
+    threads: stage_threads("catalog")
+    resources:
+        **rule_resources("catalog"),
     log:
         f"{JOB_DIR}/logs/catalog.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"
+        "$PY -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"

@@ -67,3 +67,75 @@ def stage_targets():
         targets.append(f"{JOB_DIR}/baseline/summary.txt")
     return targets
 
+
+# --- Where rules run: interpreter, threads and resources (issue 10). Kept apart from the config loading above. ---
+# Every rule calls "$PY", the interpreter Snakemake itself runs in (a bare `python` on a cluster node is whatever the
+# node's PATH finds first: not the venv's). Under `--sdm conda` a rule runs inside environment.yml's environment,
+# where `python` is that environment's. $PY is set by the Snakefile's shell prefix (not a param, since moving the
+# venv or switching to conda must not re-run finished stages).
+import shlex
+import sys
+
+from snakemake.settings.types import DeploymentMethod
+
+PY = "python" if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method else sys.executable
+DEVICE = JOB.device  # cpu | cuda (the config's device key, default cpu)
+ON_CUDA = DEVICE.startswith("cuda")
+PY_SHELL = shlex.quote(PY)  # the Snakefile's shell.prefix sets PY to it
+
+
+def stage_resources(stage):
+    """Threads and resources of a stage, from the job config: what SLURM must reserve for it.
+
+    Timing-critical stages (baseline, capture, slice runs, emulation) run alone on their node: the custom resource
+    `timing_critical` (at most one at a time: profiles set `resources: timing_critical=1`) and SLURM's `--exclusive`.
+    Locally they take every core Snakemake may use, so no other job shares the machine while they run.
+    Override any value the Snakemake way: `--set-resources capture:mem_mb=64000`, `--set-threads capture=8`.
+    """
+    w = JOB.nproc
+    p = JOB.capture.devices
+    # ranks (processes) that compute at the same time, each on its own core (CPU) or device (CUDA)
+    ranks = {"baseline_run": w, "capture": p, "slice_run": p, "emulate": JOB.emulate.devices or p}.get(stage)
+    if ranks is None:  # analysis stages: polars/duckdb/numba over the job's tables
+        return {"threads": 2, "mem_mb": 8000, "runtime": 60, "cpus_per_task": 2}
+    # a rank that computes holds ~0.5 GiB (torch's pages are shared with the zygote it forked from); capture and
+    # slice runs also keep every other rank alive but asleep, at a few MiB each (DESIGN.md: <= 8 MiB private)
+    mem_mb = 2000 + 512 * ranks + (16 * w if stage in ("capture", "slice_run", "emulate") else 0)
+    res = {
+        "threads": ranks,
+        "cpus_per_task": ranks,
+        "mem_mb": mem_mb,
+        "runtime": 240,
+        "timing_critical": 1,
+        "slurm_extra": "--exclusive",
+    }
+    if ON_CUDA:
+        res["gpu"] = ranks
+    return res
+
+
+def stage_threads(stage):
+    """Threads of a stage's rule. A timing-critical one takes all of Snakemake's cores when they are set (local
+    runs: nothing else runs beside it), at least what it needs; on a cluster its node is reserved whole."""
+    need = stage_resources(stage)["threads"]
+    cores = snakemake_cores()
+    if "timing_critical" in stage_resources(stage) and cores is not None:
+        return max(need, cores)
+    return need
+
+
+def snakemake_cores():
+    """Snakemake's --cores (local runs, and a job's own Snakemake on a cluster node), None where unset (the
+    submitting side of a cluster run: reading workflow.cores there raises)."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        cores = workflow.cores
+    except WorkflowError:
+        return None
+    return cores if isinstance(cores, int) else None
+
+
+def rule_resources(stage):
+    """stage_resources without threads: what a rule's `resources:` takes."""
+    return {k: v for k, v in stage_resources(stage).items() if k != "threads"}

@@ -14,10 +14,12 @@ rule emulate:  # runs alone: the sandbox's timings must not share the machine wi
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
         options=emulate_options(),
-    threads: workflow.cores
+    threads: stage_threads("emulate")
+    resources:
+        **rule_resources("emulate"),
     log:
         f"{JOB_DIR}/logs/emulate.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.emulate --job {params.job:q} --force {params.options} > {log:q} 2>&1"
+        "$PY -m prism.emulate --job {params.job:q} --force {params.options} > {log:q} 2>&1"

@@ -12,9 +12,12 @@ rule report:
         report(f"{JOB_DIR}/report/report.html", category="prism", labels={"file": "report"}),
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    threads: stage_threads("report")
+    resources:
+        **rule_resources("report"),
     log:
         f"{JOB_DIR}/logs/report.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.report --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.report --job {params.job:q} > {log:q} 2>&1"

@@ -10,12 +10,15 @@ checkpoint slice_plan:
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
         devices=JOB.capture.devices,
+    threads: stage_threads("slice_plan")
+    resources:
+        **rule_resources("slice_plan"),
     log:
         f"{JOB_DIR}/logs/slice_plan.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.slices.plan --job {params.job:q} --devices {params.devices} > {log:q} 2>&1"
+        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} > {log:q} 2>&1"
 
 
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
@@ -27,13 +30,15 @@ rule slice_run:  # runs alone: its timings must not share the machine with anoth
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(os.path.dirname(output[0]))),
         section=section("capture"),
-    threads: workflow.cores
+    threads: stage_threads("slice_run")
+    resources:
+        **rule_resources("slice_run"),
     log:
         f"{JOB_DIR}/logs/slice_run_{{k}}.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
+        "$PY -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
         "> {log:q} 2>&1"
 
 
@@ -45,12 +50,15 @@ rule slice_durations:
         f"{JOB_DIR}/slices/transfers.parquet",
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    threads: stage_threads("slice_durations")
+    resources:
+        **rule_resources("slice_durations"),
     log:
         f"{JOB_DIR}/logs/slice_durations.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.calibrate.from_slices --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.calibrate.from_slices --job {params.job:q} > {log:q} 2>&1"
 
 
 rule calibrate:
@@ -63,10 +71,13 @@ rule calibrate:
         f"{JOB_DIR}/calibrated/iterations.parquet",
     params:
         job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    threads: stage_threads("calibrate")
+    resources:
+        **rule_resources("calibrate"),
     log:
         f"{JOB_DIR}/logs/calibrate.log",
     conda:
         "../../environment.yml"
     shell:
-        "python -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
+        "$PY -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
         "--transfers {input.transfers:q} > {log:q} 2>&1"

@@ -1,0 +1,44 @@
+"""`prism profiles install`: prism's profiles land where `snakemake --profile NAME` finds them."""
+
+from __future__ import annotations
+
+from tests.conftest import REPO, data_path, run_prism
+from tests.workflow.runs import snakemake, snakemake_env
+
+
+def test_install_then_snakemake_finds_the_profile_by_name(tmp_path):
+    home = str(tmp_path / "config")
+    proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=home)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("local", "slurm"):
+        installed = tmp_path / "config" / "snakemake" / name / "config.yaml"
+        assert installed.read_bytes() == (REPO / "profiles" / name / "config.yaml").read_bytes()
+        assert f"snakemake --profile {name}" in proc.stdout
+    dry = snakemake("--profile", "slurm", "-n", "--configfile", str(data_path("tiny.yaml")),
+                    "--config", f"results={tmp_path}", env=snakemake_env(XDG_CONFIG_HOME=home))
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out
+    assert "Using profile slurm" in out and "capture" in out
+    # installing again changes nothing and succeeds
+    assert run_prism(["profiles", "install"], XDG_CONFIG_HOME=home).returncode == 0
+
+
+def test_a_different_profile_of_the_same_name_is_kept_unless_forced(tmp_path):
+    home = str(tmp_path / "config")
+    mine = tmp_path / "config" / "snakemake" / "slurm" / "config.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("executor: slurm\njobs: 1\n")
+    proc = run_prism(["profiles", "install", "slurm"], XDG_CONFIG_HOME=home)
+    assert proc.returncode == 1
+    assert str(mine.parent) in proc.stderr and "--force" in proc.stderr
+    assert mine.read_text() == "executor: slurm\njobs: 1\n"
+    forced = run_prism(["profiles", "install", "--force", "slurm"], XDG_CONFIG_HOME=home)
+    assert forced.returncode == 0, forced.stderr
+    assert mine.read_bytes() == (REPO / "profiles" / "slurm" / "config.yaml").read_bytes()
+    assert not (tmp_path / "config" / "snakemake" / "local").exists()
+
+
+def test_an_unknown_profile_is_named_with_the_ones_that_exist(tmp_path):
+    proc = run_prism(["profiles", "install", "slurmm"], XDG_CONFIG_HOME=str(tmp_path))
+    assert proc.returncode == 1
+    assert "slurmm" in proc.stderr and "local, slurm" in proc.stderr
