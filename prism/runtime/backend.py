@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 
 from prism import schemas
+from prism.runtime import watchdog
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import Transport
 
@@ -227,6 +228,8 @@ class PrismProcessGroup(dist.ProcessGroup):
             rec.check(kind, op, self._name, gseq, peer, tag, nbytes)
             start = rec.begin()
         inner = self._transport.call(method, device, *args, work_id=wid, op=op)
+        if watchdog.active is not None:  # real mode: a hang is named instead of waited out
+            watchdog.active.issued(self, inner, op, gseq, peer, tag, dtype, shape)
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)

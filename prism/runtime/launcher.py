@@ -9,6 +9,10 @@ for every other rank from the capture in CAPDIR (`prism launch --mode capture --
 Everything a user can get wrong is checked here, before any rank starts (exit code 2). With `--out`, the
 ranks' PrismTrace goes to a staging folder that becomes `DIR/raw` only when every rank succeeded, so a
 failed run leaves no partial artifact.
+
+Exit codes: 0 every rank succeeded; 2 bad input; 86 the job hangs (capture: no rank can run, or the members
+of a collective disagree; real: no op completed on any rank for --hang-timeout seconds) and the message
+says which ranks wait where; otherwise the exit code of the first rank that failed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prism.runtime import watchdog
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +60,7 @@ class LaunchSpec:
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
     capture: Path | None = None  # slice: the capture folder the replay server answers from
+    hang_timeout: float | None = None  # real: seconds without a completed op before a hang is named
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -66,7 +73,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             split = i
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
-                   "--slice-ranks", "--capture"):
+                   "--slice-ranks", "--capture", "--hang-timeout"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -93,6 +100,10 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--out", type=Path, help="job folder: the trace goes to OUT/raw")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
+    parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                        help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
+                             f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
+                             f"{watchdog.DEFAULT_TIMEOUT_S:g}; 0: never)")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
@@ -101,7 +112,8 @@ def parse(argv: list[str]) -> LaunchSpec:
     rest = argv[split:]
     spec = LaunchSpec(nproc=opts.nproc, mode=opts.mode, out=opts.out, pin=opts.pin,
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
-                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture)
+                      preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
+                      hang_timeout=opts.hang_timeout)
     try:
         spec.slice_ranks = [int(r) for r in opts.slice_ranks.split(",") if r.strip()]
     except ValueError:
@@ -119,6 +131,12 @@ def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
+        raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
+    try:
+        watchdog.timeout_from_env()
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -230,6 +248,8 @@ def launch(spec: LaunchSpec) -> int:
                 "PRISM_SLICE_RANKS"):
         env.pop(var, None)
     payload_staging = shm_dir = None
+    if spec.hang_timeout is not None:
+        env[watchdog.ENV] = str(spec.hang_timeout)
     if spec.mode != "off":
         env["PRISM_MODE"] = spec.mode
         if spec.out is not None:

@@ -30,6 +30,8 @@ import time
 import traceback
 from pathlib import Path
 
+from prism.runtime import watchdog
+
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
 REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
@@ -80,7 +82,7 @@ def _run_rank(spec: dict, rank: int) -> int:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
         GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), ROLE_NAME="default",
         GROUP_WORLD_SIZE="1", MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-        TORCHELASTIC_RUN_ID=spec["run_id"],
+        TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
     )
     import torch
 
@@ -370,7 +372,11 @@ def supervise(spec: dict) -> int:
     replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
     deadline = None
+    hang = Path(spec["status_dir"], watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
+    watched = spec.get("mode") == "real"
     while children:
+        if watched and deadline is None and hang.exists():
+            deadline = _stop(children, time.monotonic())
         if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
             deadline = _stop_replay(spec, replay, children)
         if link is not None and link.error and deadline is None:
@@ -406,7 +412,10 @@ def supervise(spec: dict) -> int:
     if link is not None:
         link.close()
         if link.error:
-            return 3
+            return watchdog.HANG_EXIT_CODE
+    if hang.exists():
+        print(f"[prism] run stopped: {hang.read_text()}", file=sys.stderr)
+        return watchdog.HANG_EXIT_CODE
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from prism.runtime.watchdog import HANG_EXIT_CODE
 from tests.conftest import REPO, make_env, run_prism, run_torchrun
 
 pytestmark = pytest.mark.slow
@@ -175,7 +176,7 @@ def test_hang_is_diagnosed_not_waited_out(tmp_path, name):
     start = time.monotonic()
     proc = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "2", "--out",
                       str(tmp_path / "job"), str(prog)], timeout=60)
-    assert proc.returncode == 3, proc.stderr
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr
     assert time.monotonic() - start < 30
     for w in words:
         assert w in proc.stderr, (w, proc.stderr)
