@@ -79,10 +79,14 @@ def test_tiny_job_end_to_end_then_cached(tmp_path):
     # nothing changed: nothing is scheduled
     again = snakemake(*args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
-    # the slice runs read the capture's payloads: losing them re-schedules the capture and what follows
+    # a slice run reads the capture's payloads: one that must run again without them gets the capture re-run
+    # first (were they undeclared, the slice run alone would be scheduled, and fail for want of payloads)
     shutil.rmtree(tmp_path / "tiny" / "capture" / "payloads")
-    lost = snakemake(*args, "-n")
+    events = tmp_path / "tiny" / "slices" / "slice=0" / "events.parquet"
+    events.unlink()
+    lost = snakemake(*args, "-n", str(events))
     out = lost.stdout + lost.stderr
     assert lost.returncode == 0, out
-    for rule in ("capture", "graph", "slice_run", "calibrate"):
-        assert f"rule {rule}:" in out or f"\n{rule} " in out, (rule, out)
+    assert f"Missing output files: {tmp_path / 'tiny' / 'capture' / 'payloads'}" in out, out
+    for rule in ("rule capture:", "rule graph:", "checkpoint slice_plan:", "rule slice_run:"):
+        assert rule in out, (rule, out)
