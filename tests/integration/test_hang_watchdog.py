@@ -80,3 +80,5 @@ def test_bad_hang_timeout_is_refused():
     assert proc.returncode == 2 and "--hang-timeout -3: give seconds >= 0" in proc.stderr
     proc = run_prism(["launch", "--nproc", "2", str(PROGRAMS / "ddp.py")], PRISM_HANG_TIMEOUT="soon")
     assert proc.returncode == 2 and "PRISM_HANG_TIMEOUT='soon' is not a number" in proc.stderr
+    proc = run_prism(["launch", "--nproc", "2", "--mode", "capture", "--hang-timeout", "5", str(PROGRAMS / "ddp.py")])
+    assert proc.returncode == 2 and "--hang-timeout belongs to --mode real" in proc.stderr
