@@ -245,6 +245,11 @@ def _check_comm_events(ev: pl.DataFrame, positions: pl.DataFrame, world: int) ->
     bad_peer = p2p.filter((pl.col("peer") < 0) | (pl.col("peer") >= world))
     if bad_peer.height:
         e = bad_peer.row(0, named=True)
+        if e["op"] == schemas.OP_RECV_ANYSOURCE and e["peer"] == -1:
+            raise GraphError(
+                f"{_where(e)}: recv from any source whose sender was never recorded: the program never "
+                "waited on it (or an older prism recorded it); wait on every recv, and capture again"
+            )
         raise GraphError(f"{_where(e)}: {e['kind']} with peer {e['peer']}, outside 0..{world - 1}")
 
 
@@ -345,16 +350,17 @@ def _raise_collective(i: dict, coll: pl.DataFrame, ev: pl.DataFrame) -> None:
 
 
 def _p2p(ev: pl.DataFrame) -> pl.DataFrame:
-    cols = ["event_id", "rank", "seq", "op", "group", "bytes", "iteration", "t_start_ns", "t_end_ns"]
-    key = ["src", "dst", "tag"]
+    cols = ["event_id", "rank", "seq", "op", "bytes", "iteration", "t_start_ns", "t_end_ns"]
+    # messages on different groups are different channels, even between the same ranks with the same tag
+    key = ["group", "src", "dst", "tag"]
     sends = (
         ev.filter(pl.col("kind") == schemas.KIND_SEND)
-        .select(*cols, "tag", src=pl.col("rank"), dst=pl.col("peer"))
+        .select(*cols, "group", "tag", src=pl.col("rank"), dst=pl.col("peer"))
         .with_columns(k=pl.int_range(pl.len()).over(key))
     )
     recvs = (
         ev.filter(pl.col("kind") == schemas.KIND_RECV)
-        .select(*cols, "tag", src=pl.col("peer"), dst=pl.col("rank"))
+        .select(*cols, "group", "tag", src=pl.col("peer"), dst=pl.col("rank"))
         .with_columns(k=pl.int_range(pl.len()).over(key))
     )
     pairs = sends.join(recvs, on=[*key, "k"], how="full", coalesce=True, suffix="_r")
@@ -394,18 +400,23 @@ def _p2p(ev: pl.DataFrame) -> pl.DataFrame:
 
 
 def _raise_unmatched(p: dict, sends: pl.DataFrame, recvs: pl.DataFrame) -> None:
-    same = (pl.col("src") == p["src"]) & (pl.col("dst") == p["dst"]) & (pl.col("tag") == p["tag"])
+    same = (
+        (pl.col("group") == p["group"]) & (pl.col("src") == p["src"]) & (pl.col("dst") == p["dst"])
+        & (pl.col("tag") == p["tag"])
+    )
+    on = f"group {p['group']!r}"
     if p["event_id"] is not None:
         raise GraphError(
-            f"{_where(p)}: send #{p['k']} from rank {p['src']} to rank {p['dst']} with tag {p['tag']} has no "
-            f"matching recv (rank {p['dst']} posted {recvs.filter(same).height} recvs from rank {p['src']} "
-            "with that tag); the receiver stopped early or used another tag or peer"
+            f"{_where(p)}: send #{p['k']} from rank {p['src']} to rank {p['dst']} with tag {p['tag']} on {on} "
+            f"has no matching recv (rank {p['dst']} posted {recvs.filter(same).height} recvs from rank "
+            f"{p['src']} with that tag on that group); the receiver stopped early or used another tag, peer "
+            "or group"
         )
     e = {"rank": p["rank_r"], "seq": p["seq_r"], "iteration": p["iteration_r"]}
     raise GraphError(
-        f"{_where(e)}: recv #{p['k']} on rank {p['dst']} from rank {p['src']} with tag {p['tag']} has no "
-        f"matching send (rank {p['src']} sent {sends.filter(same).height} with that tag); "
-        "the sender stopped early or used another tag or peer"
+        f"{_where(e)}: recv #{p['k']} on rank {p['dst']} from rank {p['src']} with tag {p['tag']} on {on} "
+        f"has no matching send (rank {p['src']} sent {sends.filter(same).height} with that tag on that "
+        "group); the sender stopped early or used another tag, peer or group"
     )
 
 

@@ -30,6 +30,9 @@ KIND_WAIT = "wait"  # the program waited on an async op (work_id links it to the
 KIND_MARKER = "marker"  # iteration / microbatch / backward markers from the global hooks
 EVENT_KINDS = (KIND_COMPUTE, KIND_COLLECTIVE, KIND_SEND, KIND_RECV, KIND_WAIT, KIND_MARKER)
 COMM_KINDS = (KIND_COLLECTIVE, KIND_SEND, KIND_RECV)
+# The op of a recv from any source (`dist.recv(t)` without src): its `peer` is the rank it received from,
+# known only once it completed (so a slice run checks it with peer -1, as it is issued).
+OP_RECV_ANYSOURCE = "recv_anysource"
 
 # One row per event of one rank (raw stream, Arrow IPC, `raw/rank=R/events.arrow`).
 RAW_EVENT_FIELDS = [
@@ -39,7 +42,8 @@ RAW_EVENT_FIELDS = [
     pa.field("op", _dict, nullable=False),  # all_reduce, send, fwd_begin, iteration_end, ...
     pa.field("group", _dict),  # torch group name of the process group (null: none)
     pa.field("group_seq", pa.int64(), nullable=False),  # per-group sequence number of the op, -1: none
-    pa.field("peer", pa.int32(), nullable=False),  # global rank: p2p peer, or root of broadcast/reduce/...; -1
+    # global rank: p2p peer (recv_anysource: the actual sender), or root of broadcast/reduce/...; -1
+    pa.field("peer", pa.int32(), nullable=False),
     pa.field("tag", pa.int32(), nullable=False),
     pa.field("bytes", pa.int64(), nullable=False),  # bytes this rank contributes (input tensors)
     pa.field("dtype", _dict),

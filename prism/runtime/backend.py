@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work, _create_work_from_future
 
 from prism import schemas
+from prism.runtime import watchdog
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import Transport
 
@@ -116,11 +117,19 @@ class PrismWork(Work):
     """Wraps the transport's work; records when the program waits on it."""
 
     def __init__(self, inner: list[Work], recorder: Recorder | None, work_ids: list[int], op: str,
-                 group: str) -> None:
+                 group: str, anysource: list[int] | None = None) -> None:
         super().__init__()
         self._inner, self._rec, self._ids, self._op, self._group = inner, recorder, work_ids, op, group
         self._waited = False
         self._futured = False
+        # a recv from any source: the group's global ranks (its sender is recorded once it is known)
+        self._anysource = anysource
+
+    def _record_source(self) -> None:
+        """A completed recv from any source: its recv event's peer becomes the rank it received from."""
+        if self._anysource is not None and self._rec is not None:
+            members, self._anysource = self._anysource, None
+            self._rec.resolve_peer(self._ids[0], members[self._inner[0]._source_rank()])
 
     @_nodynamo
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -144,6 +153,7 @@ class PrismWork(Work):
             # an upper bound of when the result was ready: the wait's start if it was there already,
             # else the wait's end
             rec.completed_by(wid, start[0] if ready else rec.last_end_ns)
+        self._record_source()
         return True
 
     def resolve(self, work: Work | None, outputs: list[torch.Tensor]) -> None:
@@ -166,6 +176,8 @@ class PrismWork(Work):
             for inner, wid in zip(self._inner, self._ids):
                 if inner is not None:
                     by_work[id(inner)].add_done_callback(lambda _f, wid=wid: rec.completed(wid))
+            if self._anysource is not None:
+                futs[0].add_done_callback(lambda _f: self._record_source())
         if len(futs) == 1:
             return futs[0]
         # several works (a coalesced op, a batch of p2p ops): one future of all their output tensors
@@ -197,6 +209,7 @@ class PrismWork(Work):
 
     @_nodynamo
     def _source_rank(self) -> int:  # a recv from any source: who sent (group rank)
+        self._record_source()
         return self._inner[0]._source_rank()
 
 
@@ -274,7 +287,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- the one path every op takes -------------------------------------------------------------------
     def _issue(self, op: str, kind: str, method: str, tensors, args: tuple, peer: int = -1,
-               tag: int = 0) -> Work:
+               tag: int = 0, anysource: bool = False) -> Work:
         nbytes, dtype, shape, device = _describe(tensors)
         rec = self._rec
         wid = next(_work_ids)
@@ -289,12 +302,16 @@ class PrismProcessGroup(dist.ProcessGroup):
         inner = self._transport.call(method, device, *args, work_id=wid, op=op)
         if inner is None and self._coalesced is None:  # NCCL, not async: synchronised already
             inner = _done_work(_outputs(args))
+        if watchdog.active is not None and inner is not None:  # real mode: a hang is named, not waited out
+            watchdog.active.issued(self, inner, op, gseq, peer, tag, dtype, shape)
         if rec is not None:
             rec.end(start, kind, op, group=self._name, group_seq=gseq, peer=peer, tag=tag, nbytes=nbytes,
                     dtype=dtype, shape=shape, work_id=wid)
+            if anysource:
+                rec.await_peer(wid)
             # No completion callback here: it runs on the backend's thread and costs a GIL hand-off per
             # op. A waited op's completion is seen at its wait; a future's consumer gets one (get_future).
-        work = PrismWork([inner], rec, [wid], op, self._name)
+        work = PrismWork([inner], rec, [wid], op, self._name, self._global_ranks if anysource else None)
         if self._coalesced is not None:
             self._coalesced.append((work, _outputs(args)))
         return work
@@ -423,8 +440,9 @@ class PrismProcessGroup(dist.ProcessGroup):
                            peer=self._global_ranks[srcRank], tag=tag)
 
     @_nodynamo
-    def recv_anysource(self, tensors, tag):  # the sender is known only once received: peer -1
-        return self._issue("recv", schemas.KIND_RECV, "recv_anysource", tensors, (tensors, tag), tag=tag)
+    def recv_anysource(self, tensors, tag):  # the sender is known once received: recorded then (peer)
+        return self._issue(schemas.OP_RECV_ANYSOURCE, schemas.KIND_RECV, "recv_anysource", tensors,
+                           (tensors, tag), tag=tag, anysource=True)
 
     # -- coalescing (batch_isend_irecv, coalescing manager) ---------------------------------------------
     @_nodynamo

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture, markers, modes
+from prism.runtime import capture, markers, modes, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
-from prism.runtime.transport import RealTransport, slice_store
+from prism.runtime.transport import RealTransport, job_store, slice_store
 
 MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
 
@@ -84,6 +84,8 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
                                        **kwargs)
         else:
             transport = RealTransport(dist_opts.store, *args, **kwargs)
+            watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),
+                           int(os.environ.get("WORLD_SIZE", "1")))
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
@@ -190,6 +192,7 @@ def finish(code: int = 0) -> None:
     if _state.get("finished"):
         return
     _state["finished"] = True
+    watchdog.stop()
     linked = capture.linked()  # capture mode, in a rank (not in the zygote)
     if linked and code == 0:
         capture.client().drain()

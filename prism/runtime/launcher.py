@@ -20,7 +20,8 @@ this one's) unless `--force`, which clears it; a lock (`DIR/.prism.lock`) refuse
 while one runs. `raw/meta.json` carries a `run_id` that identifies this run.
 
 Exit codes: 0 every rank succeeded; 2 bad input (one message, nothing started or written); 86
-(`HANG_EXIT`) a hang was detected (capture's deadlock diagnosis); 128+N the launcher got signal N (SIGTERM
+(`HANG_EXIT`) the job hangs (capture: no rank can run, or the members of a collective disagree; real: no op
+completed on any rank for --hang-timeout seconds) and the message says which ranks wait where; 128+N the launcher got signal N (SIGTERM
 or SIGINT: the ranks are stopped and the run's temporaries removed); otherwise the first failed rank's code.
 Temporaries carry the launcher's pid in their names (`/dev/shm/prism-<pid>-<id>`, `/tmp/prism-<pid>-<id>-*`,
 `DIR/.raw.tmp-<pid>-<id>`): each launch first removes those of launchers that are no longer alive.
@@ -43,14 +44,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, run_files
+from prism.runtime import modes, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MODES = tuple(modes.MODES)
 SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
-HANG_EXIT = 86  # exit code of a detected hang: distinct from a program's own small exit codes
+HANG_EXIT = watchdog.HANG_EXIT_CODE  # a detected hang: distinct from a program's own small exit codes
 
 
 class LaunchError(Exception):
@@ -77,6 +78,7 @@ class LaunchSpec:
     steps_limit: int | None = None  # emulate: replay only the first N iterations
     force: bool = False  # --out may hold files: clear them
     progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
+    hang_timeout: float | None = None  # real: seconds without a completed op before a hang is named
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -89,7 +91,8 @@ def parse(argv: list[str]) -> LaunchSpec:
             split = i
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
-                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit"):
+                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit",
+                   "--hang-timeout"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -127,6 +130,10 @@ def parse(argv: list[str]) -> LaunchSpec:
                              f"{LOG_PERIOD_S:.0f} s; on a terminal it is shown in place without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
+    parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                        help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
+                             f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
+                             f"{watchdog.DEFAULT_TIMEOUT_S:g}; 0: never)")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
@@ -137,7 +144,8 @@ def parse(argv: list[str]) -> LaunchSpec:
                       master_port=opts.master_port, devices=opts.devices, payloads=not opts.no_payloads,
                       preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
                       force=opts.force, progress=opts.progress,
-                      pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit)
+                      pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
+                      hang_timeout=opts.hang_timeout)
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
@@ -159,6 +167,15 @@ def validate(spec: LaunchSpec) -> None:
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
     mode = modes.get(spec.mode)
+    if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
+        raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
+    if spec.hang_timeout is not None and spec.mode != "real":
+        raise LaunchError(f"--hang-timeout belongs to --mode real (--mode {spec.mode} "
+                          + ("names a hang by itself)" if spec.mode == "capture" else "has no watchdog)"))
+    try:
+        watchdog.timeout_from_env()
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -380,6 +397,8 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
                 "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
+    if spec.hang_timeout is not None:
+        env[watchdog.ENV] = str(spec.hang_timeout)
     mode = modes.get(spec.mode)
     if mode.intercepted:
         env["PRISM_MODE"] = spec.mode

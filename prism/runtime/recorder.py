@@ -92,6 +92,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._completions: dict[int, int] = {}  # work_id -> monotonic ns its result was ready
         self._pending_async: dict[int, int] = {}  # work_id -> index in _rows of the op (until waited)
+        self._unresolved: dict[int, int] = {}  # work_id -> index in _rows of a recv from any source
         self.memory = MemoryProbe(device)
         self.iteration = 0
         self.microbatch = -1
@@ -164,6 +165,19 @@ class Recorder:
             self._pending_async[work_id] = len(self._rows) - 1
         return len(self._rows) - 1
 
+    def await_peer(self, work_id: int) -> None:
+        """The op just recorded is a recv from any source: its peer is filled in by `resolve_peer` (its
+        row stays in memory until then)."""
+        self._unresolved[work_id] = len(self._rows) - 1
+
+    def resolve_peer(self, work_id: int, peer: int) -> None:
+        """The recv from any source `work_id` received from global rank `peer` (any thread)."""
+        with self._lock:
+            index = self._unresolved.pop(work_id, None)
+            if index is not None:
+                row = self._rows[index]
+                self._rows[index] = row[:5] + (peer,) + row[6:]
+
     def completed(self, work_id: int) -> None:
         """Called from a communication thread when an op's result is ready."""
         self._completions[work_id] = _wall()
@@ -202,19 +216,27 @@ class Recorder:
     def add_group(self, name: str, desc: str | None, members: list[int], backend: str) -> None:
         self._groups.append((self.rank, name, desc, members, backend))
 
-    def flush(self) -> None:
-        """Write the buffered events as one record batch (resolving async completion times)."""
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered events as one record batch (resolving async completion times). Rows from the
+        first recv from any source whose sender is not known yet stay buffered (unless `final`: then its
+        peer stays -1, the program never completed it)."""
         with self._lock:
-            if not self._rows:
+            cut = len(self._rows) if final else min(self._unresolved.values(), default=len(self._rows))
+            if not cut:
                 return
             if self._clock is not None:
                 self._clock.resolve(self._rows, self.rank, wait=True)
-            rows, self._rows = self._rows, []
+            rows, self._rows = self._rows[:cut], self._rows[cut:]
+            self._unresolved = {w: i - cut for w, i in self._unresolved.items() if i >= cut}
             # ops not waited on yet are being overlapped with what follows them (or consumed through
             # their future, as DDP does): they are async.
-            for index in self._pending_async.values():
-                rows[index] = rows[index][:10] + (True,) + rows[index][11:]
-            self._pending_async = {}
+            kept = {}
+            for work_id, index in self._pending_async.items():
+                if index < cut:
+                    rows[index] = rows[index][:10] + (True,) + rows[index][11:]
+                else:
+                    kept[work_id] = index - cut
+            self._pending_async = kept
             cols = list(zip(*rows))
             data = {"rank": pa.array([self.rank] * len(rows), pa.int32())}
             for name, values in zip(_COLUMNS, cols):
@@ -237,7 +259,7 @@ class Recorder:
         if self.closed:
             return
         self.closed = True
-        self.flush()
+        self.flush(final=True)
         if self._writer is None:  # no events at all: still publish an empty stream
             self._sink = pa.OSFile(str(self.dir / "events.arrow.tmp"), "wb")
             self._writer = pa.ipc.new_stream(self._sink, self._schema)

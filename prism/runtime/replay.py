@@ -145,6 +145,9 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
         for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group"], cols["group_seq"],
                                                cols["peer"]):
             if kind in ("send", "recv") and group in groups:
+                if peer < 0:  # a recv from any source records its sender once it completed
+                    raise ReplayError(f"{raw / f'rank={r}' / 'events.arrow'}: a {op} without its sender "
+                                      "(captured by an older prism, or never waited on): capture again")
                 peers.add(peer)
             if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
                 continue
@@ -228,6 +231,8 @@ def issue(pg: ProcessGroupGloo, op: str, me: int, n: int, root: int, mine: tuple
     if op == "reduce_scatter_tensor":
         return pg._reduce_scatter_base(_empty(out[0], dtype), ts[0],
                                        _opts(dist.ReduceScatterOptions, reduceOp=_red(meta)))
+    if op == "all_gather_coalesced":  # out: [source rank][input]; each input keeps its dtype
+        return pg.allgather_coalesced([[torch.empty(s, dtype=t.dtype) for s, t in zip(per, ts)] for per in out], ts)
     if op == "all_to_all_single":
         return pg.alltoall_base(_empty(out[0], dtype), ts[0], list(meta["out_splits"]), list(meta["splits"]),
                                 dist.AllToAllOptions())

@@ -50,7 +50,8 @@ def captured_ops(capture: Path, rank: int) -> list[tuple]:
     cols = {name: table[name].cast(pa.string()) if pa.types.is_dictionary(table[name].type) else table[name]
             for name in FIELDS + ("seq",)}
     rows = zip(*(cols[name].to_pylist() for name in FIELDS + ("seq",)))
-    return [r for r in rows if r[0] in _COMM]
+    # a recv from any source is issued without a peer (the capture recorded whom it received from)
+    return [r[:4] + (-1,) + r[5:] if r[1] == schemas.OP_RECV_ANYSOURCE else r for r in rows if r[0] in _COMM]
 
 
 def _show(row: tuple) -> str:

@@ -35,6 +35,8 @@ import time
 import traceback
 from pathlib import Path
 
+from prism.runtime import watchdog
+
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
 REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
@@ -93,7 +95,7 @@ def _run_rank(spec: dict, rank: int) -> int:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
         GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), ROLE_NAME="default",
         GROUP_WORLD_SIZE="1", MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-        TORCHELASTIC_RUN_ID=spec["run_id"],
+        TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
     )
     import torch
 
@@ -425,7 +427,11 @@ def supervise(spec: dict) -> int:
     usage_exits = 0
     usage_until = None  # a rank exited with USAGE_EXIT: the others are stopped only after this
     deadline = None
+    hang = Path(spec["status_dir"], watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
+    watched = spec.get("mode") == "real"
     while children:
+        if watched and deadline is None and hang.exists():
+            deadline = _stop(children, time.monotonic())
         if usage_until is not None and deadline is None and time.monotonic() > usage_until:
             deadline = _stop(children, time.monotonic())
         if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
@@ -473,9 +479,10 @@ def supervise(spec: dict) -> int:
     if link is not None:
         link.close()
         if link.error:
-            from prism.runtime.launcher import HANG_EXIT
-
-            return HANG_EXIT
+            return watchdog.HANG_EXIT_CODE
+    if hang.exists():
+        print(f"[prism] run stopped: {hang.read_text()}", file=sys.stderr)
+        return watchdog.HANG_EXIT_CODE
     if failed is not None and failed[1] == USAGE_EXIT and usage_exits == len(ids):
         print(f"[prism] every rank exited with code {USAGE_EXIT}: the program rejected its arguments "
               "(its message is above)", file=sys.stderr)

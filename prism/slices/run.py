@@ -107,7 +107,9 @@ def _strings(table: pa.Table) -> list[tuple]:
         if pa.types.is_dictionary(col.type):
             col = col.cast(pa.string())
         cols.append(col.to_pylist())
-    return list(zip(*cols))
+    peer, op = SAME.index("peer"), SAME.index("op")
+    # a recv from any source may hear from another sender first in the slice than in the capture
+    return [r[:peer] + (-1,) + r[peer + 1:] if r[op] == schemas.OP_RECV_ANYSOURCE else r for r in zip(*cols)]
 
 
 def _describe(row: tuple | None) -> str:

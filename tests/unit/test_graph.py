@@ -302,3 +302,71 @@ def test_bad_meta(tmp_path, capsys):
 def test_job_members_helper_agrees_with_groups():
     job = megatron_job(tp=2, dp=2)
     assert job_members(job, "0") == [0, 1, 2, 3]
+
+
+def _two_channels_job(recv_order: tuple[str, str]) -> tuple[RawJob, str, str]:
+    """Ranks 0 and 1 share two groups; rank 0 sends on group a (8 bytes) then on b (16 bytes), same tag;
+    rank 1 receives them in `recv_order`."""
+    job = RawJob(world=2)
+    a, b = job.group("a", [0, 1]), job.group("b", [0, 1])
+    sizes = {a: 8, b: 16}
+    for group in (a, b):
+        job.p2p(0, "send", 1, sizes[group], group, tag=5)
+    for name in recv_order:
+        group = {"a": a, "b": b}[name]
+        job.p2p(1, "recv", 0, sizes[group], group, tag=5)
+    return job, a, b
+
+
+def test_messages_pair_within_their_group(tmp_path):
+    # the first send (on a) pairs with the second recv (on a): matching only on sender, receiver and tag
+    # would pair it with the first recv (on b) and see 8 vs 16 bytes
+    job, a, b = _two_channels_job(("b", "a"))
+    g = run_graph(job, tmp_path)
+    by_id = {e["event_id"]: e for e in g["events"].iter_rows(named=True)}
+    p2p = g["comms"].filter(pl.col("kind") == "p2p")
+    assert p2p.height == 2
+    for comm in p2p.iter_rows(named=True):
+        send, recv = (by_id[i] for i in comm["event_ids"])
+        assert send["group"] == recv["group"] == comm["group"]
+        assert send["bytes"] == recv["bytes"] == comm["bytes"] == {a: 8, b: 16}[comm["group"]]
+    # the recv on b is rank 1's first event, the one on a its second
+    assert [by_id[i]["seq"] for c in p2p.sort("group").iter_rows(named=True) for i in c["event_ids"]] == [0, 1, 1, 0]
+
+
+def test_a_message_on_another_group_does_not_match(tmp_path, capsys):
+    job, a, b = _two_channels_job(("a", "a"))
+    job.find(1, kind="recv")[1]["bytes"] = 8
+    job.write(tmp_path)
+    _expect_error(tmp_path, capsys, [f"send #0 from rank 0 to rank 1 with tag 5 on group {b!r}", "no matching recv"])
+
+
+def _any_source_job(peer: int) -> RawJob:
+    """Rank 0 receives from any source; ranks 1 and 2 each send it one message (rank 2 recorded first)."""
+    job = RawJob(world=3)
+    world = job.group("default_pg", [0, 1, 2])
+    job.p2p(2, "send", 0, 8, world)
+    job.p2p(1, "send", 0, 8, world)
+    first = job.p2p(0, "recv", peer, 8, world)
+    job.find(0, work_id=first)[0]["op"] = schemas.OP_RECV_ANYSOURCE
+    job.wait(0, first)
+    second = job.p2p(0, "recv", 1, 8, world)
+    job.find(0, work_id=second)[0]["op"] = schemas.OP_RECV_ANYSOURCE
+    job.wait(0, second)
+    return job
+
+
+def test_any_source_recv_pairs_with_the_recorded_sender(tmp_path):
+    g = run_graph(_any_source_job(peer=2), tmp_path)
+    by_id = {e["event_id"]: e for e in g["events"].iter_rows(named=True)}
+    pairs = {}
+    for comm in g["comms"].filter(pl.col("kind") == "p2p").iter_rows(named=True):
+        send, recv = (by_id[i] for i in comm["event_ids"])
+        pairs[comm["src"]] = recv["seq"]
+        assert recv["op"] == schemas.OP_RECV_ANYSOURCE and recv["peer"] == send["rank"] == comm["src"]
+    assert pairs == {2: 0, 1: 2}  # rank 0's first recv (seq 0) heard from rank 2, its second (seq 2) from 1
+
+
+def test_any_source_recv_without_a_sender_is_explained(tmp_path, capsys):
+    _any_source_job(peer=-1).write(tmp_path)
+    _expect_error(tmp_path, capsys, ["rank 0 event seq 0", "recv from any source whose sender was never recorded"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import duckdb
 import pytest
@@ -117,3 +118,17 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     assert "rule emulate:" in out, out
     for rule in ("capture", "graph", "slice_run", "calibrate", "summary", "baseline_run"):
         assert f"rule {rule}:" not in out, rule
+    # a slice run reads the capture's payloads: one that must run again without them gets the capture re-run
+    # first (were they undeclared, the slice run alone would be scheduled, and fail for want of payloads).
+    # On a copy (mtimes kept): the reference job is shared by other tests.
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_reference, copy / "tiny", symlinks=True)
+    shutil.rmtree(copy / "tiny" / "capture" / "payloads")
+    events = copy / "tiny" / "slices" / "slice=0" / "events.parquet"
+    events.unlink()
+    lost = snakemake(*tiny_args(copy), "-n", str(events))
+    out = lost.stdout + lost.stderr
+    assert lost.returncode == 0, out
+    assert f"Missing output files: {copy / 'tiny' / 'capture' / 'payloads'}" in out, out
+    for rule in ("rule capture:", "rule graph:", "checkpoint slice_plan:", "rule slice_run:"):
+        assert rule in out, (rule, out)

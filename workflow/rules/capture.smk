@@ -1,12 +1,19 @@
 # Context-switching capture of the W ranks on P slots, then the bare graph and its summary.
 
+if not JOB.capture.payloads:
+    raise ValueError(
+        "capture.payloads: false: the pipeline's slice runs replay the capture's payloads; "
+        "set capture.payloads: true (or leave the key out)"
+    )
+
 
 rule capture:  # runs alone: its timings must not share the machine with another stage
     output:
-        directory(f"{JOB_DIR}/capture/raw"),
+        raw=directory(f"{JOB_DIR}/capture/raw"),
+        payloads=directory(f"{JOB_DIR}/capture/payloads"),  # read by the slice runs' replay servers
     params:
         section=section("capture"),
-        out=lambda w, output: os.path.dirname(output[0]),
+        out=lambda w, output: os.path.dirname(output.raw),
     threads: stage_threads("capture")
     resources:
         **rule_resources("capture"),
@@ -20,7 +27,7 @@ rule capture:  # runs alone: its timings must not share the machine with another
 
 rule graph:
     input:
-        rules.capture.output,
+        rules.capture.output.raw,
     output:
         multiext(f"{JOB_DIR}/graph/", "events.parquet", "comms.parquet", "groups.parquet", "ranks.parquet"),
     params:

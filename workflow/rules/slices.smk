@@ -24,7 +24,8 @@ checkpoint slice_plan:
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
     input:
         plan=f"{JOB_DIR}/slices/plan.parquet",
-        raw=rules.capture.output,
+        raw=rules.capture.output.raw,
+        payloads=rules.capture.output.payloads,
     output:
         f"{JOB_DIR}/slices/slice={{k}}/events.parquet",
     params:
