@@ -15,7 +15,7 @@ def test_help_lists_every_stage_and_tool():
     proc = run_prism(["--help"])
     assert proc.returncode == 0, proc.stderr
     listed = re.findall(r"^  ([a-z]+) ", proc.stdout, re.M)
-    assert listed == [*PIPELINE, "export", "sql", "launch", "bench"]
+    assert listed == [*PIPELINE, "export", "sql", "launch", "bench", "profiles"]
     assert "--version" in proc.stdout
     bare = run_prism([])
     assert bare.returncode == 2 and "pipeline stages" in bare.stdout
