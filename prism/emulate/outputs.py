@@ -27,6 +27,7 @@ from prism import artifacts, schemas
 from prism.calibrate import substitute
 from prism.calibrate.stage import JobGraph, iterations_table
 from prism.calibrate.sweep import Timeline
+from prism.iterations import job_iteration_ends
 
 # What must be equal, event by event, between a sandbox rank's run and its capture (its communication).
 SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
@@ -212,17 +213,21 @@ SCHEMAS = {"events": schemas.EMULATION_EVENTS, "iterations": schemas.EMULATION_I
 
 
 def job_iteration_ns(iterations: pa.Table, keep: list[int] | None = None) -> dict[int, int]:
-    """Per iteration, the slowest rank's duration (as `prism calibrate` reports the job's iteration time)."""
-    out: dict[int, int] = {}
-    for k, d in zip(iterations["iteration"].to_pylist(), iterations["duration_ns"].to_pylist()):
-        if keep is None or k in keep:
-            out[k] = max(out.get(k, 0), d)
-    return out
+    """Per iteration k >= 1, the job's iteration time: the gap between the ends of iterations k-1 and k over
+    the ranks in `iterations` (the one definition, `prism.iterations`), among the iterations in `keep`."""
+    it = np.asarray(iterations["iteration"].to_pylist(), dtype=np.int64)
+    end = np.asarray(iterations["end_ns"].to_pylist(), dtype=np.int64)
+    if keep is not None:
+        mask = np.isin(it, np.asarray(list(keep), dtype=np.int64))
+        it, end = it[mask], end[mask]
+    keys = np.unique(it)
+    ends = job_iteration_ends(it, end)
+    return {int(k): int(b - a) for k, a, b in zip(keys[1:], ends[:-1], ends[1:])}
 
 
 def steady_ms(per_iter: dict[int, int]) -> float | None:
-    """Median over iterations >= 1 (iteration 0 holds start-up), or over all when there is only one."""
-    vals = [v for k, v in per_iter.items() if k >= 1] or list(per_iter.values())
+    """The median of the job's iteration times (None with fewer than two iterations)."""
+    vals = list(per_iter.values())
     return statistics.median(vals) / 1e6 if vals else None
 
 
@@ -244,7 +249,7 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
         f" on {em.meta.get('devices') or devices or '?'} device(s), {len(keep)} iteration(s) emulated ({', '.join(map(str, keep))}), "
         f"{seconds:.1f} s",
         "",
-        "job iteration time (slowest rank per iteration, median over iterations >= 1 of those emulated):",
+        "job iteration time (median gap between consecutive iteration ends, prism/iterations.py):",
         f"  calibrated prediction:                         {ms(cal)}",
         f"  under the sandbox's measured behaviour:        {ms(emu)}{delta}",
         "sandbox ranks' own iteration time (median):",
