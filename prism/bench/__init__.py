@@ -7,7 +7,7 @@ import sys
 
 BENCHES = {
     "overhead": "prism.bench.overhead",
-    "capture": "prism.bench.capture",
+    "capture": "prism.bench.capture_scale",
     "calibrate": "prism.bench.calibrate",
     "fidelity": "prism.bench.fidelity",
     "emulate": "prism.bench.emulate",

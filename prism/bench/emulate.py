@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prism.bench.capture import LAYOUTS, TreeMemory, workload_args
+from prism.bench.capture_scale import LAYOUTS, TreeMemory, workload_args
 
 
 def _run(cmd: list[str], what: str) -> None:

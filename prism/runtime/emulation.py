@@ -36,7 +36,7 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
 from prism.runtime import compensation, shm
-from prism.runtime.capture import CaptureTransport
+from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"

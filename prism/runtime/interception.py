@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture, markers, modes, watchdog
+from prism.runtime import capture_transport as capture, markers, modes, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport

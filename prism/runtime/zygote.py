@@ -281,7 +281,7 @@ class _CoordinatorLink:
         self.sel = out.sel
 
     def on_readable(self, rank: int) -> None:
-        from prism.runtime.capture import key_name
+        from prism.runtime.capture_transport import key_name
         from prism.runtime.coordinator import CaptureError
 
         sock = self.socks[rank]

@@ -37,13 +37,16 @@ MEASURED_COLUMNS = {
     "start_ns", "end_ns", "duration_ns",
     # slices/transfers
     "transfer_ns",
+    # emulation/memory: when the sandbox's marker was sampled
+    "t_ns",
 }
 # keys of raw/meta.json holding measured values (run identity and timings; capture's scheduling statistics)
-MEASURED_META_KEYS = {"run_id", "started", "wall_s", "capture", "t0_ns", "emulation"}
+MEASURED_META_KEYS = {"run_id", "started", "wall_s", "capture", "t0_ns", "emulation",
+                      "capture_dir"}  # capture_dir: where the job folder lies (a location, not a value)
 # Parquet key-value metadata naming the run an artifact comes from (a new id every run)
 RUN_ID_KEY = b"prism.run_id"
 # whole files that are reports of measured values or binary catalogs rebuilt from the tables
-MEASURED_FILES = {"summary.txt", "prism.duckdb", "capture_stats.json", ".snakemake_timestamp"}
+MEASURED_FILES = {"summary.txt", "prism.duckdb", "capture_stats.json", ".snakemake_timestamp", "report.html"}
 
 
 def path_without_venv() -> str:

@@ -8,7 +8,7 @@ import shutil
 import duckdb
 import pytest
 
-from tests.conftest import data_path, run_prism
+from tests.conftest import REPO, data_path, run_prism
 from tests.workflow.runs import snakemake, tiny_args
 
 
