@@ -57,6 +57,10 @@ def emulated(job: Path, rank: int, *what_if: str) -> dict[int, int]:
 
 
 @pytest.mark.timeout(900)  # a capture, a slice run and four emulations
+# It compares wall-clock emulations with the sweep on a 2-core box: a neighbour's load can push one run outside
+# the run-to-run spread it measures (seen once at 21.5 vs 17.0 ms while other emulations ran beside it), so a
+# failure is run once more, whole (new capture, new emulations); two failures in a row fail the suite.
+@pytest.mark.flaky(reruns=1)
 def test_extra_compute_grows_the_job_as_the_sweep_predicts(tmp_path):
     job = tmp_path / "job"
     prism("launch", "--nproc", "2", "--mode", "capture", "--devices", "2", "--out", str(job), *WORKLOAD)
