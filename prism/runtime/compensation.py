@@ -35,16 +35,7 @@ import torch
 from prism.runtime import semantics
 from prism.runtime.semantics import RedOp, UnsupportedOp
 
-_FOLD = {
-    RedOp.SUM: torch.add,
-    RedOp.AVG: torch.add,
-    RedOp.PRODUCT: torch.mul,
-    RedOp.MIN: torch.minimum,
-    RedOp.MAX: torch.maximum,
-    RedOp.BAND: torch.bitwise_and,
-    RedOp.BOR: torch.bitwise_or,
-    RedOp.BXOR: torch.bitwise_xor,
-}
+_FOLD = semantics._FOLD  # the one definition of each reduction's elementwise step
 _ALWAYS_ASSOCIATIVE = {RedOp.MIN, RedOp.MAX, RedOp.BAND, RedOp.BOR, RedOp.BXOR}
 
 
