@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_transport as capture, markers, modes, watchdog
+from prism.runtime import capture_transport as capture, markers, modes, progress, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
@@ -44,7 +44,8 @@ def _ensure_recorder() -> Recorder | None:
                 rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
         drain = _drain if modes.get(_state["mode"]).coordinator else None
-        _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
+        wanted = rec or drain or os.environ.get(progress.ENV)  # progress: iteration ends even with nothing recorded
+        _state["hooks"] = markers.install(rec, on_boundary=drain) if wanted else []
     return _state["recorder"]
 
 

@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, run_files, watchdog
+from prism.runtime import modes, progress, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -126,8 +126,10 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--force", action="store_true",
                         help="clear --out first if it holds files (by default a non-empty --out is refused)")
     parser.add_argument("--progress", action="store_true",
-                        help="capture: report progress on stderr (ranks done, communications completed) every "
-                             f"{LOG_PERIOD_S:.0f} s; on a terminal it is shown in place without this flag")
+                        help="report progress on stderr every "
+                             f"{LOG_PERIOD_S:.0f} s (capture: ranks done, communications completed; real, slice, "
+                             "emulate: iterations the real ranks ended); on a terminal it is shown in place "
+                             "without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
@@ -186,8 +188,9 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
-    elif spec.progress:
-        raise LaunchError(f"--progress reports a capture's progress; --mode {spec.mode} has none to report")
+    elif spec.progress and not mode.intercepted:
+        raise LaunchError(f"--progress reports what prism records; --mode {spec.mode} records nothing: drop "
+                          "--progress or use --mode real")
     if spec.mode not in ("capture", "emulate") and spec.devices is not None:
         raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks (or "
                           f"the sandbox ranks of --mode emulate); --mode {spec.mode} gives every rank its own "
@@ -346,6 +349,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
             "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
             "progress": _progress_style(spec),
+            "iterations": _iterations_expected(spec),
         }
         if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
@@ -381,12 +385,30 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
 
 
 def _progress_style(spec: LaunchSpec) -> str | None:
-    """Capture: "tty" (a line rewritten in place), "log" (a line now and then) or None."""
-    if spec.mode != "capture":
+    """"tty" (a line rewritten in place), "log" (a line now and then) or None (no progress: --mode off)."""
+    if not modes.get(spec.mode).intercepted:
         return None
     if sys.stderr.isatty():
         return "tty"
     return "log" if spec.progress else None
+
+
+def _iterations_expected(spec: LaunchSpec) -> int | None:
+    """Slice and emulate runs: the iterations the capture's first real rank ended (the progress bar's total)."""
+    if spec.capture is None or not spec.slice_ranks or _progress_style(spec) is None:
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.ipc as ipc
+
+    path = Path(spec.capture) / "raw" / f"rank={spec.slice_ranks[0]}" / "events.arrow"
+    try:
+        with pa.OSFile(str(path)) as f:
+            ops = ipc.open_stream(f).read_all().column("op")
+    except (OSError, pa.ArrowInvalid, KeyError):
+        return None  # checked and reported elsewhere: the bar then has no total
+    n = pc.sum(pc.equal(ops, "iteration_end")).as_py() or 0
+    return min(n, spec.steps_limit) if spec.steps_limit else n
 
 
 def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
@@ -394,7 +416,7 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
+    for var in (progress.ENV, "PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
                 "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
     if spec.hang_timeout is not None:
@@ -402,6 +424,8 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     mode = modes.get(spec.mode)
     if mode.intercepted:
         env["PRISM_MODE"] = spec.mode
+    if spec.mode != "capture" and _progress_style(spec) is not None:
+        env[progress.ENV] = str(status_dir)
     if spec.mode == "capture":
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
                    PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))

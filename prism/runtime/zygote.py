@@ -410,11 +410,17 @@ def supervise(spec: dict) -> int:
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
     link = _CoordinatorLink(spec, ctl, out) if capture else None
-    progress = None
-    if link is not None and spec.get("progress"):
-        from prism.runtime.progress import CaptureProgress
+    progress = progress_state = None
+    if spec.get("progress"):
+        from prism.runtime.progress import CaptureProgress, IterationProgress
 
-        progress = CaptureProgress(sys.stderr, tty=spec["progress"] == "tty")
+        tty = spec["progress"] == "tty"
+        if link is not None:
+            progress, progress_state = CaptureProgress(sys.stderr, tty), link.coord
+        else:  # real, slice, emulate: iterations the real ranks ended, from their notes in the status folder
+            real = spec.get("ranks") or list(range(spec["nproc"]))
+            progress = IterationProgress(sys.stderr, tty, spec.get("mode", "real"), real, spec.get("iterations"))
+            progress_state = Path(spec["status_dir"])
         out.before_write = progress.clear
     store = None
     if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
@@ -447,7 +453,7 @@ def supervise(spec: dict) -> int:
             deadline = _stop(children, time.monotonic())
         out.pump(0.01)
         if progress is not None:
-            progress.maybe_show(link.coord)
+            progress.maybe_show(progress_state)
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
