@@ -12,8 +12,8 @@ that completion (a wait on a send is local). A *real* comm has a sandbox member:
   measured durations) computes them afterwards.
 
 `after` is a suffix and `before` a prefix of each rank's program order, so each rank's live events are one
-contiguous run. Both are fixpoints of vectorised passes (numpy, no per-event Python loop): one comm hop per
-pass, every rank's program order at once.
+contiguous run. Both are fixpoints of vectorised passes (numpy, no per-event Python loop) over per-rank
+bounds: one comm hop per pass, every rank at once.
 
 `load(events_path, timeline_path, sandbox, steps_limit)` reads ``graph/events.parquet`` and
 ``calibrated/timeline.parquet`` with pyarrow and returns a `Job` with these arrays; it is shared by the
@@ -89,16 +89,18 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
     kinds = ev["kind"].cast(pa.string())
     ids = _np(ev["event_id"]).astype(np.int64)
     n = len(ids)
-    # calibrated times by event id
+    # calibrated times by event id (the calibrate stage writes them in graph order: then no search)
     tl_ids = _np(tl["event_id"]).astype(np.int64)
-    sort = np.argsort(tl_ids, kind="stable")
-    at = np.searchsorted(tl_ids[sort], ids)
-    at = np.minimum(at, len(tl_ids) - 1) if len(tl_ids) else at
-    if len(tl_ids) < n or not np.array_equal(tl_ids[sort][at], ids):
-        raise ConeError(f"{timeline_path} does not time every event of {events_path}: calibrate the job again "
-                        "(prism calibrate --job DIR)")
-    start = _np(tl["start_ns"]).astype(np.int64)[sort][at]
-    end = _np(tl["end_ns"]).astype(np.int64)[sort][at]
+    start = _np(tl["start_ns"]).astype(np.int64)
+    end = _np(tl["end_ns"]).astype(np.int64)
+    if not np.array_equal(tl_ids, ids):
+        sort = np.argsort(tl_ids, kind="stable")
+        at = np.searchsorted(tl_ids[sort], ids)
+        at = np.minimum(at, len(tl_ids) - 1) if len(tl_ids) else at
+        if len(tl_ids) < n or not np.array_equal(tl_ids[sort][at], ids):
+            raise ConeError(f"{timeline_path} does not time every event of {events_path}: calibrate the job "
+                            "again (prism calibrate --job DIR)")
+        start, end = start[sort][at], end[sort][at]
     rank = _np(ev["rank"]).astype(np.int32)
     sandbox_ranks = np.asarray(sorted(sandbox), dtype=np.int32)
     in_sandbox = np.isin(rank, sandbox_ranks)
@@ -124,7 +126,7 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
     # waits: on the op `op_event_id` names; blocking on a collective or a recv, local on a send
     wait = _is(kinds, schemas.KIND_WAIT)
     op_ids = _np(ev["op_event_id"]).astype(np.int64)
-    id_sort = np.argsort(ids, kind="stable")
+    id_sort = np.arange(n) if np.array_equal(ids, np.arange(n)) else np.argsort(ids, kind="stable")
     w_idx = np.flatnonzero(wait & (op_ids >= 0))
     op_at = np.searchsorted(ids[id_sort], op_ids[w_idx])
     op_at = np.minimum(op_at, n - 1)
@@ -161,50 +163,44 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
                xfer=xfer, virtual=virtual, after=after, before=before, live=after & before)
 
 
-def _from_first(rank: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """Per rank (events in rank order), every event at or after its first marked one."""
-    idx = np.flatnonzero(marked)
-    out = np.zeros(len(rank), dtype=bool)
-    if len(idx) == 0:
-        return out
-    ranks, first = np.unique(rank[idx], return_index=True)
-    lo = np.full(int(rank.max()) + 1, len(rank), dtype=np.int64)
-    lo[ranks] = idx[first]
-    return np.arange(len(rank)) >= lo[rank]
-
-
-def _to_last(rank: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """Per rank, every event at or before its last marked one."""
-    return _from_first(rank[::-1], marked[::-1])[::-1]
-
-
 def cone(rank: np.ndarray, code: np.ndarray, comm: np.ndarray, real: np.ndarray, virtual: np.ndarray):
-    """(after, before) over the events (in (rank, seq) order) of the virtual ranks in `virtual`."""
-    m = len(real)
-    issue = (code >= ARRIVE) & (code <= ARRIVE_RECV) & virtual
-    blocking = (code == WAIT) & virtual
-    c = np.maximum(comm, 0)
+    """(after, before) over the events (in (rank, seq) order) of the virtual ranks in `virtual`.
+
+    Kept as per-rank bounds: `after` is every event from `lo[rank]` on, `before` every one up to `hi[rank]`;
+    a pass looks only at the issues and the blocking waits (one comm hop), until the bounds stop moving."""
+    n, m = len(rank), len(real)
+    pos = np.arange(n, dtype=np.int64)
+    world = int(rank.max()) + 1 if n else 0
+    issue = np.flatnonzero((code >= ARRIVE) & (code <= ARRIVE_RECV) & virtual)
+    wait = np.flatnonzero((code == WAIT) & virtual)
+    i_rank, i_comm, w_rank, w_comm = rank[issue], comm[issue], rank[wait], comm[wait]
     # after: from the waits on real comms on, through every comm with a member issued after
-    after = blocking & real[c]
+    lo = np.full(world, n, dtype=np.int64)
+    np.minimum.at(lo, w_rank[real[w_comm]], wait[real[w_comm]])
     while True:
-        after = _from_first(rank, after) & virtual
-        hit = np.zeros(m, dtype=bool)
-        hit[comm[after & issue]] = True
-        grown = after | (blocking & (hit[c] | real[c]))
-        if np.array_equal(grown, after):
+        hit = real.copy()
+        hit[i_comm[issue >= lo[i_rank]]] = True
+        sel = hit[w_comm]
+        new = lo.copy()
+        np.minimum.at(new, w_rank[sel], wait[sel])
+        if np.array_equal(new, lo):
             break
-        after = grown
+        lo = new
     # before: up to the virtual members' issues of real comms, through every comm a `before` wait waits on
-    before = issue & real[c]
+    hi = np.full(world, -1, dtype=np.int64)
+    np.maximum.at(hi, i_rank[real[i_comm]], issue[real[i_comm]])
     while True:
-        before = _to_last(rank, before) & virtual
-        hit = np.zeros(m, dtype=bool)
-        hit[comm[before & blocking]] = True
-        grown = before | (issue & (hit[c] | real[c]))
-        if np.array_equal(grown, before):
+        hit = real.copy()
+        hit[w_comm[wait <= hi[w_rank]]] = True
+        sel = hit[i_comm]
+        new = hi.copy()
+        np.maximum.at(new, i_rank[sel], issue[sel])
+        if np.array_equal(new, hi):
             break
-        before = grown
-    return after, before
+        hi = new
+    if n == 0:
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return (pos >= lo[rank]) & virtual, (pos <= hi[rank]) & virtual
 
 
 __all__ = ["ARRIVE", "ARRIVE_RECV", "ARRIVE_SEND", "ConeError", "Job", "LOCAL_WAIT", "NEG", "PLAIN", "WAIT",

@@ -105,6 +105,12 @@ def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_s
     return ran
 
 
+def _take_rows(path: Path, columns: list[str], rows: np.ndarray) -> pa.Table:
+    """Rows `rows` of a Parquet file's `columns`, read a column at a time (a W=1024 graph has 2M rows)."""
+    index = pa.array(rows, pa.int64())
+    return pa.table({name: pq.read_table(path, columns=[name])[name].take(index) for name in columns})
+
+
 class TimedReplay:
     def __init__(self, events_path: Path, timeline_path: Path, sandbox: set[int], steps_limit: int | None = None,
                  progress: Callable[[int, int, int, float], None] | None = None):
@@ -181,7 +187,7 @@ class TimedReplay:
         """collective (group, group_seq) -> comm_id, and the comm_ids of each p2p channel's messages."""
         cols = ["kind", "group", "group_seq", "peer", "tag", "comm_id", "rank", "seq"]
         rows = np.sort(self.job.pos[sb])
-        table = pq.read_table(self.events_path, columns=cols).take(pa.array(rows)) if len(rows) else None
+        table = _take_rows(self.events_path, cols, rows) if len(rows) else None
         self.collective_comm: dict[tuple[str, int], int] = {}
         self.p2p_comms: dict[tuple, list[int]] = defaultdict(list)  # (group, src, dst, tag) -> comms in order
         if table is None:
@@ -330,8 +336,7 @@ class TimedReplay:
         done = self.end != NEG
         rows = self.job.pos[self.live_pos[done]]
         order = np.argsort(rows, kind="stable")
-        graph = pq.read_table(self.events_path, columns=schemas.RAW_EVENTS.names)
-        graph = graph.take(pa.array(rows[order]))
+        graph = _take_rows(self.events_path, schemas.RAW_EVENTS.names, rows[order])
         start = self.start[done][order] + self.t0_ns
         end = self.end[done][order] + self.t0_ns
         comm = self.comm[done][order]
