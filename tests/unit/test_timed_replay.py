@@ -33,11 +33,11 @@ GROUP = {0: "w", 1: "v", 2: "w"}
 LIVE = {(r, s) for r in (1, 2) for s in range(2, 8)}  # from the wait on A to the issue of B
 
 
-def _job(tmp_path, iteration=lambda rank, seq: 0):
-    ids = {(r, s): i for i, (r, s, *_) in enumerate(SPEC)}
-    comm_of = {(r, s): c for r, s, _, c, *_ in SPEC}
+def _job(tmp_path, iteration=lambda rank, seq: 0, spec=SPEC):
+    ids = {(r, s): i for i, (r, s, *_) in enumerate(spec)}
+    comm_of = {(r, s): c for r, s, _, c, *_ in spec}
     rows, tl = [], []
-    for i, (rank, seq, kind, comm, on, start, end) in enumerate(SPEC):
+    for i, (rank, seq, kind, comm, on, start, end) in enumerate(spec):
         c = comm if comm >= 0 else (comm_of[(rank, on)] if on >= 0 else -1)
         rows.append(dict(event_id=i, rank=rank, seq=seq, kind=kind, op="compute" if kind == "compute" else "all_reduce",
                          group=GROUP.get(c), group_seq={0: 0, 1: 0, 2: 1}.get(c, -1) if kind == "collective" else -1,
@@ -168,6 +168,39 @@ def test_common_start_is_the_last_arrival():
     t0 = common_start(store, 2)
     first.join(5)
     assert got == [t0] and t0 >= before
+
+
+# W=2, sandbox {0}: rank 1 sends m0 to the sandbox (its wait on a send is local), receives m1 from it
+# (its wait on the recv blocks), then sends m2.
+P2P = [
+    (0, 0, "recv", 0, -1, 0, 10), (0, 1, "wait", -1, 0, 10, 100), (0, 2, "compute", -1, -1, 100, 200),
+    (0, 3, "send", 1, -1, 200, 210), (0, 4, "wait", -1, 3, 210, 215), (0, 5, "recv", 2, -1, 215, 220),
+    (0, 6, "wait", -1, 5, 220, 350),
+    (1, 0, "compute", -1, -1, 0, 50), (1, 1, "send", 0, -1, 50, 60), (1, 2, "wait", -1, 1, 60, 70),
+    (1, 3, "compute", -1, -1, 70, 80), (1, 4, "recv", 1, -1, 80, 90), (1, 5, "wait", -1, 4, 90, 260),
+    (1, 6, "compute", -1, -1, 260, 300), (1, 7, "send", 2, -1, 300, 310),
+]
+
+
+def test_point_to_point_waits_block_only_on_a_recv(tmp_path):
+    replay = TimedReplay(*_job(tmp_path, spec=P2P), sandbox={0})
+    job = replay.job
+    assert {(int(r), int(s)) for r, s in zip(job.rank[job.live], job.seq[job.live])} == {(1, 5), (1, 6), (1, 7)}
+    assert job.xfer[1] == 260 - 200  # the recv's wait end - the send's arrival
+    assert replay.arrival(0) == 50 and replay.arrival(2) is None
+    replay.simulate({0: 100, 1: 500, 2: 700})
+    assert _times(replay) == {(1, 5): (90, 500), (1, 6): (500, 540), (1, 7): (540, 550)}
+    assert replay.arrival(2) == 540
+
+
+def test_synthetic_job_arrivals_are_the_calibrated_ones(tmp_path):
+    """A synthetic W=16 training job (TP, PP, DP, EP, async DP buckets): with every real op completing at
+    its calibrated time, the virtual arrival at every real op is exactly the calibrated one."""
+    from prism.bench.emulate import synthetic
+
+    row = synthetic(16, tmp_path)
+    assert row["real_comms"] > 100 and 0 < row["cone_live_events"] <= row["virtual_events"]
+    assert row["arrivals_off_calibrated"] == 0
 
 
 def test_a_timeline_without_every_event_is_refused(tmp_path):
