@@ -28,6 +28,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import emulation, shm, timed_replay
 from prism.runtime.common_start import common_start
+from prism.runtime.cone import ConeError
 from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
@@ -206,13 +207,18 @@ def serve(spec: dict) -> int:
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     found = timed_replay.find_artifacts(capture)
     if found is not None:
-        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
-                                                progress=progress_reporter(status_dir))
+        try:
+            worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
+                                                    progress=progress_reporter(status_dir))
+        except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
+            print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
+                  file=sys.stderr, flush=True)
+            return 1
     threads = worker.start()
     try:  # the common start: the sandbox ranks meet the worker at their first process group
         t0_ns = common_start(_PollingStore(worker.store, worker._store_lock), len(spec["ranks"]) + 1,
-                                          timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
-                                          stopped=lambda: stop.is_set() or bool(worker.errors))
+                             timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+                             stopped=lambda: stop.is_set() or bool(worker.errors))
     except (InterruptedError, TimeoutError) as exc:
         why = "; ".join(worker.errors) or str(exc)
         print(f"[prism] emulation worker stopped before the common start: {why}", file=sys.stderr, flush=True)

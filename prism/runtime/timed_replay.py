@@ -17,8 +17,10 @@ once the real operation completed; the ranks parked on it then go on from that t
 
 The loop is a numba kernel (`_advance`) over arrays; it never sleeps: it runs until every live rank waits
 on a real comm not yet complete, then waits for the next completion. `gate` measures how late the virtual
-clock was (the wall time when a real comm's arrivals became known, past t0 + the last arrival): that is the
-time the simulator, not the modelled job, made the sandbox wait (`stats()["gate_late_max_ms"]`).
+clock was: the wall time at which a real comm's virtual arrivals became known, past both t0 + the last
+arrival and the time the worker's thread reached the gate. That is the time the simulator, not the modelled
+job, held the op (`stats()["gate_late_max_ms"]`); a sandbox slower than calibrated, or a worker thread
+behind, is not counted.
 
 The clock's zero t0 is the common start of the sandbox ranks and the worker (`prism.runtime.common_start`).
 """
@@ -224,13 +226,15 @@ class TimedReplay:
             return
         while not self.stopped and not self.running.wait(0.5):
             pass
+        reached = time.monotonic_ns()
         with self.cv:
             while not self.stopped and self.pending[i] > 0:
                 self.cv.wait(0.5)
             last = int(self.acc[i])
         now = time.monotonic_ns()
         target = self.t0_ns + last
-        self.late_ns.append(max(0, now - target))
+        # the clock's own delay: the op could go at max(target, reached) but its arrival was known only now
+        self.late_ns.append(max(0, now - max(target, reached)))
         if target > now:
             time.sleep((target - now) / 1e9)
 
