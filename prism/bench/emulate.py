@@ -137,18 +137,21 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
     iteration_ns = float(tl.end_ns.max()) / iterations
     return {"W": w, "layout": f"tp{layout.tp}·pp{layout.pp}·dp{layout.dp}·ep{layout.ep}", "sandbox": sandbox,
             "events": n, "cone_live_events": live, "virtual_events": total, "real_comms": len(real),
-            "setup_s": replay.setup_s, "kernel_s": replay.kernel_s, "kernel_s_per_iteration": replay.kernel_s / iterations,
+            "setup_s": replay.setup_s, "setup_cpu_s": replay.setup_cpu_s, "kernel_s": replay.kernel_s,
+            "kernel_s_per_iteration": replay.kernel_s / iterations, "kernel_cpu_s": replay.kernel_cpu_s,
+            "kernel_cpu_s_per_iteration": replay.kernel_cpu_s / iterations,
             "modelled_iteration_s": iteration_ns / 1e9, "arrivals_off_calibrated": len(wrong)}
 
 
 def synthetic_table(rows: list[dict]) -> str:
     lines = ["prism bench emulate --synthetic: the timed replay alone (no capture), one sandbox rank",
              f"{'W':>5} {'layout':<18} {'events':>10} {'cone (live/virtual)':>26} {'real ops':>8} {'set-up s':>8} "
-             f"{'kernel ms/iter':>14} {'modelled ms/iter':>16} {'arrivals off':>12}"]
+             f"{'(CPU s)':>7} {'kernel ms/iter':>14} {'(CPU ms)':>8} {'modelled ms/iter':>16} {'arrivals off':>12}"]
     for r in rows:
         lines.append(f"{r['W']:>5} {r['layout']:<18} {r['events']:>10,} {_cone(r):>26} {r['real_comms']:>8} "
-                     f"{r['setup_s']:8.2f} {1e3 * r['kernel_s_per_iteration']:14.2f} "
-                     f"{1e3 * r['modelled_iteration_s']:16.2f} {r['arrivals_off_calibrated']:>12}")
+                     f"{r['setup_s']:8.2f} {r['setup_cpu_s']:7.2f} {1e3 * r['kernel_s_per_iteration']:14.2f} "
+                     f"{1e3 * r['kernel_cpu_s_per_iteration']:8.2f} {1e3 * r['modelled_iteration_s']:16.2f} "
+                     f"{r['arrivals_off_calibrated']:>12}")
     return "\n".join(lines)
 
 
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", help="SPEC (default: the stage's, one rank of the last pipeline stage)")
     parser.add_argument("--out", type=Path, help="folder for the jobs (default: a temporary one, removed)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --out: emulate the calibrated jobs a previous run left there again (no capture)")
     parser.add_argument("--synthetic", action="store_true",
                         help="time the timed replay alone on synthetic calibrated jobs (powers of two; no capture)")
     args = parser.parse_args(argv)
@@ -202,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.synthetic:
         return _main_synthetic(args, sizes, argv)
+    if args.reuse and args.out is None:
+        print("prism bench emulate: --reuse needs --out DIR (the folder of a previous run)", file=sys.stderr)
+        return 2
     bad = [s for s in sizes if s not in LAYOUTS]
     if bad:
         print(f"prism bench emulate: no layout for W={bad}; choose from {sorted(LAYOUTS)}", file=sys.stderr)
@@ -210,8 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for w in sizes:
-            print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
-            job = prepare(w, args.devices, args.steps, work)
+            job = work / f"w{w}"
+            if args.reuse and (job / "calibrated" / "timeline.parquet").is_file():
+                print(f"  W={w}: reusing the calibrated job {job}", file=sys.stderr, flush=True)
+            else:
+                print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
+                job = prepare(w, args.devices, args.steps, work)
             print(f"  W={w}: emulate ...", file=sys.stderr, flush=True)
             row = dict(emulate_once(job, args.sandbox, args.devices), layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]),
                        host=_host())
