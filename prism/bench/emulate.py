@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", help="SPEC (default: the stage's, one rank of the last pipeline stage)")
     parser.add_argument("--out", type=Path, help="folder for the jobs (default: a temporary one, removed)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                        help="print the tables of JSON files written by --json, run nothing")
     parser.add_argument("--reuse", action="store_true",
                         help="with --out: emulate the calibrated jobs a previous run left there again (no capture)")
     parser.add_argument("--synthetic", action="store_true",
@@ -205,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"prism bench emulate: --sizes {args.sizes!r}: comma-separated numbers", file=sys.stderr)
         return 2
+    if args.summarize:
+        return summarize(args.summarize)
     if args.synthetic:
         return _main_synthetic(args, sizes, argv)
     if args.reuse and args.out is None:
@@ -241,6 +245,23 @@ def main(argv: list[str] | None = None) -> int:
             _write_json(args.json, argv, {"devices": args.devices, "steps": args.steps, "rows": rows})
     print()
     print(table(rows, args.devices, args.steps))
+    return 0
+
+
+def summarize(paths: list[Path]) -> int:
+    """The tables of saved runs (``--json``), each under the command that made it."""
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+            rows = doc["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"prism bench emulate --summarize: {path}: not a --json file of this bench ({exc})",
+                  file=sys.stderr)
+            return 2
+        loads = sorted({round(r["host"]["loadavg"][0], 1) for r in rows if "host" in r})
+        print(f"{path}: {doc.get('command')} (1-min load average during the rows: {loads})")
+        print(synthetic_table(rows) if doc.get("synthetic") else table(rows, doc.get("devices"), doc.get("steps")))
+        print()
     return 0
 
 

@@ -38,6 +38,8 @@ def test_synthetic_timed_replay_writes_json(tmp_path):
     assert doc["command"].startswith("prism bench emulate --synthetic") and row["W"] == 16
     assert row["arrivals_off_calibrated"] == 0 and 0 < row["cone_live_events"] <= row["virtual_events"]
     assert proc.stdout.strip().splitlines()[-1].split()[0] == "16"
+    again = run_prism(["bench", "emulate", "--summarize", str(out)], timeout=60)  # the table from the JSON alone
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == proc.stdout.strip().splitlines()[-1]
 
 
 def test_reuse_needs_out():
