@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
                 job = prepare(w, args.devices, args.steps, work)
             print(f"  W={w}: emulate ...", file=sys.stderr, flush=True)
-            row = dict(emulate_once(job, args.sandbox, args.devices), layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]),
-                       host=_host())
+            row = dict(emulate_once(job, args.sandbox, args.devices),
+                       layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), host=_host())
             rows.append(row)
             print("  " + json.dumps(row), file=sys.stderr, flush=True)
             if args.out is None:

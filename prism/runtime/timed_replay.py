@@ -170,7 +170,8 @@ class TimedReplay:
         self.iteration_of[job.comm[sb]] = job.iteration[sb]
         todo = self.iteration_of[self.driven_mask]
         self.iterations = sorted(set(todo.tolist()))
-        self.left_in_iteration = defaultdict(int, {int(k): int(v) for k, v in zip(*np.unique(todo, return_counts=True))})
+        counts = zip(*np.unique(todo, return_counts=True))
+        self.left_in_iteration = defaultdict(int, {int(k): int(v) for k, v in counts})
         self.progress = progress  # (iteration, iterations done, of, seconds since t0), once per iteration
         self.iterations_done = 0
         self.completed = np.zeros(m, dtype=bool)

@@ -264,7 +264,8 @@ def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
     # on the same clock: the live events end after the first real op, which completed after rank 3 arrived
     # (each virtual rank's first live event is its wait on that op, which starts at its calibrated time)
     assert min(r["t_end_ns"] for r in replayed) - t0 >= arrive3
-    firsts = [min((r for r in replayed if r["rank"] == v), key=lambda r: r["seq"]) for v in {r["rank"] for r in replayed}]
+    firsts = [min((r for r in replayed if r["rank"] == v), key=lambda r: r["seq"])
+              for v in {r["rank"] for r in replayed}]
     assert all(r["kind"] == "wait" for r in firsts), firsts
     assert all(r["t_start_ns"] - t0 < arrive3 for r in firsts if r["rank"] != 3), firsts
     assert "[prism] emulation: iteration 0 emulated (1/1)" in proc.stderr
