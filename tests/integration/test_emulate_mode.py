@@ -268,4 +268,6 @@ def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
               for v in {r["rank"] for r in replayed}]
     assert all(r["kind"] == "wait" for r in firsts), firsts
     assert all(r["t_start_ns"] - t0 < arrive3 for r in firsts if r["rank"] != 3), firsts
+    calibrated = {(t["rank"], t["seq"]): t["start_ns"] for t in rows}  # each at its calibrated time, from t0
+    assert all(r["t_start_ns"] - t0 == calibrated[(r["rank"], r["seq"])] for r in firsts), firsts
     assert "[prism] emulation: iteration 0 emulated (1/1)" in proc.stderr
