@@ -255,6 +255,7 @@ def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
     assert meta["emulation"]["timed"]
     cone = meta["emulation"]["cone"]
     assert 0 < cone["cone_live_events"] < cone["virtual_events"] and cone["real_comms_gated"] > 0
+    assert cone["gate_late_max_ms"] < 1000  # the clock itself held no op (a kernel compiled after t0 did, 7 s)
     sandbox = _stream(job / "timed" / "raw" / "rank=1" / "events.arrow")
     assert sandbox[0]["t_start_ns"] == t0  # the sandbox's timeline starts at the common start
     first_wait = next(r for r in sandbox if r["kind"] == "wait")
