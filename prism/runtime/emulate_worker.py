@@ -27,6 +27,8 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import emulation, shm, timed_replay
+from prism.runtime.common_start import common_start
+from prism.runtime.cone import ConeError
 from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
@@ -173,6 +175,19 @@ class EmulationWorker(ReplayServer):
         self.state[name] = "done"
 
 
+def progress_reporter(status_dir: Path):
+    """The timed replay's progress: a line per emulated iteration on the worker's stderr (the launcher
+    forwards it) and `status_dir/emulate.progress` (JSON: iteration done, iterations, seconds since t0),
+    replaced atomically, for a launcher's progress bar."""
+    def report(iteration: int, done: int, iterations: int, t_s: float) -> None:
+        print(f"[prism] emulation: iteration {iteration} emulated ({done}/{iterations}), {t_s:.2f} s since the "
+              "common start", file=sys.stderr, flush=True)
+        tmp = status_dir / "emulate.progress.tmp"
+        tmp.write_text(json.dumps({"iteration": iteration, "done": done, "iterations": iterations, "t_s": t_s}))
+        tmp.replace(status_dir / "emulate.progress")
+    return report
+
+
 def serve(spec: dict) -> int:
     """The worker's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM."""
     stop = threading.Event()
@@ -192,9 +207,24 @@ def serve(spec: dict) -> int:
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     found = timed_replay.find_artifacts(capture)
     if found is not None:
-        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"))
-    t0_ns = time.monotonic_ns()
+        try:
+            worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
+                                                    progress=progress_reporter(status_dir))
+        except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
+            print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
+                  file=sys.stderr, flush=True)
+            return 1
     threads = worker.start()
+    try:  # the common start: the sandbox ranks meet the worker at their first process group
+        t0_ns = common_start(_PollingStore(worker.store, worker._store_lock), len(spec["ranks"]) + 1,
+                             timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+                             stopped=lambda: stop.is_set() or bool(worker.errors))
+    except (InterruptedError, TimeoutError) as exc:
+        why = "; ".join(worker.errors) or str(exc)
+        print(f"[prism] emulation worker stopped before the common start: {why}", file=sys.stderr, flush=True)
+        if worker.timed is not None:
+            worker.timed.stop()
+        return 1
     loop = None
     if worker.timed is not None:
         loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
@@ -226,7 +256,9 @@ def serve(spec: dict) -> int:
         with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
         (folder / "events.arrow.tmp").replace(folder / "events.arrow")
-    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
+    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": worker.timed.events_run if timed else 0,
+               "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
+               "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
                "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned,

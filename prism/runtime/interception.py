@@ -75,6 +75,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     elif kind == "emulate":
         from prism.runtime.emulation import EmulateTransport
 
+        _common_start(dist_opts.store, rec)
         transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
     else:
         args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
@@ -92,6 +93,18 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
     return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                              backend_name=real)
+
+
+def _common_start(store, rec: Recorder | None) -> None:
+    """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
+    timeline starts at their common t0 (`timed_replay.common_start`)."""
+    if _state.get("t0_ns") is None:
+        from prism.runtime.emulation import sandbox_ranks
+        from prism.runtime.common_start import common_start
+
+        _state["t0_ns"] = common_start(job_store(store), len(sandbox_ranks()) + 1)
+        if rec is not None:
+            rec.resync(_state["t0_ns"])
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:

@@ -517,7 +517,7 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "worker_bytes_sent": replay.get("bytes_sent", 0),
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
         "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
-        "replayed_events": replay.get("replayed_events", 0),
+        "replayed_events": replay.get("replayed_events", 0), "cone": replay.get("cone"),
     }
 
 

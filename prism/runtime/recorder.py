@@ -197,9 +197,10 @@ class Recorder:
     def last_end_ns(self) -> int:
         return self._last_end_wall
 
-    def resync(self) -> None:
-        """Forget the time since the last event (capture: the rank was parked outside any event)."""
-        self._last_end_wall, self._last_end_cpu = _wall(), _cpu()
+    def resync(self, wall_ns: int | None = None) -> None:
+        """Forget the time since the last event (capture: the rank was parked outside any event); `wall_ns`:
+        the next event starts then (emulate: at the common start t0) instead of now."""
+        self._last_end_wall, self._last_end_cpu = _wall() if wall_ns is None else wall_ns, _cpu()
         self._last_end_thread = threading.get_ident()
         if self._clock is not None:
             self._last_end_event = self._clock.mark()
