@@ -70,6 +70,7 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         # one group (the world): one compensator per run of virtual ranks in the worker
         assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
         assert emu["communicators"] == 2 + len(ranks)
+        assert emu["bytes_moved"] == _protocol_bytes(job, sandbox)
         pool = emu["prefetch"]  # default pool: every payload the worker sends went through it, within capacity
         assert pool["prefetch_mb"] == 256 and pool["loaded"] + pool["direct"] == 6 * (4 - len(ranks))
         assert 0 < pool["peak_bytes"] <= pool["capacity_bytes"]
@@ -77,6 +78,23 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
         assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
             _results(cap.stdout, {min(ranks)})
+
+
+def _protocol_bytes(job, sandbox: str) -> int:
+    """The tensor bytes the pruned protocol moves for reduction_order.py at W=4 (hand-counted; f32, 4096
+    elements = 16384 B, a reduce_scatter chunk 4096 B, the last all_gather n elements per member).
+    Sandbox 1: participants 0 -> 1 -> [2 3]: each all_reduce 3 tensors (0->1, 1->[2 3], result back),
+    each reduce_scatter 3 chunks of rank 1, the reduce to virtual rank 0 nothing, the all_gather 3 members'
+    n floats. (Without pruning, 0 -> 1 and 2, 3 send their parts to 1: the same bytes.)
+    Sandbox 0,2: 0 -> [1] -> 2 <- [3] (the trailing single member sends its part), result 2 -> 0: each
+    all_reduce and the reduce to 0 4 tensors, each reduce_scatter three stacks of the 2 sandbox chunks
+    and rank 0's chunk, the all_gather 3 members' n floats to each of the two."""
+    ev = _stream(job / "capture" / "raw" / "rank=1" / "events.arrow")
+    n = next(r["bytes"] for r in ev if r["op"] == "all_gather") // 4
+    if sandbox == "1":
+        return 2 * 3 * 16384 + 2 * 3 * 4096 + 0 + 3 * n * 4
+    assert sandbox == "0,2"
+    return 2 * 4 * 16384 + 2 * (3 * 8192 + 4096) + 4 * 16384 + 2 * 3 * n * 4
 
 
 def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
@@ -88,6 +106,7 @@ def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
     assert _results(proc.stdout) == _results(cap.stdout, {1})
     emu = _meta(job, "emu_np")["emulation"]
     assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+    assert emu["bytes_moved"] == _protocol_bytes(job, "1")  # here the same bytes: see _protocol_bytes
     assert emu["prefetch"]["stalls"] == emu["prefetch"]["direct"] == 18 and emu["prefetch"]["peak_bytes"] == 0
 
 
