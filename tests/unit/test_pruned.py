@@ -99,13 +99,15 @@ def test_missing_contribution_is_named():
 
 def test_pruning_bench_table(capsys):
     from prism.bench import pruning
-    assert pruning.main(["--sizes", "2,8", "--sandbox", "1,2"]) == 0
+    assert pruning.main(["--protocol", "--sizes", "2,8", "--sandbox", "1,2"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert len(rows) == 2 * 2 * 3
     # n=8, s=2 first: participants 0, 1, [2..7]; links 0->1, 1->2 and the result 2->0, 2->1: 4 S; ring 14 S
     assert ["8", "2", "first", "3", "14", "4", "14", "0.286"] in rows
     with pytest.raises(SystemExit):
-        pruning.main(["--sizes", "1"])
+        pruning.main(["--protocol", "--sizes", "1"])
+    with pytest.raises(SystemExit):
+        pruning.main(["--sizes", "6"])  # emulations: W a multiple of 4
 
 
 # -- the plan: hand-counted messages of the cases the runtime meets ----------------------------------------------
