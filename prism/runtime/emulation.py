@@ -359,12 +359,44 @@ class EmulateTransport(CaptureTransport):
         return self.pg.recv(list(tensors), self.host[self.members[src]], p2p_tag(tag, self.n, src, self.me))
 
     def _recv_anysource(self, work_id, op, tensors, tag):
-        """Only where one source is possible (a group of two): a recv from that member."""
-        if self.n != 2:
-            raise EmulationError(f"prism emulate replays a recv from any source only in groups of two (group "
-                                 f"{self.group} has {self.n} members); name the source rank in the program")
-        src = 1 - self.me
+        """A recv from any source takes its message from the sender the capture paired it with (the k-th
+        such recv of this group and tag on this rank received from the k-th recorded peer): the emulated
+        job's arrival order is the graph's, as the virtual senders replay it."""
+        k = self.received_any.get(tag, 0)
+        self.received_any[tag] = k + 1
+        rank = self.members[self.me]
+        peers = anysource_peers(rank).get((self.group, tag), [])
+        if k >= len(peers):
+            raise EmulationError(f"rank {rank}: recv from any source #{k} of group {self.group} tag {tag} has no "
+                                 f"counterpart in the capture ({len(peers)} there): the sandbox departs from its "
+                                 "capture; capture again with the same program")
+        src = self.members.index(peers[k])
         return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
+
+
+_ANYSOURCE: dict[int, dict] = {}
+
+
+def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
+    """The senders (global ranks) the capture recorded for `rank`'s recvs from any source, in program
+    order, by (group, tag)."""
+    if rank not in _ANYSOURCE:
+        import pyarrow as pa
+        import pyarrow.ipc  # noqa: F401  (pa.ipc)
+
+        from prism import schemas
+
+        path = Path(os.environ["PRISM_CAPTURE"]) / "raw" / f"rank={rank}" / "events.arrow"
+        with pa.OSFile(str(path)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]
+                for c in ("kind", "op", "group", "tag", "peer", "seq")]
+        found: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for kind, op, group, tag, peer, seq in zip(*(c.to_pylist() for c in cols)):
+            if kind == schemas.KIND_RECV and op == schemas.OP_RECV_ANYSOURCE:
+                found.setdefault((group, tag), []).append((seq, peer))
+        _ANYSOURCE[rank] = {key: [p for _, p in sorted(v)] for key, v in found.items()}
+    return _ANYSOURCE[rank]
 
 
 def write_rank_stats(rank: int) -> None:
