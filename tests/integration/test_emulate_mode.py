@@ -144,24 +144,28 @@ def test_changed_contribution_is_folded_live(tmp_path):
     assert got["step=1"] != want["step=1"]
 
 
-@pytest.mark.parametrize("name", ["alltoall", "ddp"])
-def test_public_api_program_repeats_the_capture(tmp_path, name):
-    """Public-API programs, W=2, rank 1 in the sandbox: the all-to-all program (uneven all_to_all_single,
-    recv from any source, async ops) and DDP (bucketed gradient all-reduces through futures, SGD then
-    AdamW) print what rank 1 printed in the capture, and what plain torchrun prints."""
+PUBLIC_API = [  # program, arguments, sandbox
+    ("ddp", [], "1,2"),  # bucketed gradient all-reduces through futures; two sandbox members in one chain
+    ("fsdp2", [], "0,3"),  # all_gather_into_tensor / reduce_scatter_tensor (coalesced), both ends of the ring
+    ("dtensor_tp", [], "1"),  # DTensor redistributions: all_reduce, all_gather_into_tensor
+    ("pipelining", ["--schedule", "both"], "3"),  # the last stage: p2p with a virtual stage, the losses
+    ("alltoall", [], "0"),  # uneven all_to_all_single, every collective async, recv from any source of 3
+]
+
+
+@pytest.mark.parametrize("name, args, sandbox", PUBLIC_API, ids=[c[0] for c in PUBLIC_API])
+def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
+    """(a) for the public-API programs at W=4: the sandbox ranks print, bitwise, what they printed in the
+    capture (losses, gradient norms, parameters' checksums, collective outputs)."""
     job = tmp_path / "job"
-    prog = [str(PROGRAMS / f"{name}.py")]
-    cap = _capture(job, 2, prog)
-    proc = _emulate(job, 2, "1", prog)
+    prog = [str(PROGRAMS / f"{name}.py"), *args]
+    cap = _capture(job, 4, prog, devices=2)
+    proc = _emulate(job, 4, sandbox, prog)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _results(proc.stdout) == _results(cap.stdout, {1}) and _results(proc.stdout)
-    ref = run_torchrun(2, prog)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = _results(ref.stdout, {1})
-    assert len(want) == len(_results(proc.stdout))
-    for a, b in zip(_results(proc.stdout), want):  # two members: prism's sum is gloo's, so 1e-5 is loose
-        ta, tb = a.split(), b.split()
-        assert len(ta) == len(tb) and all(x == y or _close(float(x), float(y)) for x, y in zip(ta, tb)), (a, b)
+    ranks = {int(r) for r in sandbox.split(",")}
+    got = _results(proc.stdout)
+    assert got == _results(cap.stdout, ranks) and got
+    assert {int(line.split()[2]) for line in got} == ranks  # every sandbox rank printed
 
 
 def _close(a: float, b: float, rel: float = 1e-5) -> bool:
