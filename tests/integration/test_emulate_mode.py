@@ -201,7 +201,7 @@ def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandb
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
 
 
-def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
     traceback named, the worker is stopped too, and nothing is published under OUT."""
     import time
@@ -218,6 +218,18 @@ def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     assert not (out / "raw").exists() and not (out / "logs").exists()
     assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # a failed run removes
     # the --out folder it created
+    # a sandbox whose communication departs in size (rank 2's step-1 all_reduce twice as long): stopped
+    # before the op reaches the worker, naming the rank, the op here and in the capture with their sequence
+    # numbers (program-order index, group_seq, capture seq) and both sizes
+    started = time.monotonic()
+    proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--grow-rank", "2"], out="grown")
+    assert proc.returncode != 0
+    assert re.search(r"prism emulate: rank 2 diverged from its capture: its op #1 \(seq \d+ in the capture\) is "
+                     r"\[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=8192\] here "
+                     r"but \[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=4096\] in "
+                     r"the capture", proc.stderr), proc.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    assert not (scaled / "grown").exists()
 
 
 def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_path):
