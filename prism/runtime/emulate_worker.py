@@ -3,8 +3,8 @@
 It reads the capture's plan (`replay.load_plan`), creates the compensators of each group that holds a
 sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one
 per virtual member), and replays: per group one thread takes the group's collectives in `group_seq` order
-and exchanges, for every compensator at once, its run's recorded contributions with the sandbox members
-(`emulation.issue_exchange`); per message channel between a sandbox rank and a virtual one, one thread
+and runs, for each compensator in group order, its part of the pruned protocol (`pruned.run` over its
+run's recorded contributions); per message channel between a sandbox rank and a virtual one, one thread
 sends the recorded payloads or receives the sandbox's messages. Payloads are read a few ahead of use.
 
 When everything is replayed it writes `status_dir/replay.done` (its numbers for meta.json) and waits to be
