@@ -95,8 +95,8 @@ COLL_TAG = 1 << 30  # gloo tags of the collectives' messages (p2p tags stay far 
 
 
 class GlooWire:
-    """`pruned.run`'s wire over one participant's gloo instance: a message is its size, then its blob
-    (`encode_parts`); sends are asynchronous until `flush`. Counts the tensor bytes it sends (`bytes`, what
+    """`pruned.run`'s wire over one participant's gloo instance: a message of parts is its size, then its
+    blob (`encode_parts`); a reduction's tensors go bare; sends are asynchronous until `flush`. Counts the tensor bytes it sends (`bytes`, what
     the protocol's plan moves) and the blobs' framing apart."""
 
     def __init__(self, pg: ProcessGroupGloo | None) -> None:
@@ -114,6 +114,23 @@ class GlooWire:
         self.bytes += payload
         self.framing += len(blob) - payload
         self.sends += 1
+
+    def send_tensors(self, dst: int, tensors) -> None:
+        """A reduction's tensors, one gloo message each (the receiver knows their shapes): no header."""
+        for j, t in enumerate(tensors):
+            if not t.numel():  # nothing to send (the receiver knows it is empty)
+                continue
+            data = t.detach().contiguous().cpu()
+            self.keep.append(data)
+            self.works.append(self.pg.send([data], dst, COLL_TAG + 2 + j))
+            self.bytes += data.numel() * data.element_size()
+        self.sends += 1
+
+    def recv_tensors(self, src: int, like) -> list[torch.Tensor]:
+        bufs = [torch.empty(t.shape, dtype=t.dtype) for t in like]
+        for w in [self.pg.recv([b], src, COLL_TAG + 2 + j) for j, b in enumerate(bufs) if b.numel()]:
+            w.wait()
+        return bufs
 
     def recv(self, src: int) -> dict:
         size = torch.empty(1, dtype=torch.int64)

@@ -157,11 +157,17 @@ class Protocol:
 
 
 class Transport(_Interface):
-    """What `run` needs from the wire: sends may be asynchronous, `recv` blocks."""
+    """What `run` needs from the wire: sends may be asynchronous, receives block. `send`/`recv` carry
+    members' parts with their metadata (sizes unknown to the receiver); `send_tensors`/`recv_tensors`
+    carry a reduction's tensors, whose dtypes and shapes the receiver knows (`like`): no header."""
 
     def send(self, dst: int, parts: list[tuple[int, dict, list[torch.Tensor]]]) -> None: ...
 
     def recv(self, src: int) -> dict[int, Part]: ...
+
+    def send_tensors(self, dst: int, tensors: list[torch.Tensor]) -> None: ...
+
+    def recv_tensors(self, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
 def _fold_into(acc, op: RedOp, views: list[list[torch.Tensor]]):
@@ -205,16 +211,20 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
             result = [comp.finish(op, t, p.n) for t in folded]
         return result
 
+    width = len(views[0]) if views else 0  # tensors per member in a reduction
     for link in p.links:
         if link.src == me:
             dst_pos = p.runs[link.dst][0]
             if link.what == "acc":
-                out = [(-1, {}, _fold_into(acc, op, views))]
-            elif link.what == "result":
-                out = [(-1, {}, p.chunk(finished(), dst_pos))]
-            elif link.what == "parts" and reduction:
-                out = [(pos, {}, v) for pos, v in zip(mine, views)]
-            elif link.what == "parts":
+                wire.send_tensors(link.dst, _fold_into(acc, op, views))
+                continue
+            if link.what == "result":
+                wire.send_tensors(link.dst, p.chunk(finished(), dst_pos))
+                continue
+            if link.what == "parts" and reduction:
+                wire.send_tensors(link.dst, [t for v in views for t in v])
+                continue
+            if link.what == "parts":
                 out = [(pos, *own[pos]) for pos in mine]
             elif link.what == "root":
                 meta, ts = own[p.root]
@@ -225,15 +235,15 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
                 out = []
             wire.send(link.dst, out)
         elif link.dst == me:
-            data = wire.recv(link.src)
             if link.what == "acc":
-                acc = here(data[-1][1])
+                acc = here(wire.recv_tensors(link.src, views[0]))
             elif link.what == "result":
-                result = data[-1][1]
+                result = wire.recv_tensors(link.src, p.chunk(views[0], p.runs[me][0]))
             elif link.what == "parts" and reduction:
-                trailing += [here(data[pos][1]) for pos in p.runs[link.src]]
+                flat = here(wire.recv_tensors(link.src, views[0] * len(p.runs[link.src])))
+                trailing += [flat[k:k + width] for k in range(0, len(flat), width)]
             else:
-                got.update(data)
+                got.update(wire.recv(link.src))
     position = p.runs[me][0]
     if position not in p.need or p.parts[me][1] != [p.parts[me][0]] or p.parts[me][0] not in p.sandbox:
         return None
@@ -258,6 +268,14 @@ class _Queues:
 
     def recv(self, src):
         return self.boxes[(src, self.me)].get(timeout=60)
+
+    def send_tensors(self, dst, tensors) -> None:
+        self.send(dst, [(-1, {}, [t.clone() for t in tensors])])
+
+    def recv_tensors(self, src, like):
+        got = self.recv(src)[-1][1]
+        assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in like], (got, like)
+        return got
 
 
 @dataclass
