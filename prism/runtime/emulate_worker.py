@@ -3,8 +3,8 @@
 It reads the capture's plan (`replay.load_plan`), creates the compensators of each group that holds a
 sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one
 per virtual member), and replays: per group one thread takes the group's collectives in `group_seq` order
-and exchanges, for every compensator at once, its run's recorded contributions with the sandbox members
-(`emulation.issue_exchange`); per message channel between a sandbox rank and a virtual one, one thread
+and runs, for each compensator in group order, its part of the pruned protocol (`pruned.run` over its
+run's recorded contributions); per message channel between a sandbox rank and a virtual one, one thread
 sends the recorded payloads or receives the sandbox's messages. Payloads are read a few ahead of use.
 
 When everything is replayed it writes `status_dir/replay.done` (its numbers for meta.json) and waits to be
@@ -26,9 +26,10 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import emulation, shm, timed_replay
+from prism.runtime import emulation, pruned, shm, timed_replay
 from prism.runtime.common_start import common_start
 from prism.runtime.cone import ConeError
+from prism.runtime.semantics import RedOp
 from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
@@ -131,17 +132,19 @@ class EmulationWorker(ReplayServer):
         def load(c: Collective):
             return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
 
-        pgs = [self.pgs[group][r] for _, r, _ in comps]
-        indices = [i for i, _, _ in comps]
+        wires = {i: emulation.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
         sandbox = set(self.plan.slice_ranks)
-        receivers = [i for i, (r, _) in enumerate(self.parts[group]) if r in sandbox]
+        pos = {m: k for k, m in enumerate(members)}
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
-            blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
-                     for _, _, run in comps]
+            proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
+            red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             self._gate(comm)
-            emulation.issue_exchange(pgs, indices, blobs, receivers)
+            for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before
+                pruned.run(proto, i, {pos[v]: recorded[v] for v in run if v in recorded}, wires[i], red)
+            for wire in wires.values():
+                wire.flush()
             self._done(comm)
             self.ops += 1
         self.state[name] = "done"
@@ -167,7 +170,8 @@ class EmulationWorker(ReplayServer):
             self._gate(comm)
             if sending:
                 pg.send(list(ts), host[ch.dst], tag).wait()
-                emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
+                with emulation._STATS_LOCK:
+                    emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:
                 pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
             self._done(comm)
@@ -260,7 +264,9 @@ def serve(spec: dict) -> int:
                "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
                "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
-               "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
+               "bytes_sent": emulation._STATS["bytes_sent"],
+               "framing_bytes": emulation._STATS["framing_bytes"],
+               "collective_messages": emulation._STATS["collective_messages"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned,
                "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
     tmp = status_dir / "replay.done.tmp"

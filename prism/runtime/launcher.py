@@ -515,6 +515,9 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "bytes_moved": sum(r["bytes_sent"] for r in ranks) + replay.get("bytes_sent", 0),
         "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
         "worker_bytes_sent": replay.get("bytes_sent", 0),
+        "framing_bytes": sum(r.get("framing_bytes", 0) for r in ranks) + replay.get("framing_bytes", 0),
+        "collective_messages": sum(r.get("collective_messages", 0) for r in ranks)
+        + replay.get("collective_messages", 0),
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
         "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
         "replayed_events": replay.get("replayed_events", 0), "cone": replay.get("cone"),

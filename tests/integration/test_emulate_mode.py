@@ -70,6 +70,7 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         # one group (the world): one compensator per run of virtual ranks in the worker
         assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
         assert emu["communicators"] == 2 + len(ranks)
+        assert emu["bytes_moved"] == _protocol_bytes(job, sandbox)
         pool = emu["prefetch"]  # default pool: every payload the worker sends went through it, within capacity
         assert pool["prefetch_mb"] == 256 and pool["loaded"] + pool["direct"] == 6 * (4 - len(ranks))
         assert 0 < pool["peak_bytes"] <= pool["capacity_bytes"]
@@ -77,6 +78,23 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
         assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
             _results(cap.stdout, {min(ranks)})
+
+
+def _protocol_bytes(job, sandbox: str) -> int:
+    """The tensor bytes the pruned protocol moves for reduction_order.py at W=4 (hand-counted; f32, 4096
+    elements = 16384 B, a reduce_scatter chunk 4096 B, the last all_gather n elements per member).
+    Sandbox 1: participants 0 -> 1 -> [2 3]: each all_reduce 3 tensors (0->1, 1->[2 3], result back),
+    each reduce_scatter 3 chunks of rank 1, the reduce to virtual rank 0 nothing, the all_gather 3 members'
+    n floats. (Without pruning, 0 -> 1 and 2, 3 send their parts to 1: the same bytes.)
+    Sandbox 0,2: 0 -> [1] -> 2 <- [3] (the trailing single member sends its part), result 2 -> 0: each
+    all_reduce and the reduce to 0 4 tensors, each reduce_scatter three stacks of the 2 sandbox chunks
+    and rank 0's chunk, the all_gather 3 members' n floats to each of the two."""
+    ev = _stream(job / "capture" / "raw" / "rank=1" / "events.arrow")
+    n = next(r["bytes"] for r in ev if r["op"] == "all_gather") // 4
+    if sandbox == "1":
+        return 2 * 3 * 16384 + 2 * 3 * 4096 + 0 + 3 * n * 4
+    assert sandbox == "0,2"
+    return 2 * 4 * 16384 + 2 * (3 * 8192 + 4096) + 4 * 16384 + 2 * 3 * n * 4
 
 
 def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
@@ -88,6 +106,7 @@ def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
     assert _results(proc.stdout) == _results(cap.stdout, {1})
     emu = _meta(job, "emu_np")["emulation"]
     assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+    assert emu["bytes_moved"] == _protocol_bytes(job, "1")  # here the same bytes: see _protocol_bytes
     assert emu["prefetch"]["stalls"] == emu["prefetch"]["direct"] == 18 and emu["prefetch"]["peak_bytes"] == 0
 
 
@@ -125,24 +144,28 @@ def test_changed_contribution_is_folded_live(tmp_path):
     assert got["step=1"] != want["step=1"]
 
 
-@pytest.mark.parametrize("name", ["alltoall", "ddp"])
-def test_public_api_program_repeats_the_capture(tmp_path, name):
-    """Public-API programs, W=2, rank 1 in the sandbox: the all-to-all program (uneven all_to_all_single,
-    recv from any source, async ops) and DDP (bucketed gradient all-reduces through futures, SGD then
-    AdamW) print what rank 1 printed in the capture, and what plain torchrun prints."""
+PUBLIC_API = [  # program, arguments, sandbox
+    ("ddp", [], "1,2"),  # bucketed gradient all-reduces through futures; two sandbox members in one chain
+    ("fsdp2", [], "0,3"),  # all_gather_into_tensor / reduce_scatter_tensor (coalesced), both ends of the ring
+    ("dtensor_tp", [], "1"),  # DTensor redistributions: all_reduce, all_gather_into_tensor
+    ("pipelining", ["--schedule", "both"], "3"),  # the last stage: p2p with a virtual stage, the losses
+    ("alltoall", [], "0"),  # uneven all_to_all_single, every collective async, recv from any source of 3
+]
+
+
+@pytest.mark.parametrize("name, args, sandbox", PUBLIC_API, ids=[c[0] for c in PUBLIC_API])
+def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
+    """(a) for the public-API programs at W=4: the sandbox ranks print, bitwise, what they printed in the
+    capture (losses, gradient norms, parameters' checksums, collective outputs)."""
     job = tmp_path / "job"
-    prog = [str(PROGRAMS / f"{name}.py")]
-    cap = _capture(job, 2, prog)
-    proc = _emulate(job, 2, "1", prog)
+    prog = [str(PROGRAMS / f"{name}.py"), *args]
+    cap = _capture(job, 4, prog, devices=2)
+    proc = _emulate(job, 4, sandbox, prog)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _results(proc.stdout) == _results(cap.stdout, {1}) and _results(proc.stdout)
-    ref = run_torchrun(2, prog)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = _results(ref.stdout, {1})
-    assert len(want) == len(_results(proc.stdout))
-    for a, b in zip(_results(proc.stdout), want):  # two members: prism's sum is gloo's, so 1e-5 is loose
-        ta, tb = a.split(), b.split()
-        assert len(ta) == len(tb) and all(x == y or _close(float(x), float(y)) for x, y in zip(ta, tb)), (a, b)
+    ranks = {int(r) for r in sandbox.split(",")}
+    got = _results(proc.stdout)
+    assert got == _results(cap.stdout, ranks) and got
+    assert {int(line.split()[2]) for line in got} == ranks  # every sandbox rank printed
 
 
 def _close(a: float, b: float, rel: float = 1e-5) -> bool:
@@ -178,7 +201,7 @@ def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandb
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
 
 
-def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
     traceback named, the worker is stopped too, and nothing is published under OUT."""
     import time
@@ -195,6 +218,18 @@ def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     assert not (out / "raw").exists() and not (out / "logs").exists()
     assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # a failed run removes
     # the --out folder it created
+    # a sandbox whose communication departs in size (rank 2's step-1 all_reduce twice as long): stopped
+    # before the op reaches the worker, naming the rank, the op here and in the capture with their sequence
+    # numbers (program-order index, group_seq, capture seq) and both sizes
+    started = time.monotonic()
+    proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--grow-rank", "2"], out="grown")
+    assert proc.returncode != 0
+    assert re.search(r"prism emulate: rank 2 diverged from its capture: its op #1 \(seq \d+ in the capture\) is "
+                     r"\[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=8192\] here "
+                     r"but \[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=4096\] in "
+                     r"the capture", proc.stderr), proc.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    assert not (scaled / "grown").exists()
 
 
 def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_path):
