@@ -43,7 +43,29 @@ def _mib(b) -> str:
     return "n/a" if b is None or b < 0 else f"{b / 2**20:.1f} MiB"
 
 
+def oom_lines(job_dir: Path) -> list[str]:
+    """A run that ran out of device memory (`OUT/oom.json`, prism/runtime/oom.py): the finding, plainly."""
+    path = next((p for p in (job_dir / "oom.json", job_dir / "capture" / "oom.json") if p.is_file()), None)
+    if path is None:
+        return []
+    found = json.loads(path.read_text())
+    lines = [f"FINDING: the program ran out of device memory ({found['mode']} of {found['world_size']} ranks; "
+             f"exit code {found['exit_code']}; {path}):"]
+    for r in found["ooms"]:
+        size, limit = r.get("requested_bytes"), r.get("limit_bytes")
+        lines.append(f"  rank {r['rank']}: iteration {r['iteration']}, microbatch {r['microbatch']} "
+                     f"(after {r['phase']}), asked for {'?' if size is None else f'{size:,}'} bytes"
+                     + (f" with {r['reserved_bytes']:,} reserved" if r.get("reserved_bytes") is not None else "")
+                     + (f", limit {limit:,} bytes per rank" if limit else ""))
+    lines.append("This is a result about the program at this memory limit, not a failure of prism: the job "
+                 "does not fit; the stages after capture have nothing to run.")
+    return lines
+
+
 def summarize(job_dir: Path) -> str:
+    oom = oom_lines(job_dir)
+    if oom and not (job_dir / "graph" / "events.parquet").is_file():
+        return "\n".join([f"prism summary of {job_dir}", ""] + oom) + "\n"
     con = duckdb.connect()
     graph = job_dir / "graph"
     for name in ("events", "comms", "groups", "ranks"):
@@ -65,7 +87,7 @@ def summarize(job_dir: Path) -> str:
     coords = con.execute(
         "SELECT max(tp)+1, max(pp)+1, max(dp)+1, max(ep)+1, max(iterations) FROM ranks").fetchone()
     n_events = con.execute("SELECT count(*) FROM events").fetchone()[0]
-    lines = [f"prism summary of {job_dir}", ""]
+    lines = [f"prism summary of {job_dir}", ""] + oom
     dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
                  f"events: {n_events:,}, mode: {meta.get('mode', '?')}, device: {meta.get('device', '?')}")

@@ -35,7 +35,7 @@ import time
 import traceback
 from pathlib import Path
 
-from prism.runtime import watchdog
+from prism.runtime import oom, watchdog
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -136,11 +136,11 @@ def _run_rank(spec: dict, rank: int) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:
+    except BaseException as exc:
         text = traceback.format_exc()
         sys.stderr.write(text)
         Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
-        code = 1
+        code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec["status_dir"]) else 1
     if intercepted:
         try:
             interception.finish(code)
@@ -487,6 +487,9 @@ def supervise(spec: dict) -> int:
         print(f"[prism] every rank exited with code {USAGE_EXIT}: the program rejected its arguments "
               "(its message is above)", file=sys.stderr)
         return USAGE_EXIT
+    if failed is not None and failed[1] == oom.EXIT_CODE and (finding := oom.finding(spec["status_dir"])):
+        print(f"[prism] {finding} The other ranks were stopped.", file=sys.stderr)
+        return oom.EXIT_CODE
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
