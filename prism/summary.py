@@ -122,6 +122,12 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
     lines = [f"capture: {meta['world_size']} ranks on {meta.get('devices')} device slots in "
              f"{meta.get('wall_s', 0):.1f} s; {stats.get('context_switches', 0):,} context switches, "
              f"{stats.get('completed_comms', 0):,} communications completed"]
+    if stats.get("swaps_out") is not None:  # CUDA with --device-memory-gb: device state moved to host and back
+        iters = max(1, con.execute("SELECT max(iterations) FROM ranks").fetchone()[0] or 1)
+        lines.append(f"device-state swaps (CUDA checkpoint): {stats['swaps_out']} out, {stats['swaps_in']} in "
+                     f"({(stats['swaps_out'] + stats['swaps_in']) / iters:.1f} per iteration), "
+                     f"{(stats['swap_out_bytes'] + stats['swap_in_bytes']) / iters / 2**20:.1f} MiB and "
+                     f"{(stats['swap_out_s'] + stats['swap_in_s']) / iters:.2f} s per iteration")
     payloads = job_dir / "capture" / "payloads"
     if payloads.is_dir():
         files = [p.stat().st_size for p in payloads.rglob("*.bin")]

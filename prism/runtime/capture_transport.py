@@ -98,7 +98,9 @@ class CaptureClient:
     def block(self, keys: list[tuple]) -> None:
         """Give the slot back until every key completed and a slot is ours again."""
         start = time.monotonic_ns()
-        self.send(("wait", keys, time.thread_time_ns()))
+        # with the device memory this rank holds (what a swap would move; 0 before it uses CUDA)
+        held = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
+        self.send(("wait", keys, time.thread_time_ns(), held))
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
         self.blocks += 1

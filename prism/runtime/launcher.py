@@ -199,6 +199,11 @@ def validate(spec: LaunchSpec) -> None:
                               "(and run the program with CUDA tensors) or drop --device-memory-gb")
         if not spec.device_memory_gb > 0:
             raise LaunchError(f"--device-memory-gb {spec.device_memory_gb:g}: give a positive size in GiB")
+        from prism.runtime import cuda_checkpoint
+
+        why = cuda_checkpoint.probe()
+        if why is not None:
+            raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:

@@ -265,8 +265,11 @@ class _CoordinatorLink:
 
         from prism.runtime import device_state
 
-        self.devices = device_state.for_device("cpu")
-        self.coord = Coordinator(spec["nproc"], spec["devices"], sticky=self.devices.sticky)
+        # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
+        capacity = spec.get("device_memory_bytes")
+        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
+        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
+        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
         self.pids = spec["pids"]
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
@@ -281,6 +284,7 @@ class _CoordinatorLink:
         self.sel = out.sel
 
     def on_readable(self, rank: int) -> None:
+        from prism.runtime import device_state
         from prism.runtime.capture_transport import key_name
         from prism.runtime.coordinator import CaptureError
 
@@ -296,7 +300,7 @@ class _CoordinatorLink:
                 replies = self.coord.schedule()
             else:
                 replies = self.coord.handle(rank, pickle.loads(data))
-        except CaptureError as exc:
+        except (CaptureError, device_state.SwapError) as exc:
             self.error = str(exc)
             return
         for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
@@ -305,9 +309,14 @@ class _CoordinatorLink:
             except FileNotFoundError:
                 pass
         self.coord.file_moves.clear()
-        for action, victim in self.coord.device_actions:  # device state moves before anyone runs
-            getattr(self.devices, action)(self.pids[victim])
-        self.coord.device_actions.clear()
+        try:
+            for action, victim in self.coord.device_actions:  # device state moves before anyone runs
+                getattr(self.devices, action)(self.pids[victim], self.coord.footprint[victim])
+        except device_state.SwapError as exc:
+            self.error = str(exc)
+            return
+        finally:
+            self.coord.device_actions.clear()
         for peer, msg in replies:
             try:
                 self.socks[peer].send(pickle.dumps(msg))
@@ -333,7 +342,8 @@ class _CoordinatorLink:
         return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
 
     def close(self) -> None:
-        stats = self.coord.stats()
+        stats = dict(self.coord.stats(), **self.devices.stats())
+        self.devices.close()
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():
             sock.close()
