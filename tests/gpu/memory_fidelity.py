@@ -33,7 +33,7 @@ LAYOUTS = {
     "tp2-pp2": ["--tp", "2", "--pp", "2", "--microbatches", "2"],
     # bigger tensors, one pipeline stage per rank: the ranks' memory differs (the last one holds the logits)
     "pp4-big": ["--pp", "4", "--layers", "4", "--hidden", "512", "--ffn-hidden", "1024", "--heads", "8",
-                "--kv-heads", "4", "--vocab", "16384", "--seq-len", "256", "--micro-batch-size", "8",
+                "--kv-heads", "4", "--vocab", "4096", "--seq-len", "256", "--micro-batch-size", "8",
                 "--microbatches", "4"],
 }
 OOM_LAYOUT = "pp4-big"
