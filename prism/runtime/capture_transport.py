@@ -98,7 +98,9 @@ class CaptureClient:
     def block(self, keys: list[tuple]) -> None:
         """Give the slot back until every key completed and a slot is ours again."""
         start = time.monotonic_ns()
-        self.send(("wait", keys, time.thread_time_ns()))
+        # with the device memory this rank holds (what a swap would move; 0 before it uses CUDA)
+        held = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
+        self.send(("wait", keys, time.thread_time_ns(), held))
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
         self.blocks += 1
@@ -174,14 +176,16 @@ class _CaptureFuture(torch.futures.Future):
 
     def __init__(self, work: "CaptureWork") -> None:
         super().__init__()
-        self._work = work
+        self._work = work  # dropped when the op completes (no cycle keeps its tensors alive)
 
     def wait(self):
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         return super().wait()
 
     def value(self):
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         return super().value()
 
     def then(self, callback):
@@ -254,7 +258,9 @@ class CaptureWork:
         self.needs = needs  # files whose presence means the result can be computed (None: ask)
         self._complete = complete  # computes and writes this rank's outputs
         self._result = result
-        self.future: torch.futures.Future = _CaptureFuture(self)
+        # made when asked for: a work and its future refer to each other, and until a garbage collection
+        # that cycle would keep the op's tensors alive longer than the native backend does
+        self._future: _CaptureFuture | None = None
         self.completed = False
         if not keys or needs == []:
             self.finish()
@@ -272,9 +278,21 @@ class CaptureWork:
         if self._complete is not None:
             with torch.no_grad():  # a backend writes results into tensors outside autograd (leaf buffers too)
                 self._complete()
+            self._complete = None
         if self.keys:
             self.client.send(("done", self.keys))
-        self.future.set_result(self._result)
+        if self._future is not None:
+            self._future.set_result(self._result)
+            self._future._work = None
+
+    @property
+    def future(self) -> torch.futures.Future:
+        if self._future is None:
+            self._future = _CaptureFuture(self)
+            if self.completed:
+                self._future.set_result(self._result)
+                self._future._work = None
+        return self._future
 
     def wait(self, timeout=None) -> bool:
         if not self.completed:

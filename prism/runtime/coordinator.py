@@ -159,6 +159,8 @@ class Coordinator:
             return
         self._release(rank)
         self._set(rank, "exited")
+        if self.policy is not None:  # its device memory went with it
+            self.policy.forget(rank)
         rs.exit_code = code
         if code != 0:
             self.crashed = True

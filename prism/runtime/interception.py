@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_transport as capture, markers, modes, progress, watchdog
+from prism.runtime import capture_transport as capture, markers, modes, oom, progress, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
@@ -199,6 +199,7 @@ def start_rank() -> None:
     """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
     if modes.get(_state["mode"]).coordinator:
         capture.client().start()
+    oom.apply_limit()  # --rank-memory-gb: after the slot, so that CUDA starts where the rank runs
 
 
 def finish(code: int = 0) -> None:

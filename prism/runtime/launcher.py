@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, progress, run_files, watchdog
+from prism.runtime import modes, oom, progress, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -79,6 +79,8 @@ class LaunchSpec:
     force: bool = False  # --out may hold files: clear them
     progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
     hang_timeout: float | None = None  # real: seconds without a completed op before a hang is named
+    rank_memory_gb: float | None = None  # CUDA: each rank's device-memory limit (a smaller card; prism/runtime/oom.py)
+    device_memory_gb: float | None = None  # capture on CUDA: device capacity for the ranks' state (swapping)
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -92,7 +94,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
                    "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit",
-                   "--hang-timeout"):
+                   "--hang-timeout", "--rank-memory-gb", "--device-memory-gb"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -136,6 +138,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                         help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
                              f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
                              f"{watchdog.DEFAULT_TIMEOUT_S:g}; 0: never)")
+    parser.add_argument("--rank-memory-gb", type=float, default=None, metavar="G",
+                        help="CUDA: limit each rank's caching allocator to G GiB (models a smaller card); a rank "
+                             f"that runs out is reported as a finding, OUT/oom.json, exit {oom.EXIT_CODE}")
+    parser.add_argument("--device-memory-gb", type=float, default=None, metavar="G",
+                        help="capture on CUDA: device memory for the ranks' state per slot; a blocked rank's "
+                             "state goes to host memory (CUDA checkpoint) when a running rank needs the room")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
@@ -147,7 +155,8 @@ def parse(argv: list[str]) -> LaunchSpec:
                       preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
                       force=opts.force, progress=opts.progress,
                       pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
-                      hang_timeout=opts.hang_timeout)
+                      hang_timeout=opts.hang_timeout, rank_memory_gb=opts.rank_memory_gb,
+                      device_memory_gb=opts.device_memory_gb)
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
@@ -178,6 +187,25 @@ def validate(spec: LaunchSpec) -> None:
         watchdog.timeout_from_env()
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+    if spec.rank_memory_gb is not None and not spec.rank_memory_gb > 0:
+        raise LaunchError(f"--rank-memory-gb {spec.rank_memory_gb:g}: give a positive size in GiB")
+    if spec.rank_memory_gb is not None and (spec.mode == "off" or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
+        raise LaunchError("--rank-memory-gb limits each rank's CUDA caching allocator: set PRISM_DEVICE=cuda "
+                          "(and run the program with CUDA tensors) in a mode other than off, or drop it")
+    if spec.device_memory_gb is not None:
+        if spec.mode != "capture":
+            raise LaunchError(f"--device-memory-gb is the device capacity that --mode capture shares among "
+                              f"blocked ranks; --mode {spec.mode} gives every rank its own device: drop it")
+        if os.environ.get("PRISM_DEVICE", "cpu") != "cuda":
+            raise LaunchError("--device-memory-gb swaps ranks' CUDA state to host memory: set PRISM_DEVICE=cuda "
+                              "(and run the program with CUDA tensors) or drop --device-memory-gb")
+        if not spec.device_memory_gb > 0:
+            raise LaunchError(f"--device-memory-gb {spec.device_memory_gb:g}: give a positive size in GiB")
+        from prism.runtime import cuda_checkpoint
+
+        why = cuda_checkpoint.probe()
+        if why is not None:
+            raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -350,6 +378,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
             "progress": _progress_style(spec),
             "iterations": _iterations_expected(spec),
+            "device": os.environ.get("PRISM_DEVICE", "cpu"),
+            "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
         }
         if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
@@ -366,6 +396,11 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             code = _supervise_zygote(spec_file, env, signals)
         if signals.received is not None:
             code = 128 + signals.received
+        if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
+            oom.write_finding(status_dir, spec.out, {"world_size": spec.nproc, "mode": spec.mode, "run_id": run_id,
+                                                     "device": os.environ.get("PRISM_DEVICE", "cpu"),
+                                                     "command": (["-m", spec.module] if spec.module else
+                                                                 [spec.script]) + spec.args})
         if code == 0 and staging is not None:
             stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -421,6 +456,9 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
         env.pop(var, None)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
+    env.pop(oom.ENV, None)
+    if spec.rank_memory_gb is not None:
+        env[oom.ENV] = str(oom.limit_bytes(spec.rank_memory_gb))
     mode = modes.get(spec.mode)
     if mode.intercepted:
         env["PRISM_MODE"] = spec.mode

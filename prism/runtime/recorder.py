@@ -96,6 +96,7 @@ class Recorder:
         self.memory = MemoryProbe(device)
         self.iteration = 0
         self.microbatch = -1
+        self.last_marker: tuple[str | None, int] = (None, -1)  # (op, its microbatch): where the rank is
         self.closed = False
         self._clock = _DeviceClock() if device.startswith("cuda") else None
         self._last_end_wall = _wall()
@@ -208,6 +209,7 @@ class Recorder:
     def marker(self, op: str) -> None:
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
+        self.last_marker = (op, self.microbatch)
         if op == "iteration_end" and self._clock is not None:  # read the device times already known
             self._clock.resolve(self._rows, self.rank, wait=False)
         if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait

@@ -35,7 +35,7 @@ import time
 import traceback
 from pathlib import Path
 
-from prism.runtime import watchdog
+from prism.runtime import oom, watchdog
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -136,11 +136,11 @@ def _run_rank(spec: dict, rank: int) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:
+    except BaseException as exc:
         text = traceback.format_exc()
         sys.stderr.write(text)
         Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
-        code = 1
+        code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec["status_dir"]) else 1
     if intercepted:
         try:
             interception.finish(code)
@@ -265,8 +265,11 @@ class _CoordinatorLink:
 
         from prism.runtime import device_state
 
-        self.devices = device_state.for_device("cpu")
-        self.coord = Coordinator(spec["nproc"], spec["devices"], sticky=self.devices.sticky)
+        # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
+        capacity = spec.get("device_memory_bytes")
+        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
+        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
+        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
         self.pids = spec["pids"]
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
@@ -281,6 +284,7 @@ class _CoordinatorLink:
         self.sel = out.sel
 
     def on_readable(self, rank: int) -> None:
+        from prism.runtime import device_state
         from prism.runtime.capture_transport import key_name
         from prism.runtime.coordinator import CaptureError
 
@@ -296,7 +300,7 @@ class _CoordinatorLink:
                 replies = self.coord.schedule()
             else:
                 replies = self.coord.handle(rank, pickle.loads(data))
-        except CaptureError as exc:
+        except (CaptureError, device_state.SwapError) as exc:
             self.error = str(exc)
             return
         for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
@@ -305,9 +309,14 @@ class _CoordinatorLink:
             except FileNotFoundError:
                 pass
         self.coord.file_moves.clear()
-        for action, victim in self.coord.device_actions:  # device state moves before anyone runs
-            getattr(self.devices, action)(self.pids[victim])
-        self.coord.device_actions.clear()
+        try:
+            for action, victim in self.coord.device_actions:  # device state moves before anyone runs
+                getattr(self.devices, action)(self.pids[victim], self.coord.footprint[victim])
+        except device_state.SwapError as exc:
+            self.error = str(exc)
+            return
+        finally:
+            self.coord.device_actions.clear()
         for peer, msg in replies:
             try:
                 self.socks[peer].send(pickle.dumps(msg))
@@ -333,7 +342,8 @@ class _CoordinatorLink:
         return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
 
     def close(self) -> None:
-        stats = self.coord.stats()
+        stats = dict(self.coord.stats(), **self.devices.stats())
+        self.devices.close()
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():
             sock.close()
@@ -493,6 +503,9 @@ def supervise(spec: dict) -> int:
         print(f"[prism] every rank exited with code {USAGE_EXIT}: the program rejected its arguments "
               "(its message is above)", file=sys.stderr)
         return USAGE_EXIT
+    if failed is not None and failed[1] == oom.EXIT_CODE and (finding := oom.finding(spec["status_dir"])):
+        print(f"[prism] {finding} The other ranks were stopped.", file=sys.stderr)
+        return oom.EXIT_CODE
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
