@@ -450,7 +450,9 @@ def _rank_stats(raw: Path) -> dict:
         return {}
     switches = sum(r["switches"] for r in rows)
     logical = sorted(r["logical_ns"] for r in rows)
+    private = sorted(r.get("private_bytes", 0) for r in rows)
     return {
+        "rank_private_mib_median": private[len(private) // 2] / 2**20, "rank_private_mib_max": private[-1] / 2**20,
         "switch_cost_us": sum(r["switch_ns"] for r in rows) / switches / 1e3 if switches else None,
         "rank_blocks": sum(r["blocks"] for r in rows),
         "logical_s_min": logical[0] / 1e9, "logical_s_median": logical[len(logical) // 2] / 1e9,
