@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, run_files, watchdog
+from prism.runtime import limits, modes, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -275,6 +275,12 @@ def free_port() -> int:
 def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
+    mode = modes.get(spec.mode)
+    try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
+        limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
+                           run_files.SHM_ROOT if spec.mode == "capture" else None)
+    except limits.LimitError as exc:
+        raise LaunchError(str(exc)) from None
     run_id = uuid.uuid4().hex
     run_files.sweep_temporaries()
     try:
