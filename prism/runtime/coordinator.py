@@ -352,6 +352,7 @@ class Coordinator:
             "context_switches": self.context_switches,
             "messages": self.messages,
             "completed_comms": self.completed_keys,
+            "groups": len(self.groups),  # the groups ranks used (an unused group never reaches the coordinator)
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
         }
 

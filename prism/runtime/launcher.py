@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, oom, progress, run_files, watchdog
+from prism.runtime import limits, modes, oom, progress, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -306,6 +306,12 @@ def free_port() -> int:
 def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
+    mode = modes.get(spec.mode)
+    try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
+        limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
+                           run_files.SHM_ROOT if spec.mode == "capture" else None)
+    except limits.LimitError as exc:
+        raise LaunchError(str(exc)) from None
     run_id = uuid.uuid4().hex
     run_files.sweep_temporaries()
     try:
@@ -512,7 +518,9 @@ def _rank_stats(raw: Path) -> dict:
         return {}
     switches = sum(r["switches"] for r in rows)
     logical = sorted(r["logical_ns"] for r in rows)
+    private = sorted(r.get("private_bytes", 0) for r in rows)
     return {
+        "rank_private_mib_median": private[len(private) // 2] / 2**20, "rank_private_mib_max": private[-1] / 2**20,
         "switch_cost_us": sum(r["switch_ns"] for r in rows) / switches / 1e3 if switches else None,
         "rank_blocks": sum(r["blocks"] for r in rows),
         "logical_s_min": logical[0] / 1e9, "logical_s_median": logical[len(logical) // 2] / 1e9,
