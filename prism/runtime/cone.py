@@ -168,40 +168,40 @@ def cone(rank: np.ndarray, code: np.ndarray, comm: np.ndarray, real: np.ndarray,
 
     Kept as per-rank bounds: `after` is every event from `lo[rank]` on, `before` every one up to `hi[rank]`;
     a pass looks only at the issues and the blocking waits (one comm hop), until the bounds stop moving."""
-    n, m = len(rank), len(real)
+    n = len(rank)
     pos = np.arange(n, dtype=np.int64)
     world = int(rank.max()) + 1 if n else 0
     issue = np.flatnonzero((code >= ARRIVE) & (code <= ARRIVE_RECV) & virtual)
     wait = np.flatnonzero((code == WAIT) & virtual)
     i_rank, i_comm, w_rank, w_comm = rank[issue], comm[issue], rank[wait], comm[wait]
     # after: from the waits on real comms on, through every comm with a member issued after
-    lo = np.full(world, n, dtype=np.int64)
-    np.minimum.at(lo, w_rank[real[w_comm]], wait[real[w_comm]])
-    while True:
-        hit = real.copy()
-        hit[i_comm[issue >= lo[i_rank]]] = True
-        sel = hit[w_comm]
-        new = lo.copy()
-        np.minimum.at(new, w_rank[sel], wait[sel])
-        if np.array_equal(new, lo):
-            break
-        lo = new
+    lo = _bound(world, n, real, (wait, w_rank, w_comm), (issue, i_rank, i_comm), later=True)
     # before: up to the virtual members' issues of real comms, through every comm a `before` wait waits on
-    hi = np.full(world, -1, dtype=np.int64)
-    np.maximum.at(hi, i_rank[real[i_comm]], issue[real[i_comm]])
-    while True:
-        hit = real.copy()
-        hit[w_comm[wait <= hi[w_rank]]] = True
-        sel = hit[i_comm]
-        new = hi.copy()
-        np.maximum.at(new, i_rank[sel], issue[sel])
-        if np.array_equal(new, hi):
-            break
-        hi = new
+    hi = _bound(world, -1, real, (issue, i_rank, i_comm), (wait, w_rank, w_comm), later=False)
     if n == 0:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     return (pos >= lo[rank]) & virtual, (pos <= hi[rank]) & virtual
 
+
+
+def _bound(world: int, fill: int, real: np.ndarray, seed: tuple, step: tuple, later: bool) -> np.ndarray:
+    """Per rank, the earliest (`later`) or latest position of a `seed` event (a wait or an issue:
+    positions, ranks, comms) on a comm in the closure; the closure starts at the real comms and takes in
+    every comm with a `step` event at or after (before) its rank's bound, until the bounds stop moving."""
+    pos, rank, comm = seed
+    step_pos, step_rank, step_comm = step
+    acc = np.minimum if later else np.maximum
+    bound = np.full(world, fill, dtype=np.int64)
+    acc.at(bound, rank[real[comm]], pos[real[comm]])
+    while True:
+        hit = real.copy()
+        hit[step_comm[step_pos >= bound[step_rank] if later else step_pos <= bound[step_rank]]] = True
+        sel = hit[comm]
+        new = bound.copy()
+        acc.at(new, rank[sel], pos[sel])
+        if np.array_equal(new, bound):
+            return bound
+        bound = new
 
 __all__ = ["ARRIVE", "ARRIVE_RECV", "ARRIVE_SEND", "ConeError", "Job", "LOCAL_WAIT", "NEG", "PLAIN", "WAIT",
            "cone", "load"]
