@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything GPU of issue 9 in one device call on 1× H200 (docs/gpu.md, session 5), four jobs at once:
+#   A  pytest -m gpu on tests/gpu except the memory test              -> OUT/pytest.log
+#   B  tests/gpu/test_memory_oom.py (memory fidelity + OOM tables)    -> OUT/memory-pytest.log, OUT/memory_*.{json,md}
+#   C  compute-sanitizer (memcheck) on tests/gpu/test_fold_cuda.py    -> OUT/sanitizer.log (if the host has it)
+#   D  tests/gpu/host_scale.py: host memory and start-up, W=8/32/64   -> OUT/host_scale.{log,json}
+# Usage: OUT=DIR scripts/device_gpu.sh [SECONDS per job, default 240]. Exit: non-zero if any job failed.
+set -uo pipefail
+OUT=${OUT:-.}
+T=${1:-240}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PRISM_CUDA_BUILD_DIR=/tmp/prism-fold-build PYTHONPATH=$PWD
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; free -g | head -2
+  python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
+  command -v nvcc ninja compute-sanitizer; ls -d /usr/local/cuda*/bin 2>/dev/null; } > "$OUT/env.txt" 2>&1
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+PY="python3 -m pytest -p no:cacheprovider -rs"
+
+( timeout "$T" $PY -m gpu tests/gpu -v --ignore=tests/gpu/test_memory_oom.py > "$OUT/pytest.log" 2>&1; echo "A exit $?" ) &
+( PRISM_GPU_TABLES=$OUT timeout "$T" $PY -m gpu -v -s tests/gpu/test_memory_oom.py > "$OUT/memory-pytest.log" 2>&1
+  echo "B exit $?" ) &
+( if [ -n "$SAN" ]; then
+    timeout "$T" "$SAN" --tool memcheck --error-exitcode 3 --target-processes all \
+      python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu/test_fold_cuda.py > "$OUT/sanitizer.log" 2>&1
+    echo "C exit $?"
+  else echo "C: no compute-sanitizer on this host" | tee "$OUT/sanitizer.log"; fi ) &
+( timeout "$T" python3 tests/gpu/host_scale.py --out "$OUT" --sizes 8,32,64 > "$OUT/host_scale.log" 2>&1
+  echo "D exit $?" ) &
+wait
+date -u
+for f in pytest memory-pytest sanitizer; do echo "== $f"; tail -5 "$OUT/$f.log"; done
+echo "== host_scale"; tail -8 "$OUT/host_scale.log"
+cat "$OUT/memory_fidelity.md" 2>/dev/null
