@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU of issue 9 in one device call on 1× H200 (docs/gpu.md, session 5), four jobs at once:
-#   A  pytest -m gpu on tests/gpu except the memory test              -> OUT/pytest.log
+#   A  pytest -m gpu on tests/gpu except the memory, swap and capture tests -> OUT/pytest.log
+#   S  tests/gpu/test_swap.py and test_capture_cuda.py                -> OUT/swap-pytest.log, OUT/swap.json
 #   B  tests/gpu/test_memory_oom.py (memory fidelity + OOM tables)    -> OUT/memory-pytest.log, OUT/memory_*.{json,md}
 #   C  compute-sanitizer (memcheck) on tests/gpu/test_fold_cuda.py    -> OUT/sanitizer.log (if the host has it)
 #   D  tests/gpu/host_scale.py: host memory and start-up, W=8/32/64   -> OUT/host_scale.{log,json}
@@ -16,18 +17,23 @@ export PRISM_CUDA_BUILD_DIR=/tmp/prism-fold-build PYTHONPATH=$PWD
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 PY="python3 -m pytest -p no:cacheprovider -rs"
 
-( timeout "$T" $PY -m gpu tests/gpu -v --ignore=tests/gpu/test_memory_oom.py > "$OUT/pytest.log" 2>&1; echo "A exit $?" ) &
-( PRISM_GPU_TABLES=$OUT timeout "$T" $PY -m gpu -v -s tests/gpu/test_memory_oom.py > "$OUT/memory-pytest.log" 2>&1
+( timeout "$T" $PY --basetemp=/tmp/pt-a -m gpu tests/gpu -v --ignore=tests/gpu/test_memory_oom.py --ignore=tests/gpu/test_swap.py \
+    --ignore=tests/gpu/test_capture_cuda.py > "$OUT/pytest.log" 2>&1; echo "A exit $?" ) &
+( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-s -m gpu -v -s tests/gpu/test_swap.py tests/gpu/test_capture_cuda.py \
+    > "$OUT/swap-pytest.log" 2>&1; echo "S exit $?" ) &
+( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-b -m gpu -v -s tests/gpu/test_memory_oom.py > "$OUT/memory-pytest.log" 2>&1
   echo "B exit $?" ) &
-( if [ -n "$SAN" ]; then
-    timeout "$T" "$SAN" --tool memcheck --error-exitcode 3 --target-processes all \
-      python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu/test_fold_cuda.py > "$OUT/sanitizer.log" 2>&1
+( if [ -n "$SAN" ]; then  # the kernel is built first, outside the sanitizer (nvcc need not run under it)
+    { python3 -c "from prism.runtime import fold_cuda; fold_cuda.module(); print('fold kernel built')"
+      timeout "$T" "$SAN" --tool memcheck --error-exitcode 3 \
+      python3 -m pytest -p no:cacheprovider --basetemp=/tmp/pt-c -q -m gpu tests/gpu/test_fold_cuda.py; } \
+      > "$OUT/sanitizer.log" 2>&1
     echo "C exit $?"
   else echo "C: no compute-sanitizer on this host" | tee "$OUT/sanitizer.log"; fi ) &
 ( timeout "$T" python3 tests/gpu/host_scale.py --out "$OUT" --sizes 8,32,64 > "$OUT/host_scale.log" 2>&1
   echo "D exit $?" ) &
 wait
 date -u
-for f in pytest memory-pytest sanitizer; do echo "== $f"; tail -5 "$OUT/$f.log"; done
+for f in pytest swap-pytest memory-pytest sanitizer; do echo "== $f"; tail -5 "$OUT/$f.log"; done
 echo "== host_scale"; tail -8 "$OUT/host_scale.log"
 cat "$OUT/memory_fidelity.md" 2>/dev/null
