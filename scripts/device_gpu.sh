@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Everything GPU of issue 9 in one device call on 1× H200 (docs/gpu.md, session 5), four jobs at once:
+# Everything GPU of issue 9 in one device call on 1× H200 (docs/gpu.md, session 5), six jobs at once:
 #   A  pytest -m gpu on tests/gpu except the memory, swap and capture tests -> OUT/pytest.log
-#   S  tests/gpu/test_swap.py and test_capture_cuda.py                -> OUT/swap-pytest.log, OUT/swap.json
+#   S  tests/gpu/test_swap.py                                          -> OUT/swap-pytest.log, OUT/swap.json
+#   K  tests/gpu/test_capture_cuda.py                                  -> OUT/capture-pytest.log
 #   B  tests/gpu/test_memory_oom.py (memory fidelity + OOM tables)    -> OUT/memory-pytest.log, OUT/memory_*.{json,md}
 #   C  compute-sanitizer (memcheck) on tests/gpu/test_fold_cuda.py    -> OUT/sanitizer.log (if the host has it)
 #   D  tests/gpu/host_scale.py: host memory and start-up, W=8/32/64   -> OUT/host_scale.{log,json}
-# Usage: OUT=DIR scripts/device_gpu.sh [SECONDS per job, default 240]. Exit: non-zero if any job failed.
+# Usage: OUT=DIR scripts/device_gpu.sh [SECONDS per job, default 240]. The device tool returns at most 8 files:
+# everything is written under a work folder, then packed as OUT/results.tgz (OUT/ names above are inside it).
 set -uo pipefail
-OUT=${OUT:-.}
+DEST=${OUT:-.}
+OUT=$(mktemp -d /tmp/prism-gpu-XXXX)
 T=${1:-240}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PRISM_CUDA_BUILD_DIR=/tmp/prism-fold-build PYTHONPATH=$PWD
@@ -17,10 +20,12 @@ export PRISM_CUDA_BUILD_DIR=/tmp/prism-fold-build PYTHONPATH=$PWD
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 PY="python3 -m pytest -p no:cacheprovider -rs"
 
-( timeout "$T" $PY --basetemp=/tmp/pt-a -m gpu tests/gpu -v --ignore=tests/gpu/test_memory_oom.py --ignore=tests/gpu/test_swap.py \
+( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-a -m gpu tests/gpu -v --ignore=tests/gpu/test_memory_oom.py --ignore=tests/gpu/test_swap.py \
     --ignore=tests/gpu/test_capture_cuda.py > "$OUT/pytest.log" 2>&1; echo "A exit $?" ) &
-( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-s -m gpu -v -s tests/gpu/test_swap.py tests/gpu/test_capture_cuda.py \
+( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-s -m gpu -v -s tests/gpu/test_swap.py \
     > "$OUT/swap-pytest.log" 2>&1; echo "S exit $?" ) &
+( timeout "$T" $PY --basetemp=/tmp/pt-k -m gpu -v tests/gpu/test_capture_cuda.py > "$OUT/capture-pytest.log" 2>&1
+  echo "K exit $?" ) &
 ( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-b -m gpu -v -s tests/gpu/test_memory_oom.py > "$OUT/memory-pytest.log" 2>&1
   echo "B exit $?" ) &
 ( if [ -n "$SAN" ]; then  # the kernel is built first, outside the sanitizer (nvcc need not run under it)
@@ -34,6 +39,7 @@ PY="python3 -m pytest -p no:cacheprovider -rs"
   echo "D exit $?" ) &
 wait
 date -u
-for f in pytest swap-pytest memory-pytest sanitizer; do echo "== $f"; tail -5 "$OUT/$f.log"; done
+for f in pytest swap-pytest capture-pytest memory-pytest sanitizer; do echo "== $f"; tail -5 "$OUT/$f.log"; done
 echo "== host_scale"; tail -8 "$OUT/host_scale.log"
 cat "$OUT/memory_fidelity.md" 2>/dev/null
+tar czf "$DEST/results.tgz" -C "$OUT" . && ls -la "$OUT"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -422,5 +423,6 @@ def write_rank_stats(rank: int) -> None:
     if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(_STATS))
+        fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
+        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0)))
         os.replace(tmp, path)

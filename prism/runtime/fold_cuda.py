@@ -26,6 +26,7 @@ OP_CODES = {RedOp.SUM: 0, RedOp.AVG: 0, RedOp.PRODUCT: 1, RedOp.MIN: 2, RedOp.MA
 
 _lock = threading.Lock()
 _module = None
+launches = 0  # fold and finish_avg calls in this process (emulation's meta.json: `cuda_folds`)
 
 
 class KernelBuildError(RuntimeError):
@@ -65,9 +66,15 @@ def module():
 
 def fold(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
     """Left fold of `tensors` (no AVG division) on their CUDA device."""
-    return module().fold(list(tensors), OP_CODES[op])
+    global launches
+    out = module().fold(list(tensors), OP_CODES[op])
+    launches += 1
+    return out
 
 
 def finish_avg(acc: torch.Tensor, n: int) -> torch.Tensor:
     """AVG's final division by the group size, as the CPU path divides."""
-    return module().finish_avg(acc, int(n))
+    global launches
+    out = module().finish_avg(acc, int(n))
+    launches += 1
+    return out

@@ -6,6 +6,8 @@ capture of the same job with CUDA ranks) within 1e-5 relative, and its trace car
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +38,12 @@ def prism(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     return proc
 
 
+def peak_allocated(events: Path) -> int:
+    with pa.ipc.open_stream(str(events)) as r:
+        ev = r.read_all().to_pydict()
+    return max(p for k, p in zip(ev["kind"], ev["mem_peak_bytes"]) if k == "marker")
+
+
 def steps(text: str) -> list[tuple[int, str, float]]:
     return sorted(set((int(m[1]), m[2], float(m[3])) for m in STEP.finditer(text)))
 
@@ -58,3 +66,17 @@ def test_cuda_sandbox_repeats_the_capture(layout: str, tmp_path: Path) -> None:
     assert compute and min(compute) >= 0 and max(compute) > 0, f"device_ns of compute {compute[:8]}"
     marks = [i for i, k in enumerate(ev["kind"]) if k == "marker"]
     assert marks and all(ev["mem_bytes"][i] > 0 for i in marks), "the sandbox's allocator memory at markers"
+    # the sandbox ends or continues a fold chain in every group of two it shares with a virtual rank: its
+    # reductions of CUDA tensors ran in the cuda/ kernel (received parts copied to the GPU first)
+    emulation = json.loads((tmp_path / "emu" / "raw" / "meta.json").read_text())["emulation"]
+    assert emulation["cuda_folds"] > 0, emulation
+    # measured, not asserted: the sandbox's peak allocated beside the capture's for the same rank (the
+    # protocol's received parts and fold results are device tensors the capture does not make)
+    cap_peak = peak_allocated(tmp_path / "cap" / "raw" / f"rank={sandbox}" / "events.arrow")
+    emu_peak = peak_allocated(tmp_path / "emu" / "raw" / f"rank={sandbox}" / "events.arrow")
+    out = Path(os.environ.get("PRISM_GPU_TABLES") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"emulate_memory-{layout}.json").write_text(json.dumps({
+        "layout": layout, "sandbox": int(sandbox), "capture_peak_allocated": cap_peak,
+        "emulate_peak_allocated": emu_peak, "difference_bytes": emu_peak - cap_peak,
+        "cuda_folds": emulation["cuda_folds"], "losses": {"capture": want, "emulate": got}}, indent=2) + "\n")
