@@ -339,7 +339,8 @@ class EmulateTransport(CaptureTransport):
     def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
         def complete(key):
             got = self.got[key]
-            output.copy_(torch.cat([got[i][1][0].to(output.device) for i in range(self.n)]).view_as(output))
+            # joined in host memory, then one copy into the output: nothing allocated on a CUDA sandbox's device
+            output.copy_(torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
                                 meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
