@@ -102,7 +102,7 @@ def test_host_accumulator_with_cuda_contributions_allocates_nothing_on_the_devic
     for n, numel in [(2, 1000), (5, 4097), (34, 2048)]:
         xs = contributions(gen, dtype, n, numel)
         cpu = comp.fold(op, xs)
-        live = [x.cuda() if i % 2 else x for i, x in enumerate(xs[1:])]  # CUDA and host, interleaved
+        live = [x if i % 2 else x.cuda() for i, x in enumerate(xs[1:])]  # CUDA and host, interleaved, CUDA first
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_stats()
