@@ -7,7 +7,9 @@ For each W, the tiny reference workload (`prism bench capture`'s layouts) is cap
 private host memory (median and largest, each rank's /proc/self/smaps_rollup at its end: launcher
 meta.json), the peak PSS of the whole process tree (sampled every 0.5 s), the wall time of each capture,
 and the start-up estimate `2·wall(1 step) − wall(2 steps)` (the launch, the forks and every rank's CUDA
-start, less one step's work). Writes DIR/host_scale.json and prints a table.
+start, less one step's work: meaningful only on an otherwise idle host, where one step's time stands out of
+the noise; beside other jobs quote wall(1 step)/W as the upper bound). Writes DIR/host_scale.json and prints
+a table.
 """
 
 from __future__ import annotations
