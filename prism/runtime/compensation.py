@@ -48,8 +48,11 @@ def _check(op: RedOp, tensors: Sequence[torch.Tensor]) -> None:
     if not tensors:
         raise ValueError("nothing to fold: a fold needs at least one contribution")
     first = tensors[0]
+    # one device, or host tensors beside CUDA tensors of one device (the kernel reads both: `fold_from`)
+    places = {t.device for t in tensors}
+    mixed = len(places) > 1 and not (len(places) == 2 and {d.type for d in places} == {"cpu", "cuda"})
     for t in tensors[1:]:
-        if t.dtype != first.dtype or t.shape != first.shape or (t.device != first.device and t.is_cuda and first.is_cuda):
+        if t.dtype != first.dtype or t.shape != first.shape or mixed:
             raise ValueError(f"contributions differ: {first.dtype}{tuple(first.shape)} on {first.device} vs "
                              f"{t.dtype}{tuple(t.shape)} on {t.device}; every member contributes the same "
                              f"dtype and shape")
