@@ -123,7 +123,104 @@ void dispatch_op(int64_t op, const std::vector<torch::Tensor>& parts, torch::Ten
   TORCH_CHECK(false, "prism fold: op ", op, " is not defined for dtype ", out.scalar_type());
 }
 
+// fold_into: the contributions' pointers travel as a kernel parameter (no device allocation), up to
+// kMaxParts per launch; a longer fold continues from `out` (bitwise the same: the accumulator is rounded to
+// T after every step either way). `out` may be one of the inputs: each thread reads element i of every
+// part before it writes element i of `out`.
+constexpr int kMaxParts = 32;
+struct PartPtrs {
+  const void* p[kMaxParts];
+};
+
+template <typename T, int64_t OP>
+__global__ void fold_params_kernel(PartPtrs parts, int k, T* out, int64_t numel) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
+    T acc = static_cast<const T*>(parts.p[0])[i];
+    for (int j = 1; j < k; ++j) acc = step<T, OP>(acc, static_cast<const T*>(parts.p[j])[i]);
+    out[i] = acc;
+  }
+}
+
+// The address a kernel reads a tensor at: a CUDA tensor's own, a pinned host tensor's mapped address.
+void* device_address(const torch::Tensor& t) {
+  if (t.is_cuda()) return t.data_ptr();
+  void* dev = nullptr;
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, t.data_ptr(), 0));
+  return dev;
+}
+
+template <typename T, int64_t OP>
+void launch_fold_into(const std::vector<torch::Tensor>& parts, torch::Tensor& out) {
+  const int64_t numel = out.numel();
+  const int threads = 256;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  T* dst = static_cast<T*>(device_address(out));
+  size_t next = 0;
+  bool first = true;
+  while (next < parts.size()) {
+    PartPtrs ptrs{};
+    int k = 0;
+    if (!first) ptrs.p[k++] = dst;  // continue the left fold from what the previous launch wrote
+    while (k < kMaxParts && next < parts.size()) ptrs.p[k++] = device_address(parts[next++]);
+    fold_params_kernel<T, OP><<<blocks_for(numel, threads), threads, 0, stream>>>(ptrs, k, dst, numel);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    first = false;
+  }
+}
+
+template <typename T>
+void dispatch_op_into(int64_t op, const std::vector<torch::Tensor>& parts, torch::Tensor& out) {
+  switch (op) {
+    case SUM: return launch_fold_into<T, SUM>(parts, out);
+    case PRODUCT: return launch_fold_into<T, PRODUCT>(parts, out);
+    case MIN: return launch_fold_into<T, MIN>(parts, out);
+    case MAX: return launch_fold_into<T, MAX>(parts, out);
+    default: break;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case BAND: return launch_fold_into<T, BAND>(parts, out);
+      case BOR: return launch_fold_into<T, BOR>(parts, out);
+      case BXOR: return launch_fold_into<T, BXOR>(parts, out);
+      default: break;
+    }
+  }
+  TORCH_CHECK(false, "prism fold: op ", op, " is not defined for dtype ", out.scalar_type());
+}
+
 }  // namespace
+
+void fold_into_cuda(const std::vector<torch::Tensor>& inputs, torch::Tensor out, int64_t op) {
+  TORCH_CHECK(!inputs.empty(), "prism fold_into: no contributions");
+  const torch::Tensor* cuda = out.is_cuda() ? &out : nullptr;
+  for (const auto& t : inputs)
+    if (cuda == nullptr && t.is_cuda()) cuda = &t;
+  TORCH_CHECK(cuda != nullptr, "prism fold_into: no CUDA tensor among the contributions and the output");
+  const auto device = cuda->device();
+  auto usable = [&](const torch::Tensor& t) {
+    return t.scalar_type() == out.scalar_type() && t.sizes() == out.sizes() && t.is_contiguous() &&
+           (t.is_cuda() ? t.device() == device : t.is_pinned());
+  };
+  TORCH_CHECK(usable(out), "prism fold_into: the output must be contiguous, on ", device,
+              " or in pinned host memory, of the contributions' dtype and shape");
+  for (const auto& t : inputs)
+    TORCH_CHECK(usable(t), "prism fold_into: contributions must be contiguous, same dtype and shape, on ", device,
+                " or in pinned host memory");
+  c10::cuda::CUDAGuard guard(device);
+  if (out.numel() == 0) return;
+  switch (out.scalar_type()) {
+    case at::kFloat: dispatch_op_into<float>(op, inputs, out); break;
+    case at::kDouble: dispatch_op_into<double>(op, inputs, out); break;
+    case at::kBFloat16: dispatch_op_into<at::BFloat16>(op, inputs, out); break;
+    case at::kHalf: dispatch_op_into<at::Half>(op, inputs, out); break;
+    case at::kLong: dispatch_op_into<int64_t>(op, inputs, out); break;
+    default: TORCH_CHECK(false, "prism fold_into: dtype ", out.scalar_type(),
+                         " is not supported (float32, float64, bfloat16, float16, int64)");
+  }
+  // host memory is read and written by the kernel: done before the caller reads `out` or frees an input
+  C10_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream()));
+}
 
 torch::Tensor fold_cuda(const std::vector<torch::Tensor>& inputs, int64_t op) {
   TORCH_CHECK(!inputs.empty(), "prism fold: no contributions");

@@ -23,7 +23,9 @@ AVG folds as SUM; the division by n (the whole group's size) happens once at the
 Half types: torch rounds to the dtype after every step (bf16 + bf16 -> bf16), and so do both paths here.
 CPU tensors fold with the same torch ops `semantics` uses (so the bits are those of `semantics` by
 construction); CUDA tensors fold in one kernel of `cuda/fold.cu` (built on first use, never on import)
-that repeats the CPU rounding step by step.
+that repeats the CPU rounding step by step. A fold of host and CUDA contributions (a host accumulator
+continued with a sandbox's live CUDA tensors) runs in the kernel too, reading the host ones from pinned
+memory, and gives a pinned host tensor: nothing is allocated on the device.
 """
 
 from __future__ import annotations
@@ -46,8 +48,11 @@ def _check(op: RedOp, tensors: Sequence[torch.Tensor]) -> None:
     if not tensors:
         raise ValueError("nothing to fold: a fold needs at least one contribution")
     first = tensors[0]
+    # one device, or host tensors beside CUDA tensors of one device (the kernel reads both: `fold_from`)
+    places = {t.device for t in tensors}
+    mixed = len(places) > 1 and not (len(places) == 2 and {d.type for d in places} == {"cpu", "cuda"})
     for t in tensors[1:]:
-        if t.dtype != first.dtype or t.shape != first.shape or t.device != first.device:
+        if t.dtype != first.dtype or t.shape != first.shape or mixed:
             raise ValueError(f"contributions differ: {first.dtype}{tuple(first.shape)} on {first.device} vs "
                              f"{t.dtype}{tuple(t.shape)} on {t.device}; every member contributes the same "
                              f"dtype and shape")
@@ -74,9 +79,15 @@ def fold_from(op: RedOp, acc: torch.Tensor, tensors: Sequence[torch.Tensor]) -> 
     _check(op, [acc, *tensors])
     if not tensors:
         return acc.clone()
-    if _uses_kernel(acc):
+    if _uses_kernel(acc) and all(_uses_kernel(t) for t in tensors):
         from prism.runtime import fold_cuda
         return fold_cuda.fold([acc, *tensors], op)
+    if _uses_kernel(acc) or any(_uses_kernel(t) for t in tensors):
+        # host and device contributions (the emulated sandbox's chain: a host accumulator, live CUDA
+        # tensors): the kernel reads both and writes the result to pinned host memory, allocating nothing
+        # on the device
+        from prism.runtime import fold_cuda
+        return fold_cuda.fold_to_host([acc, *tensors], op)
     step = _FOLD[op]
     for t in tensors:
         acc = step(acc, t)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -338,7 +339,8 @@ class EmulateTransport(CaptureTransport):
     def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
         def complete(key):
             got = self.got[key]
-            output.copy_(torch.cat([got[i][1][0].to(output.device) for i in range(self.n)]).view_as(output))
+            # joined in host memory, then one copy into the output: nothing allocated on a CUDA sandbox's device
+            output.copy_(torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
                                 meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
@@ -422,5 +424,6 @@ def write_rank_stats(rank: int) -> None:
     if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(_STATS))
+        fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
+        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0)))
         os.replace(tmp, path)

@@ -26,6 +26,7 @@ OP_CODES = {RedOp.SUM: 0, RedOp.AVG: 0, RedOp.PRODUCT: 1, RedOp.MIN: 2, RedOp.MA
 
 _lock = threading.Lock()
 _module = None
+launches = 0  # fold and finish_avg calls in this process (emulation's meta.json: `cuda_folds`)
 
 
 class KernelBuildError(RuntimeError):
@@ -65,9 +66,34 @@ def module():
 
 def fold(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
     """Left fold of `tensors` (no AVG division) on their CUDA device."""
-    return module().fold(list(tensors), OP_CODES[op])
+    global launches
+    out = module().fold(list(tensors), OP_CODES[op])
+    launches += 1
+    return out
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in pinned host memory (itself when it is already there and contiguous): what the kernel can read."""
+    if t.is_pinned() and t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
+def fold_to_host(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
+    """Left fold (no AVG division) of CUDA and host contributions by the kernel, which reads host ones in
+    pinned memory and writes the result to pinned host memory: no allocation on the device, so a rank's
+    caching allocator sees only the program's own tensors (prism's emulated sandbox, docs/gpu.md)."""
+    global launches
+    parts = [t.contiguous() if t.is_cuda else pinned(t) for t in tensors]
+    out = torch.empty(parts[0].shape, dtype=parts[0].dtype, pin_memory=True)
+    module().fold_into(parts, out, OP_CODES[op])
+    launches += 1
+    return out
 
 
 def finish_avg(acc: torch.Tensor, n: int) -> torch.Tensor:
     """AVG's final division by the group size, as the CPU path divides."""
-    return module().finish_avg(acc, int(n))
+    global launches
+    out = module().finish_avg(acc, int(n))
+    launches += 1
+    return out

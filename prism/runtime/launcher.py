@@ -567,6 +567,7 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
         "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
         "replayed_events": replay.get("replayed_events", 0), "cone": replay.get("cone"),
+        "cuda_folds": sum(r.get("cuda_folds", 0) for r in ranks),  # reductions folded by cuda/fold.cu
     }
 
 

@@ -170,12 +170,21 @@ class Transport(_Interface):
     def recv_tensors(self, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """The chain's accumulator starts as a copy of a contribution, in host memory (pinned for a CUDA one,
+    which `compensation.fold_from` then continues in the CUDA kernel): the chain allocates nothing on a
+    sandbox rank's device, whose allocator must see only the program's tensors."""
+    if not t.is_cuda:
+        return t.clone()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
 def _fold_into(acc, op: RedOp, views: list[list[torch.Tensor]]):
     """Continue the chain's left fold (a list of tensors, one per output) over members' views in order."""
     if not views:
         return acc
     if acc is None:
-        acc, views = [t.clone() for t in views[0]], views[1:]
+        acc, views = [_host_copy(t) for t in views[0]], views[1:]
     return [comp.fold_from(op, a, [v[j] for v in views]) for j, a in enumerate(acc)]
 
 
@@ -190,10 +199,11 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         missing = [p.members[pos] for pos in p.runs[me] if pos not in own]
         raise ValueError(f"{p.op} of group {p.members}: no contribution of members {missing}")
     views = [p.view(own[pos][1]) for pos in mine] if reduction else []
-    device = views[0][0].device if views and views[0] else None  # received parts fold where the own ones are
+    # received parts stay in host memory: the fold reads them there (a CUDA contribution's fold runs in the
+    # CUDA kernel, `compensation.fold_from`, and writes its result to host memory)
 
     def here(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return ts if device is None else [t.to(device) for t in ts]
+        return ts
     acc, trailing, result, got = None, [], None, {}
     if not reduction:
         if p.kind in ("all_gather", "gather"):

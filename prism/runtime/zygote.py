@@ -538,7 +538,9 @@ def supervise(spec: dict) -> int:
         print(f"[prism] every rank exited with code {USAGE_EXIT}: the program rejected its arguments "
               "(its message is above)", file=sys.stderr)
         return USAGE_EXIT
-    if failed is not None and failed[1] == oom.EXIT_CODE and (finding := oom.finding(spec["status_dir"])):
+    # a rank's out-of-memory record makes the run a finding whichever rank's exit came first (a peer of the
+    # rank that ran out can fail sooner, e.g. its gloo connection closed while that rank was finishing)
+    if failed is not None and (finding := oom.finding(spec["status_dir"])):
         print(f"[prism] {finding} The other ranks were stopped.", file=sys.stderr)
         return oom.EXIT_CODE
     if failed is not None:

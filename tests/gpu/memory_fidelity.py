@@ -61,11 +61,34 @@ def peaks(job: Path) -> dict[int, tuple[int, int]]:
     return out
 
 
+def series(job: Path, rank: int) -> list[tuple]:
+    """(seq, kind, op, allocated, peak) of every event of `rank` with memory measured: where capture and the
+    real run part ways (a diagnostic written beside the tables)."""
+    with pa.ipc.open_stream(str(job / "raw" / f"rank={rank}" / "events.arrow")) as r:
+        ev = r.read_all().to_pydict()
+    return [(ev["seq"][i], ev["kind"][i], ev["op"][i], ev["mem_bytes"][i], ev["mem_peak_bytes"][i])
+            for i in range(len(ev["seq"])) if ev["mem_bytes"][i] >= 0]
+
+
+def first_divergences(real: list[tuple], capture: list[tuple], most: int = 12) -> list[dict]:
+    """The first events (by seq) whose allocated or peak bytes differ between the two runs."""
+    cap = {row[0]: row for row in capture}
+    out = []
+    for seq, kind, op, alloc, peak in real:
+        c = cap.get(seq)
+        if c is None or (c[3], c[4]) != (alloc, peak):
+            out.append({"seq": seq, "kind": kind, "op": op, "real": [alloc, peak],
+                        "capture": None if c is None else [c[1], c[2], c[3], c[4]]})
+            if len(out) >= most:
+                break
+    return out
+
+
 def error_pct(capture: int, real: int) -> float:
     return 100.0 * abs(capture - real) / real
 
 
-def fidelity(root: Path, log) -> list[dict]:
+def fidelity(root: Path, log, diverged: dict | None = None) -> list[dict]:
     rows = []
     for name, flags in LAYOUTS.items():
         got = {}
@@ -80,6 +103,9 @@ def fidelity(root: Path, log) -> list[dict]:
             rows.append({"layout": name, "rank": rank, "real_peak_allocated": ra, "capture_peak_allocated": ca,
                          "allocated_error_pct": error_pct(ca, ra), "real_peak_reserved": rr,
                          "capture_peak_reserved": cr, "reserved_error_pct": error_pct(cr, rr)})
+            if diverged is not None and ra != ca:
+                diverged[f"{name}/rank={rank}"] = first_divergences(series(root / f"{name}-real", rank),
+                                                                    series(root / f"{name}-capture", rank))
     return rows
 
 
@@ -137,10 +163,12 @@ def table(rows: list[dict], oom: dict | None) -> str:
 def run(root: Path, with_oom: bool = True, log=print) -> tuple[list[dict], dict | None]:
     """The tables into `root` (the jobs' folders go to a temporary folder, removed afterwards)."""
     root.mkdir(parents=True, exist_ok=True)
+    diverged: dict = {}
     with tempfile.TemporaryDirectory(prefix="prism-memfid-") as jobs:
-        rows = fidelity(Path(jobs), log)
+        rows = fidelity(Path(jobs), log, diverged)
         oom = oom_case(Path(jobs), rows, log) if with_oom else None
     (root / "memory_fidelity.json").write_text(json.dumps({"rows": rows, "oom": oom}, indent=2) + "\n")
+    (root / "memory_divergence.json").write_text(json.dumps(diverged, indent=1) + "\n")
     (root / "memory_fidelity.md").write_text(table(rows, oom))
     return rows, oom
 

@@ -89,3 +89,26 @@ def test_kernel_handles_non_contiguous_and_empty():
     assert_same_bits(comp.fold(RedOp.SUM, [y.cuda() for y in ys]), comp.fold(RedOp.SUM, ys), "transposed")
     empty = [torch.empty(0, 3), torch.empty(0, 3)]
     assert comp.fold(RedOp.SUM, [e.cuda() for e in empty]).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", OPS, ids=lambda o: str(o).split(".")[-1])
+def test_host_accumulator_with_cuda_contributions_allocates_nothing_on_the_device(dtype, op):
+    """The emulated sandbox's chain: a host accumulator continued with live CUDA tensors (and host parts
+    received from peers) folds in the kernel into pinned host memory, bitwise the CPU path, and the
+    device's caching allocator sees no allocation at all (its peak and its count of allocations unchanged);
+    34 contributions take two launches of at most 32 pointers each."""
+    gen = torch.Generator().manual_seed(14)
+    for n, numel in [(2, 1000), (5, 4097), (34, 2048)]:
+        xs = contributions(gen, dtype, n, numel)
+        cpu = comp.fold(op, xs)
+        live = [x if i % 2 else x.cuda() for i, x in enumerate(xs[1:])]  # CUDA and host, interleaved, CUDA first
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_stats()
+        got = comp.finish(op, comp.fold_from(op, xs[0], live), n)
+        after = torch.cuda.memory_stats()
+        assert not got.is_cuda and got.is_pinned() or op == RedOp.AVG
+        assert after["allocation.all.allocated"] == before["allocation.all.allocated"], f"{op} n={n}"
+        assert after["allocated_bytes.all.peak"] == before["allocated_bytes.all.peak"], f"{op} n={n}"
+        assert_same_bits(got, cpu, f"host chain {op} {dtype} n={n}", nan_bits=op in (RedOp.MAX, RedOp.MIN))

@@ -55,6 +55,34 @@ def test_oom_is_reported_as_a_finding(mode: str, tmp_path: Path) -> None:
     assert "FINDING: the program ran out of device memory" in text and "rank 1: iteration 1, microbatch 1" in text
 
 
+PEER_FAILS_FIRST = """
+import sys, time, torch, torch.distributed as dist
+from prism.runtime import oom
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    time.sleep(1.0)
+    sys.exit(1)  # the peer fails first (on a GPU: its gloo connection closed by the rank that ran out)
+record = oom.record_failure
+def record_then_linger(*args):  # the rank that ran out is still finishing when the peer's exit is reaped
+    done = record(*args)
+    time.sleep(5)
+    return done
+oom.record_failure = record_then_linger
+raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has ...")
+"""
+
+
+def test_oom_is_the_finding_when_a_peer_exits_first(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(PEER_FAILS_FIRST))
+    out = tmp_path / "job"
+    proc = run_prism(["launch", "--nproc", "2", "--mode", "real", "--out", str(out), str(script)])
+    assert proc.returncode == oom.EXIT_CODE, proc.stderr[-3000:]
+    assert "rank 1 ran out of device memory" in proc.stderr and "rank 0 failed" not in proc.stderr
+    (rec,) = json.loads((out / "oom.json").read_text())["ooms"]
+    assert (rec["rank"], rec["requested_bytes"]) == (1, 2 * 2**20)
+
+
 def test_rank_memory_limit_needs_cuda(tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
     script.write_text("import torch\n")

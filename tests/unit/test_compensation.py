@@ -195,3 +195,10 @@ def test_cpu_min_max_rules_that_the_cuda_kernel_follows():
     assert not torch.signbit(torch.minimum(neg, pos))[:64].any() and torch.signbit(torch.minimum(neg, pos))[64:].all()
     nan = torch.maximum(torch.full((67,), float("nan")), torch.ones(67)).view(torch.int32)
     assert (nan[:64] == -1).all() and (nan[64:] == 0x7FC00000).all()
+
+
+def test_contributions_on_two_non_cuda_devices_are_refused():
+    """Host tensors may meet CUDA tensors of one device (the kernel reads both); any other mix of devices
+    (here: CPU and meta) is an error naming both, as before."""
+    with pytest.raises(ValueError, match="on cpu vs .* on meta"):
+        comp.fold_from(RedOp.SUM, torch.ones(3), [torch.ones(3, device="meta")])
