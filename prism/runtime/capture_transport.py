@@ -101,6 +101,7 @@ class CaptureClient:
         # with the device memory this rank holds (what a swap would move; 0 before it uses CUDA)
         held = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
         self.send(("wait", keys, time.thread_time_ns(), held))
+        memory.trim()  # while the coordinator decides: free C heap pages go back (~1 MiB a rank)
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
         self.blocks += 1

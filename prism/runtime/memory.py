@@ -11,10 +11,16 @@ above and tracks its growth, but is not equal to it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import resource
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+try:
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _malloc_trim = None
 
 
 class MemoryProbe:
@@ -49,3 +55,10 @@ def private_bytes(pid: int | str = "self") -> int:
     except OSError:
         return 0
     return total
+
+
+def trim() -> None:
+    """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; nothing elsewhere). In a forked
+    rank these are mostly pages copied on write from the zygote's heap and then freed."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
