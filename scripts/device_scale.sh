@@ -39,7 +39,7 @@ if [ -n "${EMULATE_SIZES:-}" ]; then
     fi 2>&1 | tee "$out/emulate.log"
 fi
 for f in "$work"/w*-capture.log; do
-    [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: rank " "$f" | tail -40; }
+    [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: " "$f" | tail -40; }
 done > "$out/captures.log" 2>&1
 ls -la "$out"
 exit $code
