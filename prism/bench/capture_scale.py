@@ -115,6 +115,7 @@ def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[flo
         timer = None
         if timeout is not None:
             timer = threading.Timer(max(1.0, timeout), _stop_process, args=(proc,))
+            timer.daemon = True
             timer.start()
         _, status, usage = os.wait4(proc.pid, 0)
         if timer is not None:
@@ -131,7 +132,9 @@ def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[flo
 
 def _stop_process(proc: subprocess.Popen) -> None:
     proc.terminate()
-    threading.Timer(10.0, lambda: proc.poll() is None and proc.kill()).start()
+    kill = threading.Timer(10.0, lambda: proc.poll() is None and proc.kill())
+    kill.daemon = True
+    kill.start()
 
 
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,

@@ -29,3 +29,17 @@ def test_uses_the_largest_size_measured():
     done = [_row(1024, private_max=10.0), _row(2048, private_max=20.0)]  # grows with W: the latest rate counts
     msg = memory_short(8192, done, available=150 * GIB)
     assert msg is not None and "20.0 MiB a rank as measured at W=2048" in msg and "~161.0 GiB" in msg
+
+
+def test_a_stage_over_the_time_left_is_stopped_and_says_so():
+    import sys
+    import time
+
+    import pytest
+
+    from prism.bench.capture_scale import _stage
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"sleep failed \(-15\) after 2 s \(stopped: over the 2 s left"):
+        _stage([sys.executable, "-c", "import time; time.sleep(60)"], "sleep", timeout=2)
+    assert time.monotonic() - start < 20
