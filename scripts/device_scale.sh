@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Capture at scale on the 16-core accelerator host, CPU only (issue 12; the table in docs/benchmarks.md).
 #   scripts/device_scale.sh OUT BUDGET_S SIZES
-# e.g. scripts/device_scale.sh $OUT 470 1024,4096,2048,8192: `prism bench capture --pipeline` on P=16 slots
-# ($DEVICES, default 16; the reference workload, TP·PP·DP·EP layouts, workload warm-up in the zygote), then graph, slice plan
-# (--representative) and calibration of each size; a size whose extrapolated cost does not fit in what is
-# left of BUDGET_S is skipped and says so. Writes OUT/host.txt, OUT/scale.log (the tables), OUT/scale.json
-# (every row) and OUT/captures.log (the launcher's progress lines of each capture).
+# e.g. scripts/device_scale.sh $OUT 480 1024,4096,2048,8192: `prism bench capture --pipeline --emulate` on P=16
+# slots ($DEVICES, default 16; the reference workload, TP·PP·DP·EP layouts, workload warm-up in the zygote),
+# then graph, slice plan (--representative), calibration and `prism emulate` of one sandbox rank of each
+# size; a size whose extrapolated cost does not fit in what is left of BUDGET_S, or whose memory (at the
+# private MiB a rank measured at the previous size) does not fit the machine, is not started and says so.
+# Then, if EMULATE_SIZES is set (e.g. 16,64,256) and at least EMULATE_NEED_S (default 150) of the budget is
+# left: `prism bench emulate --sizes EMULATE_SIZES` (captured on P=2, issue 8 item 3), else a line saying why not.
+# Writes OUT/host.txt, OUT/scale.log (the tables), OUT/scale.json (every row), OUT/captures.log (the
+# launcher's progress lines of each capture) and OUT/emulate.json + OUT/emulate.log.
 # The wheels the host lacks (polars, polars-runtime) are installed from $WHL (default ../whl) if present.
 set -uo pipefail
 out=$1 budget=$2 sizes=$3 whl=${WHL:-../whl} py=${PYTHON:-python3}
@@ -19,11 +23,23 @@ ulimit -n "$(ulimit -Hn)"
   $py -c "import sys, torch, polars; print(sys.version.split()[0], torch.__version__, polars.__version__)"
 } 2>&1 | tee "$out/host.txt"
 work=/tmp/prism-scale-work
-$py -m prism.bench.capture_scale --sizes "$sizes" --devices "${DEVICES:-16}" --pipeline --budget "$budget" \
-    --json "$out/scale.json" --out "$work" 2>&1 | tee "$out/scale.log"
+began=$SECONDS
+$py -m prism.bench.capture_scale --sizes "$sizes" --devices "${DEVICES:-16}" --pipeline --emulate \
+    --budget "$budget" --json "$out/scale.json" --out "$work" 2>&1 | tee "$out/scale.log"
 code=$?
+if [ -n "${EMULATE_SIZES:-}" ]; then
+    left=$((budget - (SECONDS - began)))
+    if [ "$left" -ge "${EMULATE_NEED_S:-150}" ]; then
+        echo "== prism bench emulate --sizes $EMULATE_SIZES --devices 2 ($left s of the budget left)"
+        timeout -s INT -k 20 "$left" $py -m prism.cli bench emulate --sizes "$EMULATE_SIZES" --devices 2 \
+            --json "$out/emulate.json"
+        echo "bench emulate exit $?"
+    else
+        echo "== prism bench emulate --sizes $EMULATE_SIZES: not run, $left s of the budget left < ${EMULATE_NEED_S:-150} s"
+    fi 2>&1 | tee "$out/emulate.log"
+fi
 for f in "$work"/w*-capture.log; do
-    [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: rank " "$f" | tail -40; }
+    [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: " "$f" | tail -40; }
 done > "$out/captures.log" 2>&1
 ls -la "$out"
 exit $code

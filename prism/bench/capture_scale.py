@@ -106,22 +106,39 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def _stage(cmd: list[str], what: str) -> tuple[float, int]:
-    """Run one stage to its end: (wall seconds, the stage process's own max RSS in bytes, from wait4)."""
+def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[float, int]:
+    """Run one stage to its end: (wall seconds, the stage process's own max RSS in bytes, from wait4). A stage
+    still running after `timeout` seconds is stopped (SIGTERM, then SIGKILL) and reported as such."""
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(max(1.0, timeout), _stop_process, args=(proc,))
+            timer.daemon = True
+            timer.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        if timer is not None:
+            timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.monotonic() - start
         if proc.returncode != 0:
             err.seek(0)
-            raise RuntimeError(f"{what} failed ({proc.returncode}):\n{err.read()[-2000:]}")
+            late = f" after {wall:.0f} s (stopped: over the {timeout:.0f} s left of the budget)" \
+                if timeout is not None and wall >= timeout else ""
+            raise RuntimeError(f"{what} failed ({proc.returncode}){late}:\n{err.read()[-2000:]}")
     return wall, usage.ru_maxrss * 1024
 
 
+def _stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    kill = threading.Timer(10.0, lambda: proc.poll() is None and proc.kill())
+    kill.daemon = True
+    kill.start()
+
+
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
-            warmup: bool = True, timeout: float | None = None) -> dict:
+            warmup: bool = True, timeout: float | None = None, emulate: bool = False) -> dict:
     job = work / f"w{w}"
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(w), "--mode", "capture", "--devices",
            str(devices), "--out", str(job), "--force", "--progress"] + ([] if payloads else ["--no-payloads"]) \
@@ -153,7 +170,13 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     if proc.returncode != 0:
         err = (work / f"w{w}-capture.log").read_text()
         raise RuntimeError(f"capture at W={w} failed ({proc.returncode}) after {wall:.0f} s:\n{err[-3000:]}")
-    graph_s, graph_rss = _stage([sys.executable, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}")
+    deadline = None if timeout is None else start + timeout
+
+    def left() -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
+    graph_s, graph_rss = _stage([sys.executable, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}",
+                                left())
     meta = json.loads((job / "raw" / "meta.json").read_text())
     import pyarrow.parquet as pq
 
@@ -171,13 +194,51 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     }
     if pipeline:
         row["plan_s"], row["plan_rss"] = _stage([sys.executable, "-m", "prism.slices.plan", "--job", str(job),
-                                                 "--devices", str(devices), "--representative"], f"plan at W={w}")
+                                                 "--devices", str(devices), "--representative"], f"plan at W={w}",
+                                                left())
         row["slices_bytes"] = _folder_bytes(job / "slices")
         row["calibrate_s"], row["calibrate_rss"] = _stage(
-            [sys.executable, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}")
+            [sys.executable, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}", left())
         row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
+    if pipeline and emulate:
+        from prism.bench.emulate import emulate_once  # (it imports this module)
+
+        try:
+            em = emulate_once(job, None, 1, timeout=left())
+        except RuntimeError as exc:  # the rows before it stand; the table says why this one is missing
+            row["emulate_error"] = " ".join(str(exc).split())[:300]
+        else:
+            row.update({"emulate_s": em["wall_s"], "emulate_pss": em["pss_peak"], "emulate_startup_s": em["startup_s"],
+                        "emulate_communicators": em["communicators"], "emulate_sandbox": em["sandbox"],
+                        "emulate_iteration_s": em["iteration_s"],
+                        "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
+                        "emulation_bytes": _folder_bytes(job / "emulation")})
     shutil.rmtree(job, ignore_errors=True)
     return row
+
+
+def memory_short(w: int, done: list[dict], available=None) -> str | None:
+    """Why a capture of W ranks will not fit in this machine's memory, from the private MiB a rank measured at
+    the largest W already run (the launcher's own check assumes less, to refuse only what surely cannot fit);
+    None when it fits or nothing was measured yet."""
+    measured = [r for r in done if r.get("rank_private_mib_max")]
+    if not measured:
+        return None
+    last = max(measured, key=lambda r: r["W"])
+    if available is None:
+        from prism.runtime.limits import available_memory
+
+        available = available_memory()[0]
+    # the ranks' private memory at the rate measured (its largest rank), the zygote and coordinator as measured
+    # (tree PSS beyond the ranks' share), and the page cache of what the capture writes
+    per_rank = last["rank_private_mib_max"] * 2**20
+    rest = max(0, last["pss_peak"] - last["W"] * last["rank_private_mib_median"] * 2**20)
+    need = w * per_rank + rest + (last["raw_bytes"] + last["payload_bytes"]) * w / last["W"]
+    if need <= available:
+        return None
+    return (f"needs ~{need / 2**30:.1f} GiB ({last['rank_private_mib_max']:.1f} MiB a rank as measured at "
+            f"W={last['W']}, the zygote and what it writes), only {available / 2**30:.1f} GiB available: not "
+            "started (a machine with more memory, or fewer ranks)")
 
 
 def print_table(rows: list[dict], args) -> None:
@@ -206,6 +267,19 @@ def print_table(rows: list[dict], args) -> None:
                      (r["calibrate_s"], r["calibrate_rss"], r["calibrated_bytes"])]
             text = [f"{s:6.1f}/{m / gib:5.2f}/{r['events'] / s:9,.0f}/{b / mib:6.1f}" for s, m, b in cells]
             print(f"{r['W']:>5} {r['events']:>10,} " + " ".join(f"{t:>28}" for t in text))
+    emulated = [r for r in rows if "emulate_s" in r or "emulate_error" in r]
+    if emulated:
+        print("\nemulate, one sandbox rank (default SPEC) on 1 device slot: wall s / tree PSS GiB / start-up s / "
+              "communicators / s per iteration (sandbox measured, calibrated) / emulation MiB")
+        for r in emulated:
+            if "emulate_error" in r:
+                print(f"{r['W']:>5} failed: {r['emulate_error']}")
+                continue
+            it, cal = r["emulate_iteration_s"], r["emulate_calibrated_iteration_s"]
+            print(f"{r['W']:>5} sandbox {r['emulate_sandbox']:>5} {r['emulate_s']:7.1f} {r['emulate_pss'] / gib:6.2f} "
+                  f"{r['emulate_startup_s'] or 0:6.2f} {r['emulate_communicators'] or 0:>4} "
+                  f"{it if it is not None else float('nan'):8.3f} {cal if cal is not None else float('nan'):8.3f} "
+                  f"{r['emulation_bytes'] / mib:8.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-payloads", action="store_true")
     parser.add_argument("--no-warmup", action="store_true", help="no workload warm-up in the zygote")
     parser.add_argument("--pipeline", action="store_true", help="also time the slice plan and calibration")
+    parser.add_argument("--emulate", action="store_true",
+                        help="with --pipeline: also time `prism emulate` of one sandbox rank (the default SPEC)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: skip a size whose extrapolated capture would not end in time")
     parser.add_argument("--json", type=Path, help="write the rows to this file (after each size)")
@@ -236,18 +312,23 @@ def main(argv: list[str] | None = None) -> int:
         left = None if args.budget is None else args.budget - (time.monotonic() - began)
         if left is not None and done:
             last = done[-1]
-            per_rank = (last["wall_s"] + last["graph_s"] + last.get("plan_s", 0) + last.get("calibrate_s", 0)) \
-                / last["W"]
+            per_rank = (last["wall_s"] + last["graph_s"] + last.get("plan_s", 0) + last.get("calibrate_s", 0)
+                        + last.get("emulate_s", 0)) / last["W"]
             guess = per_rank * w
             if guess > left:
                 rows.append({"W": w, "skipped": f"extrapolated {guess:.0f} s (from W={last['W']}) > {left:.0f} s "
                                                  "left of the budget"})
                 print(f"  W={w}: {rows[-1]['skipped']}", file=sys.stderr, flush=True)
                 continue
+        too_big = memory_short(w, done)
+        if too_big:
+            rows.append({"W": w, "skipped": too_big})
+            print(f"  W={w}: {too_big}", file=sys.stderr, flush=True)
+            continue
         print(f"  W={w} ...", file=sys.stderr, flush=True)
         try:
             rows.append(run_one(w, args.devices, args.steps, not args.no_payloads, work, args.pipeline,
-                                not args.no_warmup, timeout=left))
+                                not args.no_warmup, timeout=left, emulate=args.emulate))
         except RuntimeError as exc:
             lines = [l for l in str(exc).splitlines() if l.strip()]
             rows.append({"W": w, "skipped": " ".join(dict.fromkeys([lines[0], lines[-1]]))})

@@ -50,15 +50,22 @@ def prepare(w: int, devices: int, steps: int, work: Path) -> Path:
     return job
 
 
-def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] = ()) -> dict:
-    """Time one ``prism emulate`` of `job`; returns the row of the table."""
+def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] = (),
+                 timeout: float | None = None) -> dict:
+    """Time one ``prism emulate`` of `job`; returns the row of the table. Stopped (SIGTERM: prism stops its
+    ranks and writes no partial `emulation/`) and reported as failed after `timeout` seconds."""
     cmd = [sys.executable, "-m", "prism.cli", "emulate", "--job", str(job), "--devices", str(devices), "--force",
            *extra] + ([] if sandbox is None else ["--sandbox", sandbox])
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sampler = TreeMemory(proc.pid, period=0.5)
     sampler.start()
-    _, err = proc.communicate()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        _, err = proc.communicate()
+        err = f"stopped after {timeout:.0f} s (the time left)\n" + err
     wall = time.monotonic() - start
     sampler.stop.set()
     sampler.join()

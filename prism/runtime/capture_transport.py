@@ -101,6 +101,7 @@ class CaptureClient:
         # with the device memory this rank holds (what a swap would move; 0 before it uses CUDA)
         held = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
         self.send(("wait", keys, time.thread_time_ns(), held))
+        memory.trim()  # while the coordinator decides: free C heap pages go back (~1 MiB a rank)
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
         self.blocks += 1
@@ -164,6 +165,10 @@ class CaptureClient:
                  "private_bytes": memory.private_bytes(), "groups_created": CaptureTransport.created,
                  "groups_used": CaptureTransport.linked}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
+        profile = os.environ.get("PRISM_MEMORY_PROFILE")  # a profiling aid: scripts/rank_memory.py
+        if profile:
+            where = memory.private_by_kind(os.getppid())
+            Path(profile, f"rank={self.rank}.json").write_text(json.dumps(where))
         schema = schemas.with_version(schemas.RAW_PAYLOADS)
         table = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in self.payload_rows], schema=schema)
         tmp = folder / "payloads.arrow.tmp"

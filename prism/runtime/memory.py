@@ -11,10 +11,17 @@ above and tracks its growth, but is not equal to it.
 
 from __future__ import annotations
 
+import array
+import ctypes
+import ctypes.util
 import os
 import resource
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+try:
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _malloc_trim = None
 
 
 class MemoryProbe:
@@ -49,3 +56,71 @@ def private_bytes(pid: int | str = "self") -> int:
     except OSError:
         return 0
     return total
+
+
+def trim() -> None:
+    """Give the C heap's free pages back to the kernel (glibc `malloc_trim`; nothing elsewhere). In a forked
+    rank these are mostly pages copied on write from the zygote's heap and then freed."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _kind(name: str) -> str:
+    if name == "[heap]":
+        return "heap"
+    if not name:
+        return "anon"
+    if name.startswith("[stack"):
+        return "stack"
+    return "file" if name.startswith("/") else name.strip("[]")
+
+
+def private_by_kind(parent: int | None = None) -> dict[str, dict[str, int]]:
+    """Where this process's private memory is, bytes by mapping kind (heap, anon, file, stack, ...):
+    `private` from /proc/self/smaps; with `parent` (the zygote's pid) and a readable pagemap (root), also how
+    much of it are `copied` pages (written here, present in the parent at the same address: copy-on-write
+    of what the zygote shares) and `new` ones (not present in the parent). A profiling aid
+    (`PRISM_MEMORY_PROFILE`, scripts/rank_memory.py), not run otherwise."""
+    out: dict[str, dict[str, int]] = {}
+    ranges = []
+    kind = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=6)
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                kind = _kind(head[5].strip() if len(head) > 5 else "")
+                if "w" in head[1]:
+                    ranges.append((lo, hi, kind))
+            elif head[0] in ("Private_Clean:", "Private_Dirty:"):
+                out.setdefault(kind, {"private": 0, "copied": 0, "new": 0})["private"] += int(head[1]) * 1024
+    if parent is None:
+        return out
+    try:
+        mine, theirs = open("/proc/self/pagemap", "rb"), open(f"/proc/{parent}/pagemap", "rb")
+    except OSError:
+        return out
+    present, exclusive, pfn = 1 << 63, 1 << 56, (1 << 55) - 1
+    seen_pfn = False  # the kernel shows page frame numbers to CAP_SYS_ADMIN only: else they read 0
+    with mine, theirs:
+        for lo, hi, kind in ranges:
+            n = (hi - lo) // _PAGE
+            mine.seek(lo // _PAGE * 8)
+            theirs.seek(lo // _PAGE * 8)
+            a, b = mine.read(n * 8), theirs.read(n * 8)
+            b += bytes(len(a) - len(b))
+            if not any(a[i + 7] & 0x80 for i in range(0, len(a), 8)):
+                continue
+            ours, parents = array.array("Q", a), array.array("Q", b)
+            row = out.setdefault(kind, {"private": 0, "copied": 0, "new": 0})
+            for x, y in zip(ours, parents):
+                if x & present and x & exclusive:
+                    seen_pfn = seen_pfn or bool(x & pfn)
+                    if not y & present:
+                        row["new"] += _PAGE
+                    elif (x & pfn) != (y & pfn):
+                        row["copied"] += _PAGE
+    if not seen_pfn:  # nothing can be told apart without them
+        for row in out.values():
+            row["copied"] = row["new"] = 0
+    return out
