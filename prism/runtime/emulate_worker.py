@@ -180,16 +180,12 @@ class EmulationWorker(ReplayServer):
         self.state[name] = "done"
 
 
-def progress_reporter(status_dir: Path):
-    """The timed replay's progress: a line per emulated iteration on the worker's stderr (the launcher
-    forwards it) and `status_dir/emulate.progress` (JSON: iteration done, iterations, seconds since t0),
-    replaced atomically, for a launcher's progress bar."""
+def progress_reporter():
+    """The timed replay's progress: a line per emulated iteration of the virtual ranks' clock on the worker's
+    stderr (the launcher forwards it; the sandbox ranks' own iterations are the launcher's progress bar)."""
     def report(iteration: int, done: int, iterations: int, t_s: float) -> None:
         print(f"[prism] emulation: iteration {iteration} emulated ({done}/{iterations}), {t_s:.2f} s since the "
               "common start", file=sys.stderr, flush=True)
-        tmp = status_dir / "emulate.progress.tmp"
-        tmp.write_text(json.dumps({"iteration": iteration, "done": done, "iterations": iterations, "t_s": t_s}))
-        tmp.replace(status_dir / "emulate.progress")
     return report
 
 
@@ -214,7 +210,7 @@ def serve(spec: dict) -> int:
     if found is not None:
         try:
             worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
-                                                    progress=progress_reporter(status_dir))
+                                                    progress=progress_reporter())
         except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
             print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
                   file=sys.stderr, flush=True)
