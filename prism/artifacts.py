@@ -60,7 +60,8 @@ def _temp_name(path: Path) -> Path:
 def conform(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:
     """`table` with exactly `schema`'s columns, order and types, plus ``schema_version`` and
     ``prism.run_id`` metadata."""
-    missing = [name for name in schema.names if name not in table.column_names]
+    present = set(table.column_names)
+    missing = [name for name in schema.names if name not in present]
     if missing:
         raise ArtifactError(f"table lacks columns {missing} required by the schema")
     if not run_id:
@@ -155,7 +156,8 @@ def read_raw_stream(path: str | Path, schema: pa.Schema | None = None) -> pa.Tab
     _check_stream_version(path, table.schema)
     if schema is None:
         return table
-    missing = [name for name in schema.names if name not in table.column_names]
+    present = set(table.column_names)
+    missing = [name for name in schema.names if name not in present]
     if missing:
         raise ArtifactError(f"{path}: lacks columns {missing}; written by an incompatible prism runtime")
     try:

@@ -43,7 +43,29 @@ def _mib(b) -> str:
     return "n/a" if b is None or b < 0 else f"{b / 2**20:.1f} MiB"
 
 
+def oom_lines(job_dir: Path) -> list[str]:
+    """A run that ran out of device memory (`OUT/oom.json`, prism/runtime/oom.py): the finding, plainly."""
+    path = next((p for p in (job_dir / "oom.json", job_dir / "capture" / "oom.json") if p.is_file()), None)
+    if path is None:
+        return []
+    found = json.loads(path.read_text())
+    lines = [f"FINDING: the program ran out of device memory ({found['mode']} of {found['world_size']} ranks; "
+             f"exit code {found['exit_code']}; {path}):"]
+    for r in found["ooms"]:
+        size, limit = r.get("requested_bytes"), r.get("limit_bytes")
+        lines.append(f"  rank {r['rank']}: iteration {r['iteration']}, microbatch {r['microbatch']} "
+                     f"(after {r['phase']}), asked for {'?' if size is None else f'{size:,}'} bytes"
+                     + (f" with {r['reserved_bytes']:,} reserved" if r.get("reserved_bytes") is not None else "")
+                     + (f", limit {limit:,} bytes per rank" if limit else ""))
+    lines.append("This is a result about the program at this memory limit, not a failure of prism: the job "
+                 "does not fit; the stages after capture have nothing to run.")
+    return lines
+
+
 def summarize(job_dir: Path) -> str:
+    oom = oom_lines(job_dir)
+    if oom and not (job_dir / "graph" / "events.parquet").is_file():
+        return "\n".join([f"prism summary of {job_dir}", ""] + oom) + "\n"
     con = duckdb.connect()
     graph = job_dir / "graph"
     for name in ("events", "comms", "groups", "ranks"):
@@ -65,7 +87,7 @@ def summarize(job_dir: Path) -> str:
     coords = con.execute(
         "SELECT max(tp)+1, max(pp)+1, max(dp)+1, max(ep)+1, max(iterations) FROM ranks").fetchone()
     n_events = con.execute("SELECT count(*) FROM events").fetchone()[0]
-    lines = [f"prism summary of {job_dir}", ""]
+    lines = [f"prism summary of {job_dir}", ""] + oom
     dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
                  f"events: {n_events:,}, mode: {meta.get('mode', '?')}, device: {meta.get('device', '?')}")
@@ -100,6 +122,12 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
     lines = [f"capture: {meta['world_size']} ranks on {meta.get('devices')} device slots in "
              f"{meta.get('wall_s', 0):.1f} s; {stats.get('context_switches', 0):,} context switches, "
              f"{stats.get('completed_comms', 0):,} communications completed"]
+    if stats.get("swaps_out") is not None:  # CUDA with --device-memory-gb: device state moved to host and back
+        iters = max(1, con.execute("SELECT max(iterations) FROM ranks").fetchone()[0] or 1)
+        lines.append(f"device-state swaps (CUDA checkpoint): {stats['swaps_out']} out, {stats['swaps_in']} in "
+                     f"({(stats['swaps_out'] + stats['swaps_in']) / iters:.1f} per iteration), "
+                     f"{(stats['swap_out_bytes'] + stats['swap_in_bytes']) / iters / 2**20:.1f} MiB and "
+                     f"{(stats['swap_out_s'] + stats['swap_in_s']) / iters:.2f} s per iteration")
     payloads = job_dir / "capture" / "payloads"
     if payloads.is_dir():
         files = [p.stat().st_size for p in payloads.rglob("*.bin")]

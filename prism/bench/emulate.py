@@ -2,16 +2,22 @@
 
 For each W: capture the reference workload (the layouts of `prism bench capture`) on P slots, build the
 graph, calibrate (bare graph), then time ``prism emulate --sandbox SPEC --devices P``. Prints, per W:
-start-up s (the launcher's, from ``emulation/meta.json``), peak memory of the whole emulation (summed
-PSS of its process tree, sampled, as `prism bench capture` measures it), communicators created, wall time
-per emulated iteration (the sandbox's measured iteration time, median over iterations >= 1) and the
-emulation's wall time. Group reduction shows as start-up, memory and communicators flat in W.
+start-up s (the replay worker's, from its start to the common start t0, from ``emulation/meta.json``),
+peak memory of the whole emulation (summed PSS of its process tree, sampled, as `prism bench capture`
+measures it), communicators created, wall time per emulated iteration (the sandbox's measured iteration
+time, median over iterations >= 1) beside the calibrated prediction for that rank, the dependency cone
+(virtual events driven live / all virtual events), the most the virtual clock was late at a real op
+(how long the simulator, not the modelled job, made the sandbox wait) and the emulation's wall time.
+Group reduction shows as start-up, memory and communicators flat in W. ``--json OUT`` also writes the
+rows (and the host's load) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -20,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -63,28 +70,120 @@ def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] 
     sandbox_rows = it.filter(pc.equal(it["source"].cast("string"), "sandbox"))
     per_iter = [d for k, d in zip(sandbox_rows["iteration"].to_pylist(), sandbox_rows["duration_ns"].to_pylist())
                 if k >= 1] or sandbox_rows["duration_ns"].to_pylist()
+    cal = pq.read_table(job / "calibrated" / "iterations.parquet")
+    ranks = [int(r) for r in meta.get("sandbox", [])]
+    cal = cal.filter(pc.is_in(cal["rank"], pa.array(ranks, pa.int32())))
+    predicted = [d for k, d in zip(cal["iteration"].to_pylist(), cal["duration_ns"].to_pylist()) if k >= 1]
+    cone = stats.get("cone") or {}
     return {
         "W": meta.get("world_size"), "sandbox": ",".join(map(str, meta.get("sandbox", []))), "wall_s": wall,
         "startup_s": stats.get("startup_s"), "pss_peak": sampler.peak, "communicators": stats.get("communicators"),
         "iteration_s": statistics.median(per_iter) / 1e9 if per_iter else None,
+        "iteration_samples": len(per_iter),
+        "calibrated_iteration_s": statistics.median(predicted) / 1e9 if predicted else None,
+        "cone_live_events": cone.get("cone_live_events"), "virtual_events": cone.get("virtual_events"),
+        "gate_late_max_ms": cone.get("gate_late_max_ms"), "real_comms_gated": cone.get("real_comms_gated"),
+        "replay_setup_s": cone.get("replay_setup_s"), "replay_kernel_s": cone.get("replay_kernel_s"),
     }
+
+
+def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
+    """The timed replay alone on a synthetic calibrated job of W ranks (`calibrate.synthetic.training_graph`,
+    ~2000 events a rank; no capture, so W=1024 and beyond fit this box): the cone of one sandbox rank (tp=0,
+    dp=0 of the last stage), the replay's set-up time, and the kernel time to drive the cone with every
+    real op completing at its calibrated time. Also checks that the virtual arrivals at every real op are
+    then exactly the calibrated ones (the clock adds no wait of its own)."""
+    import numpy as np
+
+    from prism import schemas
+    from prism.calibrate.arrays import KINDS
+    from prism.calibrate.sweep import discover
+    from prism.calibrate.synthetic import layout_for, training_graph
+    from prism.runtime.cone import ARRIVE, ARRIVE_RECV
+    from prism.runtime.timed_replay import TimedReplay
+
+    layout = layout_for(w)
+    layout = type(layout)(**{**layout.__dict__, "iterations": iterations})
+    syn = training_graph(layout, labels=False)
+    g = syn.graph
+    _, tl = discover(g, syn.durations, syn.transfer)
+    n = g.n_events
+    rank = np.repeat(np.arange(w, dtype=np.int32), np.diff(g.rank_ptr))
+    folder = work / f"synthetic-w{w}"
+    (folder / "graph").mkdir(parents=True, exist_ok=True)
+    (folder / "calibrated").mkdir(parents=True, exist_ok=True)
+    ids = np.arange(n, dtype=np.int64)
+    seq = ids - g.rank_ptr[rank]
+    pq.write_table(pa.table({
+        "event_id": ids, "rank": rank, "seq": seq,
+        "kind": pa.array(np.asarray(KINDS, dtype=object)[g.kind], pa.string()).dictionary_encode(),
+        "comm_id": g.comm, "op_event_id": g.wait_op, "iteration": np.zeros(n, dtype=np.int32),
+        "group": pa.nulls(n, pa.string()), "group_seq": np.full(n, -1, dtype=np.int64),  # (names: not needed)
+        "peer": np.full(n, -1, dtype=np.int32), "tag": np.zeros(n, dtype=np.int32)}),
+        folder / "graph" / "events.parquet")
+    pq.write_table(pa.table({"rank": rank, "seq": seq, "event_id": ids, "start_ns": tl.start_ns,
+                             "end_ns": tl.end_ns}, schema=schemas.TIMELINE), folder / "calibrated" / "timeline.parquet")
+    sandbox = (layout.pp - 1) * layout.tp * layout.dp
+    replay = TimedReplay(folder / "graph" / "events.parquet", folder / "calibrated" / "timeline.parquet", {sandbox})
+    job = replay.job
+    real = [int(c) for c in job.comm_ids[replay.driven_mask]]
+    replay.simulate({c: int(tl.comm_end_ns[c]) for c in real})
+    issue = (job.code >= ARRIVE) & (job.code <= ARRIVE_RECV) & job.virtual
+    want = np.full(len(job.comm_ids), -(2**62), dtype=np.int64)
+    np.maximum.at(want, job.comm[issue], job.start[issue])
+    wrong = [c for c in real if replay.arrival(c) != want[replay.index[c]]]
+    live, total = job.cone_size
+    shutil.rmtree(folder, ignore_errors=True)
+    iteration_ns = float(tl.end_ns.max()) / iterations
+    return {"W": w, "layout": f"tp{layout.tp}·pp{layout.pp}·dp{layout.dp}·ep{layout.ep}", "sandbox": sandbox,
+            "events": n, "cone_live_events": live, "virtual_events": total, "real_comms": len(real),
+            "setup_s": replay.setup_s, "setup_cpu_s": replay.setup_cpu_s, "kernel_s": replay.kernel_s,
+            "kernel_s_per_iteration": replay.kernel_s / iterations, "kernel_cpu_s": replay.kernel_cpu_s,
+            "kernel_cpu_s_per_iteration": replay.kernel_cpu_s / iterations,
+            "modelled_iteration_s": iteration_ns / 1e9, "arrivals_off_calibrated": len(wrong)}
+
+
+def synthetic_table(rows: list[dict]) -> str:
+    lines = ["prism bench emulate --synthetic: the timed replay alone (no capture), one sandbox rank",
+             f"{'W':>5} {'layout':<18} {'events':>10} {'cone (live/virtual)':>26} {'real ops':>8} {'set-up s':>8} "
+             f"{'(CPU s)':>7} {'kernel ms/iter':>14} {'(CPU ms)':>8} {'modelled ms/iter':>16} {'arrivals off':>12}"]
+    for r in rows:
+        lines.append(f"{r['W']:>5} {r['layout']:<18} {r['events']:>10,} {_cone(r):>26} {r['real_comms']:>8} "
+                     f"{r['setup_s']:8.2f} {r['setup_cpu_s']:7.2f} {1e3 * r['kernel_s_per_iteration']:14.2f} "
+                     f"{1e3 * r['kernel_cpu_s_per_iteration']:8.2f} {1e3 * r['modelled_iteration_s']:16.2f} "
+                     f"{r['arrivals_off_calibrated']:>12}")
+    return "\n".join(lines)
 
 
 def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _cone(r: dict) -> str:
+    live, total = r.get("cone_live_events"), r.get("virtual_events")
+    if live is None or not total:
+        return "n/a"
+    return f"{live}/{total} ({100 * live / total:.0f}%)"
+
+
 def table(rows: list[dict], devices: int, steps: int) -> str:
     gib = 2**30
     lines = [f"prism bench emulate: one sandbox rank, P={devices}, {steps} steps, tiny MoE model",
              f"{'W':>5} {'layout':<18} {'sandbox':>7} {'start-up s':>10} {'PSS peak':>9} {'communicators':>13} "
-             f"{'s/iteration':>11} {'wall s':>7}"]
+             f"{'s/iteration':>11} {'calibrated':>10} {'cone (live/virtual)':>22} {'late ms':>8} {'wall s':>7}"]
     for r in rows:
         layout = "tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[r["W"]]) if r["W"] in LAYOUTS else "?"
         lines.append(f"{r['W']:>5} {layout:<18} {r['sandbox']:>7} {_fmt(r['startup_s'], '10.2f')} "
                      f"{r['pss_peak'] / gib:8.2f}G {_fmt(r['communicators'], '>13')} "
-                     f"{_fmt(r['iteration_s'], '11.3f')} {r['wall_s']:7.1f}")
+                     f"{_fmt(r['iteration_s'], '11.3f')} {_fmt(r.get('calibrated_iteration_s'), '10.3f')} "
+                     f"{_cone(r):>22} {_fmt(r.get('gate_late_max_ms'), '8.1f')} {r['wall_s']:7.1f}")
     return "\n".join(lines)
+
+
+def _host() -> dict:
+    load = os.getloadavg()
+    return {"hostname": platform.node(), "cores": len(os.sched_getaffinity(0)), "loadavg": list(load),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,11 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--sandbox", help="SPEC (default: the stage's, one rank of the last pipeline stage)")
     parser.add_argument("--out", type=Path, help="folder for the jobs (default: a temporary one, removed)")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                        help="print the tables of JSON files written by --json, run nothing")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --out: emulate the calibrated jobs a previous run left there again (no capture)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="time the timed replay alone on synthetic calibrated jobs (powers of two; no capture)")
     args = parser.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
         print(f"prism bench emulate: --sizes {args.sizes!r}: comma-separated numbers", file=sys.stderr)
+        return 2
+    if args.summarize:
+        return summarize(args.summarize)
+    if args.synthetic:
+        return _main_synthetic(args, sizes, argv)
+    if args.reuse and args.out is None:
+        print("prism bench emulate: --reuse needs --out DIR (the folder of a previous run)", file=sys.stderr)
         return 2
     bad = [s for s in sizes if s not in LAYOUTS]
     if bad:
@@ -109,19 +222,76 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for w in sizes:
-            print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
-            job = prepare(w, args.devices, args.steps, work)
+            job = work / f"w{w}"
+            if args.reuse and (job / "calibrated" / "timeline.parquet").is_file():
+                print(f"  W={w}: reusing the calibrated job {job}", file=sys.stderr, flush=True)
+            else:
+                print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
+                job = prepare(w, args.devices, args.steps, work)
             print(f"  W={w}: emulate ...", file=sys.stderr, flush=True)
-            rows.append(emulate_once(job, args.sandbox, args.devices))
+            row = dict(emulate_once(job, args.sandbox, args.devices),
+                       layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), host=_host())
+            rows.append(row)
+            print("  " + json.dumps(row), file=sys.stderr, flush=True)
+            if args.out is None:
+                shutil.rmtree(job, ignore_errors=True)  # (a W=1024 job is large: one at a time)
     except RuntimeError as exc:
         print(f"prism bench emulate: {exc}", file=sys.stderr)
         return 1
     finally:
         if args.out is None:
             shutil.rmtree(work, ignore_errors=True)
+        if args.json is not None and rows:
+            _write_json(args.json, argv, {"devices": args.devices, "steps": args.steps, "rows": rows})
     print()
     print(table(rows, args.devices, args.steps))
     return 0
+
+
+def summarize(paths: list[Path]) -> int:
+    """The tables of saved runs (``--json``), each under the command that made it."""
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+            rows = doc["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"prism bench emulate --summarize: {path}: not a --json file of this bench ({exc})",
+                  file=sys.stderr)
+            return 2
+        loads = sorted({round(r["host"]["loadavg"][0], 1) for r in rows if "host" in r})
+        print(f"{path}: {doc.get('command')} (1-min load average during the rows: {loads})")
+        print(synthetic_table(rows) if doc.get("synthetic") else table(rows, doc.get("devices"), doc.get("steps")))
+        print()
+    return 0
+
+
+def _write_json(path: Path, argv, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"command": "prism bench emulate " + " ".join(argv if argv is not None else sys.argv[1:]),
+                               **payload}, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _main_synthetic(args, sizes: list[int], argv) -> int:
+    bad = [s for s in sizes if s < 4 or s & (s - 1)]
+    if bad:
+        print(f"prism bench emulate --synthetic: W={bad}: powers of two >= 4", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="prism-bench-emulate-syn-"))
+    rows = []
+    try:
+        for w in sizes:
+            print(f"  W={w}: synthetic job, timed replay ...", file=sys.stderr, flush=True)
+            rows.append(dict(synthetic(w, work, args.steps), host=_host()))
+            print("  " + json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if args.json is not None and rows:
+            _write_json(args.json, argv, {"synthetic": True, "steps": args.steps, "rows": rows})
+    print()
+    print(synthetic_table(rows))
+    return 0 if all(r["arrivals_off_calibrated"] == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,23 +1,32 @@
-"""`prism bench pruning`: bytes a group's all-reduce moves with and without pruning, from the protocol.
+"""`prism bench pruning`: real emulations with pruning on and off — communicators, bytes moved, wall time.
 
-Not timed: for each group size n and number s of sandbox members (placed first, spread, last in group
-order) it runs the pruned all-reduce of `prism.runtime.pruned` on one-element tensors, counts the bytes of
-the messages the protocol sends, and checks the result against `semantics.reduce` bitwise. Columns, in
-units of the reduced tensor's size S:
+For each workload layout and W: capture the tiny MoE workload (`prism launch --mode capture`, P=2), then
+run `prism launch --mode emulate` of one sandbox rank twice, pruning on and `--no-pruning` (no calibration:
+the replay is untimed, so the wall time is the exchange's, not a calibrated clock's). Prints per run the
+communicators created (sandbox's and worker's), the tensor bytes moved through the transport (collectives
+and point-to-point, both directions: `raw/meta.json` `emulation.bytes_moved`) and the launch's wall time,
+and the on/off ratios. The sandbox's printed losses and gradient norms must be identical on and off
+(the bench fails otherwise).
 
-- ring: a full ring all-reduce among all n members (what runs without pruning: 2(n-1) S);
-- chain: the pruned protocol (exact chain fold through the sandbox members and one compensator per run of
-  virtual members, then the result to each sandbox member);
-- gather: the alternative where each sandbox member folds itself and so must receive every contribution
-  after the first sandbox member one by one (only the leading run can be pre-folded: a left fold does not
-  re-associate).
+    prism bench pruning [--sizes 8,16] [--layouts tp,pp] [--steps 2] [--work DIR]
+    prism bench pruning --protocol [--sizes 2,4,8,16,32,64] [--sandbox 1,2,3]
 
-    prism bench pruning [--sizes 2,4,8,16,32,64] [--sandbox 1,2,3]
+`--protocol` prints instead, without running anything, the bytes one group's all-reduce moves in units
+of the tensor size S, from the protocol executed in one process (`prism.runtime.pruned.PrunedGroup`):
+ring (a full ring all-reduce among all n members, 2(n-1) S), chain (the pruned protocol), gather (each
+sandbox member folding everything itself: only the leading run can be pre-folded).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
@@ -25,7 +34,70 @@ from prism.runtime import semantics
 from prism.runtime.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
 from prism.runtime.semantics import RedOp
 
+SMALL = ["--micro-batch-size", "1", "--seq-len", "16", "--hidden", "32", "--ffn-hidden", "32", "--heads", "2",
+         "--kv-heads", "2", "--vocab", "64"]
 
+
+def layout(name: str, w: int) -> tuple[str, list[str], int]:
+    """(label, workload arguments, sandbox rank) of a layout at W: the layouts of the emulate-mode tests
+    with dp grown to fill W; the sandbox is a rank that prints the loss (tp 0 of the last stage)."""
+    if name == "tp":
+        dp = w // 2
+        return f"tp2-dp{dp}-ep2", ["--tp", "2", "--dp", str(dp), "--ep", "2"], 0
+    if name == "pp":
+        dp = w // 2
+        return f"pp2-dp{dp}-mb4-varseq", ["--pp", "2", "--dp", str(dp), "--microbatches", "4", "--var-seq"], w // 2
+    raise ValueError(name)
+
+
+STEP = re.compile(r"step=(\d+) (loss|grad_norm)=(\S+)")
+
+
+def _launch(args: list[str], what: str) -> tuple[float, str]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "prism.cli", "launch", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return time.monotonic() - start, proc.stdout + proc.stderr
+
+
+def measure(name: str, w: int, steps: int, work: Path) -> dict:
+    label, args, sandbox = layout(name, w)
+    prog = ["-m", "prism.workloads.moe_gpt", *args, *SMALL, "--steps", str(steps)]
+    job = work / f"{label}-w{w}"
+    _launch(["--nproc", str(w), "--mode", "capture", "--devices", "2", "--out", str(job / "capture"), *prog],
+            f"capture of {label} at W={w}")
+    row = {"layout": label, "W": w, "sandbox": sandbox}
+    printed = {}
+    for on in (True, False):
+        out = job / ("on" if on else "off")
+        wall, text = _launch(["--nproc", str(w), "--mode", "emulate", "--capture", str(job / "capture"),
+                              "--sandbox", str(sandbox), "--devices", "1", *([] if on else ["--no-pruning"]),
+                              "--out", str(out), *prog], f"emulation of {label} at W={w} (pruning {on})")
+        emu = json.loads((out / "raw" / "meta.json").read_text())["emulation"]
+        key = "on" if on else "off"
+        row.update({f"{key}_communicators": emu["communicators"], f"{key}_bytes": emu["bytes_moved"],
+                    f"{key}_wall_s": wall})
+        printed[key] = sorted(STEP.findall(text))
+    if printed["on"] != printed["off"] or not printed["on"]:
+        raise RuntimeError(f"{label} at W={w}: the sandbox printed different losses with pruning on and off:\n"
+                           f"{printed['on']}\n{printed['off']}")
+    return row
+
+
+def emulation_table(rows: list[dict], steps: int) -> str:
+    lines = [f"prism bench pruning: one sandbox rank, tiny MoE model, {steps} steps, capture on P=2, untimed replay",
+             f"{'layout':<22} {'W':>3} {'sandbox':>7} | {'comms on':>8} {'comms off':>9} | {'bytes on':>12} "
+             f"{'bytes off':>12} {'on/off':>6} | {'wall on s':>9} {'wall off s':>10} {'on/off':>6}"]
+    for r in rows:
+        lines.append(f"{r['layout']:<22} {r['W']:>3} {r['sandbox']:>7} | {r['on_communicators']:>8} "
+                     f"{r['off_communicators']:>9} | {r['on_bytes']:>12,} {r['off_bytes']:>12,} "
+                     f"{r['on_bytes'] / r['off_bytes']:>6.3f} | {r['on_wall_s']:>9.1f} {r['off_wall_s']:>10.1f} "
+                     f"{r['on_wall_s'] / r['off_wall_s']:>6.2f}")
+    return "\n".join(lines)
+
+
+# -- --protocol: one group's all-reduce, from the protocol alone ------------------------------------------------
 def placements(n: int, s: int) -> dict[str, list[int]]:
     return {"first": list(range(s)),
             "spread": sorted({(i * n) // s + (n // s) // 2 for i in range(s)}),
@@ -46,18 +118,7 @@ def row(n: int, s: int, where: str, sandbox: list[int]) -> dict:
                 gather=individual_all_reduce_bytes(members, set(sandbox), size) // size)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="prism bench pruning", description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="2,4,8,16,32,64", help="group sizes n (comma-separated)")
-    p.add_argument("--sandbox", default="1,2,3", help="numbers of sandbox members s (comma-separated)")
-    args = p.parse_args(argv)
-    try:
-        sizes = [int(v) for v in args.sizes.split(",")]
-        counts = [int(v) for v in args.sandbox.split(",")]
-    except ValueError:
-        p.error("--sizes and --sandbox take comma-separated integers, e.g. --sizes 2,8 --sandbox 1,2")
-    if any(n < 2 for n in sizes) or any(s < 1 for s in counts):
-        p.error("group sizes must be >= 2 and sandbox counts >= 1")
+def protocol_table(sizes: list[int], counts: list[int]) -> None:
     print(f"{'n':>4} {'s':>2} {'placement':>9} {'participants':>12} {'ring':>6} {'chain':>6} {'gather':>7} "
           f"{'chain/ring':>10}   (bytes in units of the tensor size S)")
     for n in sizes:
@@ -68,6 +129,39 @@ def main(argv: list[str] | None = None) -> int:
                 r = row(n, s, where, sandbox)
                 print(f"{r['n']:>4} {r['s']:>2} {r['placement']:>9} {r['participants']:>12} {r['ring']:>6} "
                       f"{r['chain']:>6} {r['gather']:>7} {r['chain'] / r['ring']:>10.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="prism bench pruning", description=__doc__.split("\n")[0])
+    p.add_argument("--protocol", action="store_true", help="one group's all-reduce from the protocol alone")
+    p.add_argument("--sizes", default=None, help="W (default 8,16), or with --protocol group sizes n "
+                                                "(default 2,4,8,16,32,64)")
+    p.add_argument("--sandbox", default="1,2,3", help="--protocol: numbers of sandbox members s")
+    p.add_argument("--layouts", default="tp,pp", help="tp (tp2-dpX-ep2) and/or pp (pp2-dpX-mb4-varseq)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--work", default=None, help="folder for the jobs (default: a temporary one, removed)")
+    args = p.parse_args(argv)
+    try:
+        sizes = [int(v) for v in (args.sizes or ("2,4,8,16,32,64" if args.protocol else "8,16")).split(",")]
+        counts = [int(v) for v in args.sandbox.split(",")]
+    except ValueError:
+        p.error("--sizes and --sandbox take comma-separated integers, e.g. --sizes 2,8 --sandbox 1,2")
+    if args.protocol:
+        if any(n < 2 for n in sizes) or any(s < 1 for s in counts):
+            p.error("group sizes must be >= 2 and sandbox counts >= 1")
+        protocol_table(sizes, counts)
+        return 0
+    names = [v.strip() for v in args.layouts.split(",") if v.strip()]
+    if any(n not in ("tp", "pp") for n in names) or any(w < 4 or w % 4 for w in sizes):
+        p.error("--layouts takes tp and/or pp; --sizes multiples of 4 (tp2/pp2 with dp divisible by ep 2)")
+    with tempfile.TemporaryDirectory(prefix="prism-bench-pruning-") as tmp:
+        work = Path(args.work) if args.work else Path(tmp)
+        rows = []
+        for w in sizes:
+            for name in names:
+                rows.append(measure(name, w, args.steps, work))
+                print(emulation_table(rows[-1:], args.steps).splitlines()[-1], file=sys.stderr, flush=True)
+    print(emulation_table(rows, args.steps))
     return 0
 
 

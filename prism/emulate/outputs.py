@@ -1,12 +1,15 @@
 """The emulation's artifacts, built from what ``prism launch --mode emulate --out OUT`` wrote.
 
 OUT holds ``raw/meta.json`` (``t0_ns``: the common start of sandbox and replay on the host monotonic
-clock), ``raw/rank=R/events.arrow`` (each sandbox rank's PrismTrace, in the capture's program order),
-``raw/replay/events.arrow`` (the virtual ranks the replay worker drove) and ``logs/rank=R.log``.
+clock: the barrier `prism.runtime.common_start`; each sandbox rank's first event starts there),
+``raw/rank=R/events.arrow`` (each sandbox rank's PrismTrace, in the capture's program order),
+``raw/replay/events.arrow`` (the virtual events the replay worker drove live: the sandbox's dependency
+cone, `prism.runtime.cone`) and ``logs/rank=R.log``.
 
 - ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
-  (measured), replay rows (replayed in wall-clock time), and 'computed' rows for the rest: the calibrate
-  sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`).
+  (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other
+  event — those before any real op could move them and those after the last real op they could reach —
+  from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`).
 - ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
 - ``memory``: the sandbox ranks' memory at each of their markers.

@@ -76,7 +76,9 @@ def gantt(events: pl.DataFrame, path: pl.DataFrame | None, title: str) -> go.Fig
         fig.add_scatter(x=xs, y=ys, mode="lines+markers", name="critical path",
                         line=dict(color="black", width=2), marker=dict(size=4))
     fig.update_layout(barmode="overlay", bargap=0.3)
-    fig.update_yaxes(autorange="reversed", type="category")
+    ranks = sorted(events["rank"].unique().to_list())  # rank 0 on top, in rank order (not first-drawn order)
+    fig.update_yaxes(autorange="reversed", type="category", categoryorder="array",
+                     categoryarray=[f"rank {r}" for r in ranks])
     return _layout(fig, title, "us from the iteration's start", "", height=max(300, 60 + 40 * events["rank"].n_unique()))
 
 

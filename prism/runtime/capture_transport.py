@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from prism import schemas
-from prism.runtime import semantics, shm
+from prism.runtime import memory, semantics, shm
 
 _client: "CaptureClient | None" = None
 
@@ -98,7 +98,9 @@ class CaptureClient:
     def block(self, keys: list[tuple]) -> None:
         """Give the slot back until every key completed and a slot is ours again."""
         start = time.monotonic_ns()
-        self.send(("wait", keys, time.thread_time_ns()))
+        # with the device memory this rank holds (what a swap would move; 0 before it uses CUDA)
+        held = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else 0
+        self.send(("wait", keys, time.thread_time_ns(), held))
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
         self.blocks += 1
@@ -158,7 +160,9 @@ class CaptureClient:
         folder = self.trace_dir / f"rank={self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
-                 "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns()}
+                 "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
+                 "private_bytes": memory.private_bytes(), "groups_created": CaptureTransport.created,
+                 "groups_used": CaptureTransport.linked}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
         schema = schemas.with_version(schemas.RAW_PAYLOADS)
         table = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in self.payload_rows], schema=schema)
@@ -174,14 +178,16 @@ class _CaptureFuture(torch.futures.Future):
 
     def __init__(self, work: "CaptureWork") -> None:
         super().__init__()
-        self._work = work
+        self._work = work  # dropped when the op completes (no cycle keeps its tensors alive)
 
     def wait(self):
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         return super().wait()
 
     def value(self):
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
         return super().value()
 
     def then(self, callback):
@@ -254,7 +260,9 @@ class CaptureWork:
         self.needs = needs  # files whose presence means the result can be computed (None: ask)
         self._complete = complete  # computes and writes this rank's outputs
         self._result = result
-        self.future: torch.futures.Future = _CaptureFuture(self)
+        # made when asked for: a work and its future refer to each other, and until a garbage collection
+        # that cycle would keep the op's tensors alive longer than the native backend does
+        self._future: _CaptureFuture | None = None
         self.completed = False
         if not keys or needs == []:
             self.finish()
@@ -272,9 +280,21 @@ class CaptureWork:
         if self._complete is not None:
             with torch.no_grad():  # a backend writes results into tensors outside autograd (leaf buffers too)
                 self._complete()
+            self._complete = None
         if self.keys:
             self.client.send(("done", self.keys))
-        self.future.set_result(self._result)
+        if self._future is not None:
+            self._future.set_result(self._result)
+            self._future._work = None
+
+    @property
+    def future(self) -> torch.futures.Future:
+        if self._future is None:
+            self._future = _CaptureFuture(self)
+            if self.completed:
+                self._future.set_result(self._result)
+                self._future._work = None
+        return self._future
 
     def wait(self, timeout=None) -> bool:
         if not self.completed:
@@ -314,19 +334,52 @@ def _shapes(result) -> list:
 
 
 class CaptureTransport:
-    """The transport of one process group in capture mode."""
+    """The transport of one process group in capture mode.
+
+    Lazy: a group costs its rank nothing until the rank uses it (Megatron-style programs create every
+    group of the job in every rank and use a handful): the coordinator hears of the group, and the
+    per-peer counters exist, only from the group's first op on."""
+
+    __slots__ = ("group", "me", "members", "n", "desc", "seq", "_c", "_sent", "_received", "_received_any")
+    created = 0  # groups this rank created / linked (a test's window on laziness)
+    linked = 0
 
     def __init__(self, group_name: str, group_rank: int, members: list[int], desc: str | None) -> None:
-        self.c = client()
         self.group = group_name
         self.me = group_rank
         self.members = tuple(members)
         self.n = len(members)
+        self.desc = desc
         self.seq = 0
-        self.sent: dict[tuple[int, int], int] = {}
-        self.received: dict[tuple[int, int], int] = {}
-        self.received_any: dict[int, int] = {}
-        self.c.send(("group", group_name, desc, self.members))
+        self._c = None
+        self._sent = self._received = self._received_any = None
+        CaptureTransport.created += 1
+
+    @property
+    def c(self) -> CaptureClient:
+        if self._c is None:  # first use: now the coordinator needs the group's description
+            self._c = client()
+            self._c.send(("group", self.group, self.desc, self.members))
+            CaptureTransport.linked += 1
+        return self._c
+
+    @property
+    def sent(self) -> dict[tuple[int, int], int]:
+        if self._sent is None:
+            self._sent = {}
+        return self._sent
+
+    @property
+    def received(self) -> dict[tuple[int, int], int]:
+        if self._received is None:
+            self._received = {}
+        return self._received
+
+    @property
+    def received_any(self) -> dict[int, int]:
+        if self._received_any is None:
+            self._received_any = {}
+        return self._received_any
 
     def start_coalescing(self, device) -> None:
         pass
@@ -368,16 +421,28 @@ class CaptureTransport:
         if self.n > 2:
             self.c.keep_result(key, list(outputs), work_id)
 
-    def _inputs(self, key: tuple, members=None) -> list[tuple[dict, list[torch.Tensor]]]:
-        return [self.c.read(key, f"-r{i}") for i in (range(self.n) if members is None else members)]
+    def _inputs(self, key: tuple, members=None):
+        """The members' contributions, read one at a time (group order): a rank holds one member's bytes
+        at once, not the group's (its memory stays flat in the group size, hence in W)."""
+        for i in (range(self.n) if members is None else members):
+            yield self.c.read(key, f"-r{i}")
+
+    def _fold(self, key: tuple, red, pick) -> list[torch.Tensor]:
+        """`semantics.reduce` of each tensor `pick(member's tensors)[j]` over the members, streamed."""
+        folds = None
+        for _, ts in self._inputs(key):
+            picked = pick(ts)
+            folds = folds or [semantics.Fold(red) for _ in picked]
+            for f, t in zip(folds, picked):
+                f.add(t)
+        return [f.result() for f in folds or []]
 
     def _allreduce(self, work_id, op, tensors, opts):
         red = semantics.red_op(opts)
 
         def complete(key):
-            contribs = [ts for _, ts in self._inputs(key)]
-            for j, t in enumerate(tensors):
-                t.copy_(semantics.reduce([c[j] for c in contribs], red))
+            for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
+                t.copy_(r)
             self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
@@ -404,10 +469,9 @@ class CaptureTransport:
         red = semantics.red_op(opts)
 
         def complete(key):
-            contribs = [ts for _, ts in self._inputs(key)]
-            per = len(output_tensors)
-            for j, out in enumerate(output_tensors):
-                out.copy_(semantics.reduce([c[j * self.n + self.me] for c in contribs], red))
+            mine = [j * self.n + self.me for j in range(len(output_tensors))]
+            for out, r in zip(output_tensors, self._fold(key, red, lambda ts: [ts[i] for i in mine])):
+                out.copy_(r)
             self._keep(key, output_tensors, work_id)
 
         flat = [t for lst in input_tensors for t in lst]
@@ -417,8 +481,8 @@ class CaptureTransport:
         red = semantics.red_op(opts)
 
         def complete(key):
-            contribs = [ts[0] for _, ts in self._inputs(key)]
-            output.copy_(semantics.reduce_scatter_chunk(contribs, red, self.me, self.n).view_as(output))
+            chunk = self._fold(key, red, lambda ts: [ts[0].reshape(self.n, -1)[self.me]])[0]
+            output.copy_(chunk.view_as(output))
             self._keep(key, [output], work_id)
 
         return self._collective(op, work_id, [input], complete, [output], info_tensors=[input],
@@ -426,7 +490,7 @@ class CaptureTransport:
 
     def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
         def complete(key):
-            got = self._inputs(key)
+            got = list(self._inputs(key))
             ins = [ts[0] for _, ts in got]
             splits = [meta["splits"] for meta, _ in got]
             output.copy_(semantics.all_to_all_single(ins, splits, self.me).view_as(output))
@@ -459,9 +523,8 @@ class CaptureTransport:
 
         def complete(key):
             if self.me == root:
-                contribs = [ts for _, ts in self._inputs(key)]
-                for j, t in enumerate(tensors):
-                    t.copy_(semantics.reduce([c[j] for c in contribs], red))
+                for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
+                    t.copy_(r)
                 self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors),

@@ -159,6 +159,8 @@ class Coordinator:
             return
         self._release(rank)
         self._set(rank, "exited")
+        if self.policy is not None:  # its device memory went with it
+            self.policy.forget(rank)
         rs.exit_code = code
         if code != 0:
             self.crashed = True
@@ -350,6 +352,7 @@ class Coordinator:
             "context_switches": self.context_switches,
             "messages": self.messages,
             "completed_comms": self.completed_keys,
+            "groups": len(self.groups),  # the groups ranks used (an unused group never reaches the coordinator)
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
         }
 

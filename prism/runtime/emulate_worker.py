@@ -3,8 +3,8 @@
 It reads the capture's plan (`replay.load_plan`), creates the compensators of each group that holds a
 sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one
 per virtual member), and replays: per group one thread takes the group's collectives in `group_seq` order
-and exchanges, for every compensator at once, its run's recorded contributions with the sandbox members
-(`emulation.issue_exchange`); per message channel between a sandbox rank and a virtual one, one thread
+and runs, for each compensator in group order, its part of the pruned protocol (`pruned.run` over its
+run's recorded contributions); per message channel between a sandbox rank and a virtual one, one thread
 sends the recorded payloads or receives the sandbox's messages. Payloads are read a few ahead of use.
 
 When everything is replayed it writes `status_dir/replay.done` (its numbers for meta.json) and waits to be
@@ -26,7 +26,10 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import emulation, shm, timed_replay
+from prism.runtime import emulation, pruned, shm, timed_replay
+from prism.runtime.common_start import common_start
+from prism.runtime.cone import ConeError
+from prism.runtime.semantics import RedOp
 from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
@@ -129,17 +132,19 @@ class EmulationWorker(ReplayServer):
         def load(c: Collective):
             return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
 
-        pgs = [self.pgs[group][r] for _, r, _ in comps]
-        indices = [i for i, _, _ in comps]
+        wires = {i: emulation.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
         sandbox = set(self.plan.slice_ranks)
-        receivers = [i for i, (r, _) in enumerate(self.parts[group]) if r in sandbox]
+        pos = {m: k for k, m in enumerate(members)}
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
-            blobs = [emulation.encode_parts([(members.index(v), *recorded[v]) for v in run if v in recorded])
-                     for _, _, run in comps]
+            proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
+            red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             self._gate(comm)
-            emulation.issue_exchange(pgs, indices, blobs, receivers)
+            for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before
+                pruned.run(proto, i, {pos[v]: recorded[v] for v in run if v in recorded}, wires[i], red)
+            for wire in wires.values():
+                wire.flush()
             self._done(comm)
             self.ops += 1
         self.state[name] = "done"
@@ -165,12 +170,26 @@ class EmulationWorker(ReplayServer):
             self._gate(comm)
             if sending:
                 pg.send(list(ts), host[ch.dst], tag).wait()
-                emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
+                with emulation._STATS_LOCK:
+                    emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:
                 pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
             self._done(comm)
             self.messages += 1
         self.state[name] = "done"
+
+
+def progress_reporter(status_dir: Path):
+    """The timed replay's progress: a line per emulated iteration on the worker's stderr (the launcher
+    forwards it) and `status_dir/emulate.progress` (JSON: iteration done, iterations, seconds since t0),
+    replaced atomically, for a launcher's progress bar."""
+    def report(iteration: int, done: int, iterations: int, t_s: float) -> None:
+        print(f"[prism] emulation: iteration {iteration} emulated ({done}/{iterations}), {t_s:.2f} s since the "
+              "common start", file=sys.stderr, flush=True)
+        tmp = status_dir / "emulate.progress.tmp"
+        tmp.write_text(json.dumps({"iteration": iteration, "done": done, "iterations": iterations, "t_s": t_s}))
+        tmp.replace(status_dir / "emulate.progress")
+    return report
 
 
 def serve(spec: dict) -> int:
@@ -192,9 +211,24 @@ def serve(spec: dict) -> int:
     _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     found = timed_replay.find_artifacts(capture)
     if found is not None:
-        worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"))
-    t0_ns = time.monotonic_ns()
+        try:
+            worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
+                                                    progress=progress_reporter(status_dir))
+        except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
+            print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
+                  file=sys.stderr, flush=True)
+            return 1
     threads = worker.start()
+    try:  # the common start: the sandbox ranks meet the worker at their first process group
+        t0_ns = common_start(_PollingStore(worker.store, worker._store_lock), len(spec["ranks"]) + 1,
+                             timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+                             stopped=lambda: stop.is_set() or bool(worker.errors))
+    except (InterruptedError, TimeoutError) as exc:
+        why = "; ".join(worker.errors) or str(exc)
+        print(f"[prism] emulation worker stopped before the common start: {why}", file=sys.stderr, flush=True)
+        if worker.timed is not None:
+            worker.timed.stop()
+        return 1
     loop = None
     if worker.timed is not None:
         loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
@@ -226,9 +260,13 @@ def serve(spec: dict) -> int:
         with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
         (folder / "events.arrow.tmp").replace(folder / "events.arrow")
-    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": len(worker.timed.out) if timed else 0, "startup_s": t0_ns / 1e9 - started, "groups": len(worker.built),
+    summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": worker.timed.events_run if timed else 0,
+               "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
+               "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
-               "bytes_sent": emulation._STATS["bytes_sent"], "wall_s": time.monotonic() - started,
+               "bytes_sent": emulation._STATS["bytes_sent"],
+               "framing_bytes": emulation._STATS["framing_bytes"],
+               "collective_messages": emulation._STATS["collective_messages"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned,
                "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
     tmp = status_dir / "replay.done.tmp"

@@ -7,15 +7,18 @@ groups holding a sandbox rank exist as communicators (the sandbox rank creates o
 worker only groups with a sandbox rank and a virtual one): one gloo instance per participant over the key
 space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves.
 
-A collective is an exchange of contributions over the participants' gloo pairs: every participant sends
-its blob (size, then bytes) to each sandbox participant, so a sandbox member receives every other one and
-a compensator nothing. A sandbox member contributes its *live* tensors, a compensator the *recorded*
-tensors of its run's members (from the capture's payloads). Every sandbox member then computes its outputs from all n
-members' contributions with `semantics` (the very code capture mode runs: `CaptureTransport`'s completion
-functions), so its result is bitwise what prism defines over its live values and the virtual ranks'
-recorded ones — not the capture's result (which slice mode substitutes). The exchange runs on one thread
-per group (issue order = group order, as on a real backend), so async ops stay async. Point-to-point
-messages go straight over the participants' gloo pair, with a tag that names (tag, sender, receiver).
+A collective runs the pruned protocol (`prism.runtime.pruned`, its one definition): `pruned.Protocol` plans
+the messages between participants, `pruned.run` is one participant's part, over its gloo instance
+(`GlooWire`). A sandbox member contributes its *live* tensors, a compensator the *recorded* tensors of its
+run's members (from the capture's payloads). Reductions fold in a chain in group order (`compensation`'s
+`prefold`/`fold_from`/`finish`), so a sandbox member's result is bitwise what `semantics` defines over its
+live values and the virtual ranks' recorded ones — not the capture's result (which slice mode
+substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
+outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
+The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
+stay async. Point-to-point messages go straight over the participants' gloo pair, with a tag that names
+(tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
+`framing_bytes` the messages' headers apart.
 
 Worker side (`serve`): one process for every virtual rank, forked by the zygote. It reads the capture's
 plan (`replay.load_plan`: groups, collectives in group order, payload index, messages), creates the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -35,12 +39,14 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
-from prism.runtime import compensation, shm
+from prism.runtime import pruned, semantics, shm
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0}
+_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
+          "framing_bytes": 0, "collective_messages": 0}
+_STATS_LOCK = threading.Lock()
 
 
 class EmulationError(RuntimeError):
@@ -55,11 +61,7 @@ def pruning() -> bool:
     return os.environ.get("PRISM_PRUNING", "1") != "0"
 
 
-def participants(members, sandbox, pruned: bool) -> list[tuple[int, list[int]]]:
-    """The peers of a group's collectives: (rank, members it supplies), in group order."""
-    if pruned:
-        return compensation.pruned_members(list(members), set(sandbox))
-    return [(m, [m]) for m in members]
+participants = pruned.participants
 
 
 def emu_store(group: str, base):
@@ -89,44 +91,64 @@ def decode_parts(data: bytes) -> dict[int, tuple[dict, list[torch.Tensor]]]:
     return out
 
 
-COLL_TAG = 1 << 30  # gloo tags of the collectives' exchanges (p2p tags stay far below: p2p_tag)
+COLL_TAG = 1 << 30  # gloo tags of the collectives' messages (p2p tags stay far below: p2p_tag)
 
 
-def issue_exchange(pgs: list[ProcessGroupGloo], indices: list[int], blobs: list[bytes],
-                   receivers: list[int]) -> dict[int, bytes]:
-    """One collective's contributions: each participant instance in `pgs` (participant `indices[k]` of the
-    group, all held by this process) sends its blob to every sandbox participant (`receivers`) but itself;
-    a sandbox participant (one instance) receives every other participant's blob. Compensators receive
-    nothing (their outputs would be discarded). Returns {participant: blob} (a receiver: all of them)."""
-    if not pgs:
-        return {0: blobs[0]}
-    keep, works = [], []
-    for pg, me, blob in zip(pgs, indices, blobs):
-        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+class GlooWire:
+    """`pruned.run`'s wire over one participant's gloo instance: a message of parts is its size, then its
+    blob (`encode_parts`); a reduction's tensors go bare; sends are asynchronous until `flush`. Counts the tensor bytes it sends (`bytes`, what
+    the protocol's plan moves) and the blobs' framing apart."""
+
+    def __init__(self, pg: ProcessGroupGloo | None) -> None:
+        self.pg = pg
+        self.works, self.keep = [], []
+        self.bytes = self.framing = self.sends = 0
+
+    def send(self, dst: int, parts) -> None:
+        blob = encode_parts(parts)
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
         size = torch.tensor([len(blob)], dtype=torch.int64)
-        keep += [data, size]
-        for r in receivers:
-            if r != me:
-                works.append(pg.send([size], r, COLL_TAG))
-                if len(blob):
-                    works.append(pg.send([data], r, COLL_TAG + 1))
-                _STATS["bytes_sent"] += len(blob)
-    got = {me: blob for me, blob in zip(indices, blobs)}
-    if len(pgs) == 1 and indices[0] in receivers:
-        pg, me = pgs[0], indices[0]
-        others = [j for j in range(pg.size()) if j != me]
-        sizes = {j: torch.empty(1, dtype=torch.int64) for j in others}
-        for w in [pg.recv([sizes[j]], j, COLL_TAG) for j in others]:
+        self.keep += [data, size]
+        self.works += [self.pg.send([size], dst, COLL_TAG), self.pg.send([data], dst, COLL_TAG + 1)]
+        payload = sum(pruned.nbytes(ts) for _, _, ts in parts)
+        self.bytes += payload
+        self.framing += len(blob) - payload
+        self.sends += 1
+
+    def send_tensors(self, dst: int, tensors) -> None:
+        """A reduction's tensors, one gloo message each (the receiver knows their shapes): no header."""
+        for j, t in enumerate(tensors):
+            if not t.numel():  # nothing to send (the receiver knows it is empty)
+                continue
+            data = t.detach().contiguous().cpu()
+            self.keep.append(data)
+            self.works.append(self.pg.send([data], dst, COLL_TAG + 2 + j))
+            self.bytes += data.numel() * data.element_size()
+        self.sends += 1
+
+    def recv_tensors(self, src: int, like) -> list[torch.Tensor]:
+        bufs = [torch.empty(t.shape, dtype=t.dtype) for t in like]
+        for w in [self.pg.recv([b], src, COLL_TAG + 2 + j) for j, b in enumerate(bufs) if b.numel()]:
             w.wait()
-        bufs = {j: torch.empty(int(sizes[j].item()), dtype=torch.uint8) for j in others}
-        for w in [pg.recv([bufs[j]], j, COLL_TAG + 1) for j in others if bufs[j].numel()]:
+        return bufs
+
+    def recv(self, src: int) -> dict:
+        size = torch.empty(1, dtype=torch.int64)
+        self.pg.recv([size], src, COLL_TAG).wait()
+        buf = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.pg.recv([buf], src, COLL_TAG + 1).wait()
+        return decode_parts(bytearray(buf.numpy()))
+
+    def flush(self) -> None:
+        """Wait for the sends; add what was sent to this process's numbers."""
+        for w in self.works:
             w.wait()
-        for j in others:
-            got[j] = bytes(bufs[j].numpy())
-            _STATS["bytes_received"] += bufs[j].numel()
-    for w in works:
-        w.wait()
-    return got
+        with _STATS_LOCK:  # the worker's group threads share the numbers
+            _STATS["bytes_sent"] += self.bytes
+            _STATS["framing_bytes"] += self.framing
+            _STATS["collective_messages"] += self.sends
+        self.works, self.keep = [], []
+        self.bytes = self.framing = self.sends = 0
 
 
 # -- rank side ---------------------------------------------------------------------------------------------
@@ -217,8 +239,7 @@ class EmulateTransport(CaptureTransport):
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
         self.index = self.host[self.members[self.me]]
-        sandbox = sandbox_ranks()
-        self.receivers = [i for i, (r, _) in enumerate(self.parts) if r in sandbox]
+        self._root = -1
         self.pg = None
         if len(self.parts) > 1:
             self.pg = ProcessGroupGloo(PrefixStore("gloo/", emu_store(group_name, store)), self.index,
@@ -235,20 +256,29 @@ class EmulateTransport(CaptureTransport):
         got = self.got[key]
         return [got[i] for i in (range(self.n) if members is None else members)]
 
+    def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
+        opts = args[-1] if args else None
+        self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
+        return super().call(method, device, *args, work_id=work_id, op=op)
+
     def _collective(self, op: str, work_id: int, mine, complete, result, meta=None, info_tensors=None,
                     reads="all"):
+        """Run this member's part of the pruned protocol (`pruned.run`) on the group's thread; `complete`
+        then reads the outcome: `self.got[key]` (reductions: {"result": ...}; else the contributions,
+        slices or pieces received, by group position, which `_inputs` / `c.read` return)."""
         key = ("c", self.group, self.seq)
         self.seq += 1
-        blob = encode_parts([(self.me, dict(meta or {}, op=op), list(mine))] if mine is not None else [])
+        proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
+        red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
+        own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
         future = torch.futures.Future()
 
         def run() -> None:
             try:
-                got: dict = {}
-                pgs = [self.pg] if self.pg is not None else []
-                for data in issue_exchange(pgs, [self.index], [blob], self.receivers).values():
-                    got.update(decode_parts(data))
-                self.got[key] = got
+                wire = GlooWire(self.pg)
+                outcome = pruned.run(proto, self.index, own, wire, red)
+                wire.flush()
+                self.got[key] = (outcome or {}).get("got", outcome)
                 with torch.no_grad():
                     complete(key)
                 del self.got[key]
@@ -260,6 +290,75 @@ class EmulateTransport(CaptureTransport):
 
         self._thread.submit(run)
         return _EmuWork(future, result)
+
+    # -- the kinds whose outcome is not every member's contribution ---------------------------------------
+    def _result(self, key: tuple) -> list[torch.Tensor]:
+        return self.got[key]["result"]
+
+    def _allreduce(self, work_id, op, tensors, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            for t, r in zip(tensors, self._result(key)):
+                t.copy_(r)
+
+        return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
+
+    _allreduce_coalesced = _allreduce
+
+    def _reduce(self, work_id, op, tensors, opts):
+        red, root = semantics.red_op(opts), opts.rootRank
+
+        def complete(key):
+            if self.me == root:
+                for t, r in zip(tensors, self._result(key)):
+                    t.copy_(r)
+
+        return self._collective(op, work_id, list(tensors), complete, list(tensors),
+                                meta={"reduce_op": red.name, "root": root})
+
+    def _reduce_scatter(self, work_id, op, output_tensors, input_tensors, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            for out, r in zip(output_tensors, self._result(key)):
+                out.copy_(r.view_as(out))
+
+        flat = [t for lst in input_tensors for t in lst]
+        return self._collective(op, work_id, flat, complete, output_tensors, meta={"reduce_op": red.name})
+
+    def _reduce_scatter_single(self, work_id, op, output, input, opts):
+        red = semantics.red_op(opts)
+
+        def complete(key):
+            output.copy_(self._result(key)[0].view_as(output))
+
+        return self._collective(op, work_id, [input], complete, [output], meta={"reduce_op": red.name})
+
+    def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
+        def complete(key):
+            got = self.got[key]
+            output.copy_(torch.cat([got[i][1][0].to(output.device) for i in range(self.n)]).view_as(output))
+
+        return self._collective(op, work_id, [input], complete, [output],
+                                meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
+
+    def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
+        def complete(key):
+            got = self.got[key]
+            for k, out in enumerate(output_tensors):
+                out.copy_(got[k][1][0])
+
+        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
+
+    def _scatter(self, work_id, op, output_tensors, input_tensors, opts):
+        root = opts.rootRank
+
+        def complete(key):
+            output_tensors[0].copy_(self.got[key][root][1][0])
+
+        mine = list(input_tensors[0]) if self.me == root else None
+        return self._collective(op, work_id, mine, complete, output_tensors)
 
     # -- point to point: straight over the participants' pair --------------------------------------------
     def _send(self, work_id, op, tensors, dst, tag):
@@ -277,12 +376,44 @@ class EmulateTransport(CaptureTransport):
         return self.pg.recv(list(tensors), self.host[self.members[src]], p2p_tag(tag, self.n, src, self.me))
 
     def _recv_anysource(self, work_id, op, tensors, tag):
-        """Only where one source is possible (a group of two): a recv from that member."""
-        if self.n != 2:
-            raise EmulationError(f"prism emulate replays a recv from any source only in groups of two (group "
-                                 f"{self.group} has {self.n} members); name the source rank in the program")
-        src = 1 - self.me
+        """A recv from any source takes its message from the sender the capture paired it with (the k-th
+        such recv of this group and tag on this rank received from the k-th recorded peer): the emulated
+        job's arrival order is the graph's, as the virtual senders replay it."""
+        k = self.received_any.get(tag, 0)
+        self.received_any[tag] = k + 1
+        rank = self.members[self.me]
+        peers = anysource_peers(rank).get((self.group, tag), [])
+        if k >= len(peers):
+            raise EmulationError(f"rank {rank}: recv from any source #{k} of group {self.group} tag {tag} has no "
+                                 f"counterpart in the capture ({len(peers)} there): the sandbox departs from its "
+                                 "capture; capture again with the same program")
+        src = self.members.index(peers[k])
         return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
+
+
+_ANYSOURCE: dict[int, dict] = {}
+
+
+def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
+    """The senders (global ranks) the capture recorded for `rank`'s recvs from any source, in program
+    order, by (group, tag)."""
+    if rank not in _ANYSOURCE:
+        import pyarrow as pa
+        import pyarrow.ipc  # noqa: F401  (pa.ipc)
+
+        from prism import schemas
+
+        path = Path(os.environ["PRISM_CAPTURE"]) / "raw" / f"rank={rank}" / "events.arrow"
+        with pa.OSFile(str(path)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]
+                for c in ("kind", "op", "group", "tag", "peer", "seq")]
+        found: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for kind, op, group, tag, peer, seq in zip(*(c.to_pylist() for c in cols)):
+            if kind == schemas.KIND_RECV and op == schemas.OP_RECV_ANYSOURCE:
+                found.setdefault((group, tag), []).append((seq, peer))
+        _ANYSOURCE[rank] = {key: [p for _, p in sorted(v)] for key, v in found.items()}
+    return _ANYSOURCE[rank]
 
 
 def write_rank_stats(rank: int) -> None:

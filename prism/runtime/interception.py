@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_transport as capture, markers, modes, watchdog
+from prism.runtime import capture_transport as capture, markers, modes, oom, progress, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
@@ -44,7 +44,8 @@ def _ensure_recorder() -> Recorder | None:
                 rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
         drain = _drain if modes.get(_state["mode"]).coordinator else None
-        _state["hooks"] = markers.install(rec, on_boundary=drain) if (rec or drain) else []
+        wanted = rec or drain or os.environ.get(progress.ENV)  # progress: iteration ends even with nothing recorded
+        _state["hooks"] = markers.install(rec, on_boundary=drain) if wanted else []
     return _state["recorder"]
 
 
@@ -74,6 +75,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     elif kind == "emulate":
         from prism.runtime.emulation import EmulateTransport
 
+        _common_start(dist_opts.store, rec)
         transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
     else:
         args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
@@ -91,6 +93,18 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
     return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                              backend_name=real)
+
+
+def _common_start(store, rec: Recorder | None) -> None:
+    """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
+    timeline starts at their common t0 (`timed_replay.common_start`)."""
+    if _state.get("t0_ns") is None:
+        from prism.runtime.emulation import sandbox_ranks
+        from prism.runtime.common_start import common_start
+
+        _state["t0_ns"] = common_start(job_store(store), len(sandbox_ranks()) + 1)
+        if rec is not None:
+            rec.resync(_state["t0_ns"])
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:
@@ -185,6 +199,7 @@ def start_rank() -> None:
     """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
     if modes.get(_state["mode"]).coordinator:
         capture.client().start()
+    oom.apply_limit()  # --rank-memory-gb: after the slot, so that CUDA starts where the rank runs
 
 
 def finish(code: int = 0) -> None:

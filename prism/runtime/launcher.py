@@ -45,7 +45,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, run_files, watchdog
+from prism.runtime import limits, modes, oom, progress, run_files, watchdog
 from prism.runtime.progress import LOG_PERIOD_S
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -81,6 +81,8 @@ class LaunchSpec:
     force: bool = False  # --out may hold files: clear them
     progress: bool = False  # capture: a progress line on stderr even when it is not a terminal
     hang_timeout: float | None = None  # real: seconds without a completed op before a hang is named
+    rank_memory_gb: float | None = None  # CUDA: each rank's device-memory limit (a smaller card; prism/runtime/oom.py)
+    device_memory_gb: float | None = None  # capture on CUDA: device capacity for the ranks' state (swapping)
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -94,7 +96,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
                    "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit", "--timed-by",
-                   "--hang-timeout"):
+                   "--hang-timeout", "--rank-memory-gb", "--device-memory-gb"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -131,14 +133,22 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--force", action="store_true",
                         help="clear --out first if it holds files (by default a non-empty --out is refused)")
     parser.add_argument("--progress", action="store_true",
-                        help="capture: report progress on stderr (ranks done, communications completed) every "
-                             f"{LOG_PERIOD_S:.0f} s; on a terminal it is shown in place without this flag")
+                        help="report progress on stderr every "
+                             f"{LOG_PERIOD_S:.0f} s (capture: ranks done, communications completed; real, slice, "
+                             "emulate: iterations the real ranks ended); on a terminal it is shown in place "
+                             "without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                         help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
                              f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
                              f"{watchdog.DEFAULT_TIMEOUT_S:g}; 0: never)")
+    parser.add_argument("--rank-memory-gb", type=float, default=None, metavar="G",
+                        help="CUDA: limit each rank's caching allocator to G GiB (models a smaller card); a rank "
+                             f"that runs out is reported as a finding, OUT/oom.json, exit {oom.EXIT_CODE}")
+    parser.add_argument("--device-memory-gb", type=float, default=None, metavar="G",
+                        help="capture on CUDA: device memory for the ranks' state per slot; a blocked rank's "
+                             "state goes to host memory (CUDA checkpoint) when a running rank needs the room")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
@@ -150,7 +160,8 @@ def parse(argv: list[str]) -> LaunchSpec:
                       preload=[m for m in opts.preload.split(",") if m], capture=opts.capture,
                       force=opts.force, progress=opts.progress,
                       pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
-                      hang_timeout=opts.hang_timeout, timed_by=opts.timed_by)
+                      hang_timeout=opts.hang_timeout, rank_memory_gb=opts.rank_memory_gb,
+                      device_memory_gb=opts.device_memory_gb, timed_by=opts.timed_by)
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
@@ -181,6 +192,25 @@ def validate(spec: LaunchSpec) -> None:
         watchdog.timeout_from_env()
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+    if spec.rank_memory_gb is not None and not spec.rank_memory_gb > 0:
+        raise LaunchError(f"--rank-memory-gb {spec.rank_memory_gb:g}: give a positive size in GiB")
+    if spec.rank_memory_gb is not None and (spec.mode == "off" or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
+        raise LaunchError("--rank-memory-gb limits each rank's CUDA caching allocator: set PRISM_DEVICE=cuda "
+                          "(and run the program with CUDA tensors) in a mode other than off, or drop it")
+    if spec.device_memory_gb is not None:
+        if spec.mode != "capture":
+            raise LaunchError(f"--device-memory-gb is the device capacity that --mode capture shares among "
+                              f"blocked ranks; --mode {spec.mode} gives every rank its own device: drop it")
+        if os.environ.get("PRISM_DEVICE", "cpu") != "cuda":
+            raise LaunchError("--device-memory-gb swaps ranks' CUDA state to host memory: set PRISM_DEVICE=cuda "
+                              "(and run the program with CUDA tensors) or drop --device-memory-gb")
+        if not spec.device_memory_gb > 0:
+            raise LaunchError(f"--device-memory-gb {spec.device_memory_gb:g}: give a positive size in GiB")
+        from prism.runtime import cuda_checkpoint
+
+        why = cuda_checkpoint.probe()
+        if why is not None:
+            raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
@@ -191,8 +221,9 @@ def validate(spec: LaunchSpec) -> None:
         if spec.devices < 1 or spec.devices > cores:
             raise LaunchError(f"--devices {spec.devices} is not possible here: this machine has {cores} "
                               f"cores (CPU device slots); use 1..{cores}")
-    elif spec.progress:
-        raise LaunchError(f"--progress reports a capture's progress; --mode {spec.mode} has none to report")
+    elif spec.progress and not mode.intercepted:
+        raise LaunchError(f"--progress reports what prism records; --mode {spec.mode} records nothing: drop "
+                          "--progress or use --mode real")
     if spec.mode not in ("capture", "emulate") and spec.devices is not None:
         raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks (or "
                           f"the sandbox ranks of --mode emulate); --mode {spec.mode} gives every rank its own "
@@ -292,6 +323,12 @@ def free_port() -> int:
 def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
+    mode = modes.get(spec.mode)
+    try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
+        limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
+                           run_files.SHM_ROOT if spec.mode == "capture" else None)
+    except limits.LimitError as exc:
+        raise LaunchError(str(exc)) from None
     run_id = uuid.uuid4().hex
     run_files.sweep_temporaries()
     try:
@@ -363,6 +400,9 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
             "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
             "progress": _progress_style(spec),
+            "iterations": _iterations_expected(spec),
+            "device": os.environ.get("PRISM_DEVICE", "cpu"),
+            "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
         }
         if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
@@ -383,6 +423,11 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             code = _supervise_zygote(spec_file, env, signals)
         if signals.received is not None:
             code = 128 + signals.received
+        if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
+            oom.write_finding(status_dir, spec.out, {"world_size": spec.nproc, "mode": spec.mode, "run_id": run_id,
+                                                     "device": os.environ.get("PRISM_DEVICE", "cpu"),
+                                                     "command": (["-m", spec.module] if spec.module else
+                                                                 [spec.script]) + spec.args})
         if code == 0 and staging is not None:
             stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -402,12 +447,30 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
 
 
 def _progress_style(spec: LaunchSpec) -> str | None:
-    """Capture: "tty" (a line rewritten in place), "log" (a line now and then) or None."""
-    if spec.mode != "capture":
+    """"tty" (a line rewritten in place), "log" (a line now and then) or None (no progress: --mode off)."""
+    if not modes.get(spec.mode).intercepted:
         return None
     if sys.stderr.isatty():
         return "tty"
     return "log" if spec.progress else None
+
+
+def _iterations_expected(spec: LaunchSpec) -> int | None:
+    """Slice and emulate runs: the iterations the capture's first real rank ended (the progress bar's total)."""
+    if spec.capture is None or not spec.slice_ranks or _progress_style(spec) is None:
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.ipc as ipc
+
+    path = Path(spec.capture) / "raw" / f"rank={spec.slice_ranks[0]}" / "events.arrow"
+    try:
+        with pa.OSFile(str(path)) as f:
+            ops = ipc.open_stream(f).read_all().column("op")
+    except (OSError, pa.ArrowInvalid, KeyError):
+        return None  # checked and reported elsewhere: the bar then has no total
+    n = pc.sum(pc.equal(ops, "iteration_end")).as_py() or 0
+    return min(n, spec.steps_limit) if spec.steps_limit else n
 
 
 def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
@@ -415,14 +478,19 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    for var in ("PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
+    for var in (progress.ENV, "PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
                 "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
+    env.pop(oom.ENV, None)
+    if spec.rank_memory_gb is not None:
+        env[oom.ENV] = str(oom.limit_bytes(spec.rank_memory_gb))
     mode = modes.get(spec.mode)
     if mode.intercepted:
         env["PRISM_MODE"] = spec.mode
+    if spec.mode != "capture" and _progress_style(spec) is not None:
+        env[progress.ENV] = str(status_dir)
     if spec.mode == "capture":
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
                    PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
@@ -471,7 +539,9 @@ def _rank_stats(raw: Path) -> dict:
         return {}
     switches = sum(r["switches"] for r in rows)
     logical = sorted(r["logical_ns"] for r in rows)
+    private = sorted(r.get("private_bytes", 0) for r in rows)
     return {
+        "rank_private_mib_median": private[len(private) // 2] / 2**20, "rank_private_mib_max": private[-1] / 2**20,
         "switch_cost_us": sum(r["switch_ns"] for r in rows) / switches / 1e3 if switches else None,
         "rank_blocks": sum(r["blocks"] for r in rows),
         "logical_s_min": logical[0] / 1e9, "logical_s_median": logical[len(logical) // 2] / 1e9,
@@ -512,9 +582,12 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "bytes_moved": sum(r["bytes_sent"] for r in ranks) + replay.get("bytes_sent", 0),
         "sandbox_bytes_sent": sum(r["bytes_sent"] for r in ranks),
         "worker_bytes_sent": replay.get("bytes_sent", 0),
+        "framing_bytes": sum(r.get("framing_bytes", 0) for r in ranks) + replay.get("framing_bytes", 0),
+        "collective_messages": sum(r.get("collective_messages", 0) for r in ranks)
+        + replay.get("collective_messages", 0),
         "collectives_replayed": replay.get("collectives", 0), "messages_replayed": replay.get("messages", 0),
         "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
-        "replayed_events": replay.get("replayed_events", 0),
+        "replayed_events": replay.get("replayed_events", 0), "cone": replay.get("cone"),
     }
 
 

@@ -17,9 +17,9 @@ import threading
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
-
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from prism.runtime import progress
 from prism.runtime.recorder import Recorder
 
 _state = threading.local()
@@ -64,6 +64,7 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         rec.marker("iteration_end")
         rec.iteration += 1
         rec.microbatch = -1
+        progress.note_iteration(rec.iteration)
 
     handles = [
         register_module_forward_pre_hook(pre),

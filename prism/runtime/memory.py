@@ -35,3 +35,17 @@ class MemoryProbe:
         # the kernel's maxrss lags the current RSS by a few pages: the peak is the larger of the two
         self._peak = max(self._peak, resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return resident, self._peak, -1
+
+
+def private_bytes(pid: int | str = "self") -> int:
+    """The process's private memory (pages no other process maps: what it costs beyond what it shares
+    with the zygote), from /proc/PID/smaps_rollup; 0 where that file cannot be read."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total

@@ -96,6 +96,7 @@ class Recorder:
         self.memory = MemoryProbe(device)
         self.iteration = 0
         self.microbatch = -1
+        self.last_marker: tuple[str | None, int] = (None, -1)  # (op, its microbatch): where the rank is
         self.closed = False
         self._clock = _DeviceClock() if device.startswith("cuda") else None
         self._last_end_wall = _wall()
@@ -197,9 +198,10 @@ class Recorder:
     def last_end_ns(self) -> int:
         return self._last_end_wall
 
-    def resync(self) -> None:
-        """Forget the time since the last event (capture: the rank was parked outside any event)."""
-        self._last_end_wall, self._last_end_cpu = _wall(), _cpu()
+    def resync(self, wall_ns: int | None = None) -> None:
+        """Forget the time since the last event (capture: the rank was parked outside any event); `wall_ns`:
+        the next event starts then (emulate: at the common start t0) instead of now."""
+        self._last_end_wall, self._last_end_cpu = _wall() if wall_ns is None else wall_ns, _cpu()
         self._last_end_thread = threading.get_ident()
         if self._clock is not None:
             self._last_end_event = self._clock.mark()
@@ -207,6 +209,7 @@ class Recorder:
     def marker(self, op: str) -> None:
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
+        self.last_marker = (op, self.microbatch)
         if op == "iteration_end" and self._clock is not None:  # read the device times already known
             self._clock.resolve(self._rows, self.rank, wait=False)
         if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait

@@ -42,16 +42,31 @@ def red_op(opts) -> RedOp:
 
 def reduce(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
     """Left fold of `tensors` (group order) under `op`."""
-    if op not in _FOLD:
-        raise UnsupportedOp(f"reduce op {op} is not supported by prism (supported: "
-                            f"{', '.join(str(o).split('.')[-1] for o in _FOLD)})")
-    fold = _FOLD[op]
-    acc = tensors[0].clone()
-    for t in tensors[1:]:
-        acc = fold(acc, t)
-    if op == RedOp.AVG:
-        acc = acc / len(tensors) if acc.is_floating_point() else acc // len(tensors)
-    return acc
+    fold = Fold(op)
+    for t in tensors:
+        fold.add(t)
+    return fold.result()
+
+
+class Fold:
+    """`reduce` fed one member's tensor at a time (group order): only the running value and the current
+    member's tensor are alive at once, so a rank's memory does not grow with the group size."""
+
+    def __init__(self, op: RedOp) -> None:
+        if op not in _FOLD:
+            raise UnsupportedOp(f"reduce op {op} is not supported by prism (supported: "
+                                f"{', '.join(str(o).split('.')[-1] for o in _FOLD)})")
+        self.op, self.fn, self.acc, self.n = op, _FOLD[op], None, 0
+
+    def add(self, t: torch.Tensor) -> None:
+        self.acc = t.clone() if self.acc is None else self.fn(self.acc, t)
+        self.n += 1
+
+    def result(self) -> torch.Tensor:
+        acc, n = self.acc, self.n
+        if self.op == RedOp.AVG:
+            acc = acc / n if acc.is_floating_point() else acc // n
+        return acc
 
 
 def all_gather(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

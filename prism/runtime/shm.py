@@ -8,6 +8,7 @@ later modes replay.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -48,12 +49,39 @@ def decode(data: bytes | bytearray) -> tuple[dict, list[torch.Tensor]]:
     return header["meta"], tensors
 
 
+class ShmFull(OSError):
+    """The shared-memory folder is full: the message names it, its size, and the fix."""
+
+
 def write(path: Path, data: bytes) -> None:
-    """Write a whole file, visible under its name only once complete."""
+    """Write a whole file, visible under its name only once complete. A full file system (/dev/shm's size
+    is a mount option) raises `ShmFull` naming the limit and the fix, and leaves no partial file."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        folder = path.parent
+        try:
+            st = os.statvfs(folder)
+            size = f" (size {st.f_blocks * st.f_frsize / 2**20:.0f} MiB)"
+        except OSError:
+            size = ""
+        raise ShmFull(exc.errno, f"{folder.parent}{size} is full: a capture moves every collective's data through "
+                      f"it ({len(data)} bytes could not be written). Enlarge it (`mount -o remount,size=8G "
+                      f"{folder.parent}`, or docker's --shm-size) or capture fewer ranks") from None
 
 
 def read(path: Path) -> tuple[dict, list[torch.Tensor]]:

@@ -17,6 +17,7 @@ overwritten with the captured values (read ahead of use by a helper thread).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,8 +77,9 @@ class SliceRecorder(Recorder):
             where = (f"its op #{i} (seq {want[-1]} in the capture) is [{_show(got)}] here but "
                      f"[{_show(want[:-1])}] in the capture" if want is not None else
                      f"it issued [{_show(got)}] after the {len(self._expected)} ops of its capture")
+            mode = os.environ.get("PRISM_MODE", "slice")
             raise SliceDivergence(
-                f"prism slice: rank {self.rank} diverged from its capture: {where}. The slice runs another "
+                f"prism {mode}: rank {self.rank} diverged from its capture: {where}. The {mode} run runs another "
                 "program or arguments than the capture, or the program is nondeterministic; capture again "
                 "with the same program")
 

@@ -1,39 +1,47 @@
-"""Mode `emulate`: the virtual ranks' clock — one discrete-event loop over their calibrated program order.
+"""Mode `emulate`: the virtual ranks' clock, driven live only inside the sandbox's dependency cone.
 
-Inputs (read with pyarrow; no analysis code): `graph/events.parquet` (every rank's events in program
-order, `comm_id` linking the members of one communication, `op_event_id` linking a wait to its op) and
-`calibrated/timeline.parquet` (each event's calibrated start/end on one clock from 0).
+Inputs (read with pyarrow; no analysis code): `graph/events.parquet` and `calibrated/timeline.parquet`,
+turned into arrays and cut to the cone by `prism.runtime.cone`: only the virtual events *between* two real
+communications (those with a sandbox rank) run live; the others keep their calibrated times (before any
+real comm can move them) or are computed afterwards by the emulate stage's sweep (after the last real comm
+that could see them).
 
-Each virtual rank has a cursor and a time `t` (ns since the common start t0). Its events, in order:
-- compute / marker: lasts its calibrated duration (after the calibrated gap since the previous event);
-- a communication issue: the rank *arrives* at `t` and goes on after the issue's calibrated duration;
-- a wait: ends at max(t, the op's completion); if the completion is not known yet, the rank parks.
-A communication among virtual ranks alone completes at its last member's arrival + its calibrated transfer
-(calibrated completion - last calibrated arrival): computed, never executed. A communication with a sandbox
-rank is real: the worker's thread for it calls `gate(comm)` (returns once every virtual member arrived,
-sleeping until t0 + the last arrival on the wall clock) and `complete(comm)` once the real operation
-completed; parked ranks then continue from that time. The loop itself never sleeps: virtual-only work is
-computed as fast as Python goes; only real operations are held to the wall clock. So a sandbox rank slower
-than recorded delays the virtual ranks that wait on it, and through them every rank that depends on those.
+The live events follow the calibrate sweep's rules (`prism/calibrate/sweep.py`): each rank's events run
+back to back from the calibrated start of its first live event; a compute event or an issue lasts its
+calibrated duration, the issue being the rank's arrival at its comm; a virtual-only comm completes at its
+last arrival + its calibrated transfer (p2p: max(recv arrival, send arrival + transfer)); a wait on a
+collective or a recv ends at max(start + its own time, the completion), a wait on a send after its own time.
+A comm with a sandbox rank is real: the worker's thread for it calls `gate(comm)` (returns once every
+virtual member's arrival is known, sleeping until t0 + the last one on the wall clock) and `complete(comm)`
+once the real operation completed; the ranks parked on it then go on from that time.
 
-Everything the loop did is recorded (`events()`: RAW_EVENTS rows, times on the host monotonic clock).
+The loop is a numba kernel (`_advance`) over arrays; it never sleeps: it runs until every live rank waits
+on a real comm not yet complete, then waits for the next completion. `gate` measures how late the virtual
+clock was: the wall time at which a real comm's virtual arrivals became known, past both t0 + the last
+arrival and the time the worker's thread reached the gate. That is the time the simulator, not the modelled
+job, held the op (`stats()["gate_late_max_ms"]`); a sandbox slower than calibrated, or a worker thread
+behind, is not counted.
+
+The clock's zero t0 is the common start of the sandbox ranks and the worker (`prism.runtime.common_start`).
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numba import njit
 
 from prism import schemas
-
-_COMM = set(schemas.COMM_KINDS)
-
+from prism.runtime import cone as cones
+from prism.runtime.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
 
 def find_artifacts(capture: Path) -> tuple[Path, Path] | None:
     """graph/events.parquet and calibrated/timeline.parquet of the job holding `capture` (in it or its parent)."""
@@ -44,66 +52,165 @@ def find_artifacts(capture: Path) -> tuple[Path, Path] | None:
     return None
 
 
+@njit(cache=True)
+def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_send, acc_recv, xfer, p2p, real,
+             completion, park_head, park_next, stack, n_stack):
+    """Run the ranks on `stack[:n_stack]` until each is parked on an incomplete comm or done; returns the
+    number of events run. Arrays are the live events in rank order (`cursor`/`hi` per live rank) and the
+    comms (`pending`: live arrivals still to come)."""
+    ran = 0
+    while n_stack > 0:
+        n_stack -= 1
+        r = stack[n_stack]
+        i = cursor[r]
+        t = clock[r]
+        while i < hi[r]:
+            k = code[i]
+            c = comm[i]
+            if k == WAIT:
+                done = completion[c]
+                if done == NEG:
+                    park_next[r] = park_head[c]
+                    park_head[c] = r
+                    break
+                s = t
+                e = max(t + dur[i], done)
+            else:
+                s = t
+                e = t + dur[i]
+                if k != PLAIN and k < WAIT and c >= 0:  # an issue: the rank arrives at comm c
+                    acc[c] = max(acc[c], s)
+                    if k == ARRIVE_SEND:
+                        acc_send[c] = max(acc_send[c], s)
+                    elif k == ARRIVE_RECV:
+                        acc_recv[c] = max(acc_recv[c], s)
+                    pending[c] -= 1
+                    if pending[c] == 0 and not real[c]:
+                        if p2p[c]:
+                            completion[c] = max(acc_recv[c], acc_send[c] + xfer[c])
+                        else:
+                            completion[c] = acc[c] + xfer[c]
+                        u = park_head[c]
+                        while u >= 0:
+                            nxt = park_next[u]
+                            stack[n_stack] = u
+                            n_stack += 1
+                            u = nxt
+                        park_head[c] = -1
+            start[i] = s
+            end[i] = e
+            t = e
+            i += 1
+            ran += 1
+        cursor[r] = i
+        clock[r] = t
+    return ran
+
+
+def _take_rows(path: Path, columns: list[str], rows: np.ndarray) -> pa.Table:
+    """Rows `rows` of a Parquet file's `columns`, read a column at a time (a W=1024 graph has 2M rows)."""
+    index = pa.array(rows, pa.int64())
+    return pa.table({name: pq.read_table(path, columns=[name])[name].take(index) for name in columns})
+
+
 class TimedReplay:
-    def __init__(self, events_path: Path, timeline_path: Path, sandbox: set[int], steps_limit: int | None = None):
-        ev = pq.read_table(events_path)
-        tl = pq.read_table(timeline_path).select(["event_id", "start_ns", "end_ns"])
-        times = dict(zip(tl["event_id"].to_pylist(), zip(tl["start_ns"].to_pylist(), tl["end_ns"].to_pylist())))
+    def __init__(self, events_path: Path, timeline_path: Path, sandbox: set[int], steps_limit: int | None = None,
+                 progress: Callable[[int, int, int, float], None] | None = None):
+        started, cpu = time.monotonic(), time.thread_time()
+        self.events_path = Path(events_path)
         self.sandbox = set(sandbox)
-        rows = [r for r in ev.to_pylist() if r["rank"] not in self.sandbox]
-        if steps_limit is not None:
-            rows = [r for r in rows if r["iteration"] < steps_limit]
-        rows.sort(key=lambda r: (r["rank"], r["seq"]))
-        self.driven = {r["comm_id"] for r in rows if r["comm_id"] >= 0}  # comms the loop's ranks take part in
-        all_members: dict[int, set[int]] = defaultdict(set)
-        for r in ev.select(["rank", "comm_id"]).to_pylist():
-            if r["comm_id"] >= 0:
-                all_members[r["comm_id"]].add(r["rank"])
-        self.real = {c for c, ms in all_members.items() if ms & self.sandbox}
-        self.virtual_members = {c: ms - self.sandbox for c, ms in all_members.items()}
-        # calibrated transfer of each virtual-only communication: completion - last arrival
-        arrive: dict[int, int] = defaultdict(int)
-        done: dict[int, int] = {}
-        by_id = {r["event_id"]: r for r in ev.select(["event_id", "comm_id"]).to_pylist()}
-        for r in ev.select(["event_id", "kind", "comm_id", "op_event_id"]).to_pylist():
-            if r["kind"] in _COMM and r["comm_id"] >= 0 and r["event_id"] in times:
-                arrive[r["comm_id"]] = max(arrive[r["comm_id"]], times[r["event_id"]][0])
-            elif r["kind"] == schemas.KIND_WAIT and r["op_event_id"] >= 0 and r["event_id"] in times:
-                c = by_id.get(r["op_event_id"], {}).get("comm_id", -1)
-                if c >= 0:  # the earliest wait end of a member bounds the completion
-                    done[c] = min(done.get(c, times[r["event_id"]][1]), times[r["event_id"]][1])
-        self.transfer = {c: max(0, done[c] - arrive[c]) for c in done if c in arrive}
-        self.ranks: dict[int, list[dict]] = defaultdict(list)
-        prev_end: dict[int, int] = {}
-        for r in rows:
-            start, end = times.get(r["event_id"], (0, 0))
-            r["_gap"] = max(0, start - prev_end.get(r["rank"], start))
-            r["_dur"] = max(0, end - start)
-            prev_end[r["rank"]] = end
-            self.ranks[r["rank"]].append(r)
-        self.collective_comm: dict[tuple[str, int], int] = {}
-        self.p2p_comms: dict[tuple, list[int]] = defaultdict(list)  # (group, src, dst, tag) -> comms in order
-        for r in ev.select(["rank", "seq", "kind", "group", "group_seq", "peer", "tag", "comm_id"]).to_pylist():
-            if r["kind"] == schemas.KIND_COLLECTIVE:
-                self.collective_comm[(r["group"], r["group_seq"])] = r["comm_id"]
-        for r in sorted(rows, key=lambda r: r["seq"]):
-            if r["kind"] == schemas.KIND_SEND:
-                self.p2p_comms[(r["group"], r["rank"], r["peer"], r["tag"])].append(r["comm_id"])
-            elif r["kind"] == schemas.KIND_RECV:
-                self.p2p_comms[(r["group"], r["peer"], r["rank"], r["tag"])].append(r["comm_id"])
-        self.op_comm = {r["event_id"]: r["comm_id"] for rs in self.ranks.values() for r in rs if r["comm_id"] >= 0}
-        self.arrivals: dict[int, dict[int, int]] = defaultdict(dict)
-        self.completion: dict[int, int] = {}
-        self.parked: dict[int, list[int]] = defaultdict(list)  # comm -> ranks waiting on it
-        self.heap: list[tuple[int, int]] = []
-        self.cursor = {v: 0 for v in self.ranks}
-        self.clock = {v: 0 for v in self.ranks}
-        self.out: list[dict] = []
-        self.out_comm: list[int] = []  # the comm of each recorded op (-1: none)
+        job = self.job = cones.load(events_path, timeline_path, self.sandbox, steps_limit)
+        m = len(job.comm_ids)
+        live = np.flatnonzero(job.live)
+        self.live_pos = live
+        # the live events, rank by rank (each rank's live events are contiguous)
+        self.code, self.dur, self.comm = job.code[live], job.dur[live], job.comm[live]
+        ranks, first, counts = np.unique(job.rank[live], return_index=True, return_counts=True)
+        self.live_ranks = ranks
+        self.lo = first.astype(np.int64)
+        self.hi = (first + counts).astype(np.int64)
+        self.cursor = self.lo.copy()
+        self.clock = job.start[live][first].astype(np.int64) if len(live) else np.empty(0, np.int64)
+        self.start = np.full(len(live), NEG, dtype=np.int64)
+        self.end = np.full(len(live), NEG, dtype=np.int64)
+        # comms: static arrivals (kept virtual members not live, at their calibrated start) and live ones to come
+        issue = (job.code >= cones.ARRIVE) & (job.code <= ARRIVE_RECV) & job.virtual
+        static = issue & ~job.live
+        c_static = job.comm[static]
+        self.acc = np.full(m, NEG, dtype=np.int64)
+        self.acc_send = np.full(m, NEG, dtype=np.int64)
+        self.acc_recv = np.full(m, NEG, dtype=np.int64)
+        np.maximum.at(self.acc, c_static, job.start[static])
+        for code, acc in ((ARRIVE_SEND, self.acc_send), (ARRIVE_RECV, self.acc_recv)):
+            sel = static & (job.code == code)
+            np.maximum.at(acc, job.comm[sel], job.start[sel])
+        self.pending = np.bincount(job.comm[issue & job.live], minlength=m).astype(np.int64)
+        self.xfer, self.p2p, self.real = job.xfer, job.p2p, job.real
+        self.completion = np.full(m, NEG, dtype=np.int64)
+        ready = (self.pending == 0) & ~job.real
+        self.completion[ready] = np.where(job.p2p[ready], np.maximum(self.acc_recv[ready], self.acc_send[ready]
+                                                                     + job.xfer[ready]),
+                                          self.acc[ready] + job.xfer[ready])
+        self.park_head = np.full(m, -1, dtype=np.int64)
+        self.park_next = np.full(len(ranks), -1, dtype=np.int64)
+        self.stack = np.empty(len(ranks), dtype=np.int64)
+        # real comms the loop drives: every virtual member kept (later ones, beyond --steps-limit, pass at once)
+        virtual_rank = ~np.isin(job.rank, np.asarray(sorted(self.sandbox), dtype=np.int32))
+        all_issue = (job.code >= cones.ARRIVE) & (job.code <= ARRIVE_RECV)
+        dropped = np.zeros(m, dtype=bool)
+        dropped[job.comm[all_issue & virtual_rank & ~job.virtual]] = True
+        has_virtual = np.zeros(m, dtype=bool)
+        has_virtual[job.comm[issue]] = True
+        self.driven_mask = job.real & has_virtual & ~dropped
+        # the worker's names of real comms, from the sandbox ranks' own events (small)
+        self.index = {int(c): i for i, c in enumerate(job.comm_ids) if job.real[i]}
+        sb = ~virtual_rank & all_issue
+        self._names(sb)
+        self.iteration_of = np.full(m, -1, dtype=np.int64)
+        self.iteration_of[job.comm[sb]] = job.iteration[sb]
+        todo = self.iteration_of[self.driven_mask]
+        self.iterations = sorted(set(todo.tolist()))
+        counts = zip(*np.unique(todo, return_counts=True))
+        self.left_in_iteration = defaultdict(int, {int(k): int(v) for k, v in counts})
+        self.progress = progress  # (iteration, iterations done, of, seconds since t0), once per iteration
+        self.iterations_done = 0
+        self.completed = np.zeros(m, dtype=bool)
         self.cv = threading.Condition()
         self.t0_ns = 0
+        self.running = threading.Event()  # set by `run` once t0 is known
         self.stopped = False
         self.error: str | None = None
+        self._inbox: list[tuple[int, int]] = []
+        self.late_ns: list[int] = []  # per gated comm: how long the virtual clock made it wait past its time
+        self.kernel_s = 0.0  # wall time in the kernel
+        self.kernel_cpu_s = 0.0  # its thread's CPU time (what a loaded machine does not inflate)
+        self.events_run = 0
+        self._step(0)  # compiles (or loads from numba's cache) the kernel now, before the common start
+        self.kernel_s = self.kernel_cpu_s = 0.0
+        self.setup_s = time.monotonic() - started
+        self.setup_cpu_s = time.thread_time() - cpu
+
+    def _names(self, sb: np.ndarray) -> None:
+        """collective (group, group_seq) -> comm_id, and the comm_ids of each p2p channel's messages."""
+        cols = ["kind", "group", "group_seq", "peer", "tag", "comm_id", "rank", "seq"]
+        rows = np.sort(self.job.pos[sb])
+        table = _take_rows(self.events_path, cols, rows) if len(rows) else None
+        self.collective_comm: dict[tuple[str, int], int] = {}
+        self.p2p_comms: dict[tuple, list[int]] = defaultdict(list)  # (group, src, dst, tag) -> comms in order
+        if table is None:
+            return
+        table = table.sort_by([("rank", "ascending"), ("seq", "ascending")])
+        for r in table.to_pylist():
+            if r["kind"] == schemas.KIND_COLLECTIVE:
+                self.collective_comm[(r["group"], r["group_seq"])] = r["comm_id"]
+            elif r["kind"] == schemas.KIND_SEND and r["peer"] not in self.sandbox:
+                self.p2p_comms[(r["group"], r["rank"], r["peer"], r["tag"])].append(r["comm_id"])
+            elif r["kind"] == schemas.KIND_RECV and r["peer"] not in self.sandbox:
+                self.p2p_comms[(r["group"], r["peer"], r["rank"], r["tag"])].append(r["comm_id"])
+
+    @property
+    def driven(self) -> set[int]:
+        return {int(c) for c in self.job.comm_ids[self.driven_mask]}
 
     def message_comm(self, group: str, src: int, dst: int, tag: int, k: int) -> int:
         """The comm of the k-th message of a channel with a virtual end (-1: not driven by the loop)."""
@@ -111,115 +218,146 @@ class TimedReplay:
         return comms[k] if k < len(comms) else -1
 
     # -- the worker's threads ----------------------------------------------------------------------------
+    def arrival(self, comm: int) -> int | None:
+        """The last virtual member's arrival at real comm `comm` (ns from t0), None while not known."""
+        i = self.index[comm]
+        return int(self.acc[i]) if self.pending[i] == 0 else None
+
     def gate(self, comm: int) -> None:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
         the last arrival (a comm the loop does not drive, e.g. beyond --steps-limit, passes at once)."""
-        if comm < 0 or comm not in self.driven:
+        i = self.index.get(comm, -1) if comm >= 0 else -1
+        if i < 0 or not self.driven_mask[i]:
             return
-        want = self.virtual_members.get(comm, set()) & set(self.ranks)
+        while not self.stopped and not self.running.wait(0.5):
+            pass
+        reached = time.monotonic_ns()
         with self.cv:
-            while not self.stopped and not want <= set(self.arrivals[comm]):
+            while not self.stopped and self.pending[i] > 0:
                 self.cv.wait(0.5)
-            last = max((self.arrivals[comm][v] for v in want), default=0)
-        delay = (self.t0_ns + last - time.monotonic_ns()) / 1e9
-        if delay > 0:
-            time.sleep(delay)
+            last = int(self.acc[i])
+        now = time.monotonic_ns()
+        target = self.t0_ns + last
+        # the clock's own delay: the op could go at max(target, reached) but its arrival was known only now
+        self.late_ns.append(max(0, now - max(target, reached)))
+        if target > now:
+            time.sleep((target - now) / 1e9)
 
     def complete(self, comm: int) -> None:
         """The real communication `comm` completed now."""
-        if comm < 0:
+        i = self.index.get(comm, -1) if comm >= 0 else -1
+        if i < 0:
             return
+        self.feed(comm, time.monotonic_ns() - self.t0_ns)
+
+    def feed(self, comm: int, t_ns: int) -> None:
+        """Real comm `comm` completed at `t_ns` (ns from t0): the loop goes on from there."""
+        i = self.index[comm]
+        finished = None
         with self.cv:
-            self.completion[comm] = time.monotonic_ns() - self.t0_ns
+            self._inbox.append((i, t_ns))
             self.cv.notify_all()
+            if self.driven_mask[i] and not self.completed[i]:
+                self.completed[i] = True
+                k = int(self.iteration_of[i])
+                self.left_in_iteration[k] -= 1
+                if self.left_in_iteration[k] == 0:
+                    self.iterations_done += 1
+                    finished = (k, self.iterations_done)
+        if finished is not None and self.progress is not None:
+            self.progress(*finished, len(self.iterations), t_ns / 1e9)
 
     def stop(self) -> None:
         with self.cv:
             self.stopped = True
             self.cv.notify_all()
+        self.running.set()
 
     # -- the loop ----------------------------------------------------------------------------------------
+    def _step(self, n_stack: int) -> None:
+        began, cpu = time.perf_counter(), time.thread_time()
+        self.events_run += _advance(self.code, self.dur, self.comm, self.hi, self.cursor, self.clock, self.start,
+                                    self.end, self.pending, self.acc, self.acc_send, self.acc_recv, self.xfer,
+                                    self.p2p, self.real, self.completion, self.park_head, self.park_next,
+                                    self.stack, n_stack)
+        self.kernel_s += time.perf_counter() - began
+        self.kernel_cpu_s += time.thread_time() - cpu
+
     def run(self, t0_ns: int) -> None:
+        """Drive the live events from t0 until every live rank finished (or `stop`)."""
         self.t0_ns = t0_ns
-        heap = self.heap = [(0, v) for v in self.ranks]
-        heapq.heapify(heap)
-        waiting_real: dict[int, list[int]] = defaultdict(list)
-        while not self.stopped:
-            if not heap:
-                with self.cv:
-                    ready = [c for c in waiting_real if c in self.completion]
-                    if not ready:
-                        if not waiting_real:
-                            return
-                        self.cv.wait(0.5)
-                        continue
-                for c in ready:
-                    for v in waiting_real.pop(c):
-                        heapq.heappush(heap, (max(self.clock[v], self.completion[c]), v))
-                continue
-            _, v = heapq.heappop(heap)
-            blocked = self._advance(v)
-            if blocked is None:
-                continue
-            kind, comm = blocked
-            if kind == "real":
-                waiting_real[comm].append(v)
-            else:
-                self.parked[comm].append(v)
-
-    def _advance(self, v: int):
-        """Run rank v's events until it blocks (returns ("real"|"virtual", comm)) or ends (None)."""
-        events, i, t = self.ranks[v], self.cursor[v], self.clock[v]
-        while i < len(events):
-            e = events[i]
-            kind = e["kind"]
-            if kind == schemas.KIND_WAIT:
-                comm = self.op_comm.get(e["op_event_id"], -1)
-                if comm >= 0 and comm not in self.completion:
-                    self.cursor[v], self.clock[v] = i, t
-                    return ("real" if comm in self.real else "virtual", comm)
-                start = t + e["_gap"]
-                end = max(start, self.completion.get(comm, start))
-            else:
-                start = t + e["_gap"]
-                end = start + e["_dur"]
-                if kind in _COMM and e["comm_id"] >= 0:
-                    self._arrive(e["comm_id"], v, start)
-            self._record(e, start, end)
-            t = end
-            i += 1
-        self.cursor[v], self.clock[v] = i, t
-        return None
-
-    def _arrive(self, comm: int, v: int, t: int) -> None:
+        self.running.set()
         with self.cv:
-            self.arrivals[comm][v] = t
-            if comm in self.real:
+            self.stack[:] = np.arange(len(self.live_ranks))
+            self._step(len(self.live_ranks))
+            self.cv.notify_all()
+            while not self.stopped and bool((self.cursor < self.hi).any()):
+                if not self._inbox:
+                    self.cv.wait(0.5)
+                    continue
+                n = 0
+                for i, t in self._inbox:  # (each parked rank is on one comm: the stack holds them all)
+                    n = self._release(i, t, n)
+                self._inbox.clear()
+                self._step(n)
                 self.cv.notify_all()
-                return
-        members = self.virtual_members[comm] & set(self.ranks)
-        if members <= set(self.arrivals[comm]):
-            done = max(self.arrivals[comm].values()) + self.transfer.get(comm, 0)
-            self.completion[comm] = done
-            for u in self.parked.pop(comm, []):
-                self._resume(u, done)
 
-    def _resume(self, u: int, done: int) -> None:
-        """u's wait (at its clock) can end at `done`: back on the heap (the wait is recorded on resuming)."""
-        heapq.heappush(self.heap, (max(self.clock[u], done), u))
+    def _release(self, i: int, t_ns: int, n: int = 0) -> int:
+        """Comm index i completed at t_ns: its parked ranks onto the stack from `n`; returns the new size."""
+        if self.completion[i] != NEG:
+            return n
+        self.completion[i] = t_ns
+        u = self.park_head[i]
+        while u >= 0:
+            self.stack[n] = u
+            n += 1
+            u = self.park_next[u]
+        self.park_head[i] = -1
+        return n
 
-    def _record(self, e: dict, start: int, end: int) -> None:
-        row = {f.name: e.get(f.name) for f in schemas.RAW_EVENTS}
-        for name in ("mem_bytes", "mem_peak_bytes", "mem_reserved_bytes"):
-            if row[name] is None:  # a graph from before the field existed: not measured
-                row[name] = -1
-        row["t_start_ns"], row["t_end_ns"] = self.t0_ns + start, self.t0_ns + end
-        row["cpu_ns"] = row["device_ns"] = end - start
-        self.out.append(row)
-        self.out_comm.append(e["comm_id"] if e["kind"] in _COMM else -1)
+    def simulate(self, completions: dict[int, int]) -> None:
+        """Without a wall clock (tests): real comm `c` completes at `completions[c]` ns (from t0), fed as
+        soon as every virtual arrival at it is known (the real op cannot complete before its gate)."""
+        left = dict(completions)
+        self.stack[:] = np.arange(len(self.live_ranks))
+        self._step(len(self.live_ranks))
+        while left:
+            c = next((c for c in left if self.arrival(c) is not None), None)
+            if c is None:
+                raise RuntimeError(f"no real comm of {sorted(left)} has every virtual arrival")
+            self._step(self._release(self.index[c], left.pop(c)))
+
+    def stats(self) -> dict:
+        live, virtual = self.job.cone_size
+        late = np.asarray(self.late_ns or [0], dtype=np.int64)
+        return {"cone_live_events": live, "virtual_events": virtual, "replayed_events": int(self.events_run),
+                "real_comms_gated": len(self.late_ns), "gate_late_max_ms": float(late.max()) / 1e6,
+                "gate_late_total_ms": float(late.sum()) / 1e6, "replay_setup_s": self.setup_s,
+                "replay_setup_cpu_s": self.setup_cpu_s, "replay_kernel_s": self.kernel_s,
+                "replay_kernel_cpu_s": self.kernel_cpu_s}
 
     def table(self) -> pa.Table:
-        """The replayed events; an op's `t_complete_ns` is its completion (known by now, or -1)."""
-        for row, comm in zip(self.out, self.out_comm):
-            row["t_complete_ns"] = self.t0_ns + self.completion[comm] if comm in self.completion else -1
-        return pa.Table.from_pylist(self.out, schema=schemas.RAW_EVENTS)
+        """The replayed (live) events, times on the host monotonic clock; an op's `t_complete_ns` is its
+        comm's completion (known by now, or -1)."""
+        with self.cv:  # real completions the loop did not need (its ranks had finished)
+            for i, t in self._inbox:
+                if self.completion[i] == NEG:
+                    self.completion[i] = t
+            self._inbox.clear()
+        done = self.end != NEG
+        rows = self.job.pos[self.live_pos[done]]
+        order = np.argsort(rows, kind="stable")
+        graph = _take_rows(self.events_path, schemas.RAW_EVENTS.names, rows[order])
+        start = self.start[done][order] + self.t0_ns
+        end = self.end[done][order] + self.t0_ns
+        comm = self.comm[done][order]
+        code = self.code[done][order]
+        is_op = (code != PLAIN) & (code < WAIT) & (comm >= 0)
+        comp = np.where(is_op, self.completion[np.maximum(comm, 0)], NEG)
+        cols = {name: graph[name] for name in schemas.RAW_EVENTS.names}
+        cols["t_start_ns"], cols["t_end_ns"] = pa.array(start, pa.int64()), pa.array(end, pa.int64())
+        cols["cpu_ns"] = cols["device_ns"] = pa.array(end - start, pa.int64())
+        cols["t_complete_ns"] = pa.array(np.where(comp != NEG, comp + self.t0_ns, -1), pa.int64())
+        for name in ("mem_bytes", "mem_peak_bytes", "mem_reserved_bytes"):
+            cols[name] = pc.fill_null(cols[name], -1)  # a graph from before the field existed: not measured
+        return pa.table(cols).cast(schemas.RAW_EVENTS)

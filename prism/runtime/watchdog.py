@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 
 HANG_EXIT_CODE = 86  # the job would hang (capture: no rank can run; real: every rank stuck): documented
@@ -94,7 +95,8 @@ class Watchdog:
             self.groups[name] = (pg._desc, list(pg._global_ranks))
         info = (name, op, group_seq, peer, tag, dtype, shape)
         self.last[name] = info
-        self.issued_q.append((work, info))
+        # a weak reference: the op's tensors must not outlive the program's use of them (memory fidelity)
+        self.issued_q.append((weakref.ref(work), info))
         self.last_issue = time.monotonic()
 
     def exited(self) -> None:
@@ -115,7 +117,7 @@ class Watchdog:
     def _check(self) -> None:
         while self.issued_q:
             self.pending.append(self.issued_q.popleft())
-        still = [(w, info) for w, info in self.pending if not w.is_completed()]
+        still = [(w, info) for w, info in self.pending if (op := w()) is not None and not op.is_completed()]
         now = time.monotonic()
         if len(still) < len(self.pending) or self._computing():
             self.last_progress = now

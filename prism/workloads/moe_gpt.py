@@ -306,5 +306,31 @@ def main(argv: list[str] | None = None) -> None:
         dist.destroy_process_group()
 
 
+def prism_warmup(argv: list[str]) -> None:
+    """Called once by prism's zygote before it forks the ranks (`prism launch --preload
+    prism.workloads.moe_gpt`): one step of the same model in one process (no torch.distributed, every group
+    None), so that the lazy initialisations of a first step (torch's op caches, the interpreter's
+    specialised bytecode, the model code's objects) are paid once and shared by every rank copy-on-write,
+    instead of once per rank. Leaves no trace: output discarded, RNG and determinism settings restored."""
+    import contextlib
+    import io
+
+    state = (torch.get_rng_state(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.get_num_threads())
+    world = os.environ.pop("WORLD_SIZE", None)
+    one = ["--tp", "1", "--pp", "1", "--dp", "1", "--ep", "1", "--steps", "1", "--device", "cpu"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            main(list(argv) + one)
+    except SystemExit:
+        pass  # arguments the ranks will reject (and say why)
+    finally:
+        if world is not None:
+            os.environ["WORLD_SIZE"] = world
+        torch.set_rng_state(state[0])
+        torch.use_deterministic_algorithms(state[1], warn_only=state[2])
+        torch.set_num_threads(state[3])
+
+
 if __name__ == "__main__":
     main()

@@ -47,8 +47,9 @@ def restamp(table: pa.Table, scale: float) -> pa.Table:
 
 
 def fake_launcher(capture: Path, sandbox: list[int], replayed: list[int], scale: float = 1.0,
-                  edit=None, fail: int = 0):
-    """A `launch(cmd, out)` for `prism.emulate.stage.emulate`; `edit(rank, table)` may alter a sandbox rank."""
+                  edit=None, fail: int = 0, cone: tuple[int, int] | None = None):
+    """A `launch(cmd, out)` for `prism.emulate.stage.emulate`; `edit(rank, table)` may alter a sandbox rank;
+    `cone=(lo, hi)`: the replay holds only the replayed ranks' events lo <= seq < hi (the live cone)."""
 
     def launch(cmd: list[str], out: Path) -> int:
         if fail:
@@ -63,6 +64,8 @@ def fake_launcher(capture: Path, sandbox: list[int], replayed: list[int], scale:
             (out / "logs" / f"rank={r}.log").write_text(f"rank {r} ran\n")
         parts = [restamp(artifacts.read_raw_stream(capture / "raw" / f"rank={r}" / "events.arrow"), 1.0)
                  for r in replayed]
+        if cone is not None:
+            parts = [t.slice(cone[0], cone[1] - cone[0]) for t in parts]
         if parts:
             _write(pa.concat_tables(parts), out / "raw" / "replay" / "events.arrow")
         (out / "raw" / "meta.json").write_text(json.dumps({

@@ -70,6 +70,7 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         # one group (the world): one compensator per run of virtual ranks in the worker
         assert emu["worker_communicators"] == 2  # [0] 1 [2 3] and 0 [1] 2 [3]: two runs each
         assert emu["communicators"] == 2 + len(ranks)
+        assert emu["bytes_moved"] == _protocol_bytes(job, sandbox)
         pool = emu["prefetch"]  # default pool: every payload the worker sends went through it, within capacity
         assert pool["prefetch_mb"] == 256 and pool["loaded"] + pool["direct"] == 6 * (4 - len(ranks))
         assert 0 < pool["peak_bytes"] <= pool["capacity_bytes"]
@@ -77,6 +78,23 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
         assert sorted(p.name for p in (job / out / "logs").iterdir()) == [f"rank={r}.log" for r in sorted(ranks)]
         assert _results((job / out / "logs" / f"rank={min(ranks)}.log").read_text()) == \
             _results(cap.stdout, {min(ranks)})
+
+
+def _protocol_bytes(job, sandbox: str) -> int:
+    """The tensor bytes the pruned protocol moves for reduction_order.py at W=4 (hand-counted; f32, 4096
+    elements = 16384 B, a reduce_scatter chunk 4096 B, the last all_gather n elements per member).
+    Sandbox 1: participants 0 -> 1 -> [2 3]: each all_reduce 3 tensors (0->1, 1->[2 3], result back),
+    each reduce_scatter 3 chunks of rank 1, the reduce to virtual rank 0 nothing, the all_gather 3 members'
+    n floats. (Without pruning, 0 -> 1 and 2, 3 send their parts to 1: the same bytes.)
+    Sandbox 0,2: 0 -> [1] -> 2 <- [3] (the trailing single member sends its part), result 2 -> 0: each
+    all_reduce and the reduce to 0 4 tensors, each reduce_scatter three stacks of the 2 sandbox chunks
+    and rank 0's chunk, the all_gather 3 members' n floats to each of the two."""
+    ev = _stream(job / "capture" / "raw" / "rank=1" / "events.arrow")
+    n = next(r["bytes"] for r in ev if r["op"] == "all_gather") // 4
+    if sandbox == "1":
+        return 2 * 3 * 16384 + 2 * 3 * 4096 + 0 + 3 * n * 4
+    assert sandbox == "0,2"
+    return 2 * 4 * 16384 + 2 * (3 * 8192 + 4096) + 4 * 16384 + 2 * 3 * n * 4
 
 
 def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
@@ -88,6 +106,7 @@ def test_no_pruning_gives_the_same_results_with_more_peers(order_job):
     assert _results(proc.stdout) == _results(cap.stdout, {1})
     emu = _meta(job, "emu_np")["emulation"]
     assert not emu["pruning"] and emu["worker_communicators"] == 3  # ranks 0, 2, 3 each their own peer
+    assert emu["bytes_moved"] == _protocol_bytes(job, "1")  # here the same bytes: see _protocol_bytes
     assert emu["prefetch"]["stalls"] == emu["prefetch"]["direct"] == 18 and emu["prefetch"]["peak_bytes"] == 0
 
 
@@ -125,24 +144,28 @@ def test_changed_contribution_is_folded_live(tmp_path):
     assert got["step=1"] != want["step=1"]
 
 
-@pytest.mark.parametrize("name", ["alltoall", "ddp"])
-def test_public_api_program_repeats_the_capture(tmp_path, name):
-    """Public-API programs, W=2, rank 1 in the sandbox: the all-to-all program (uneven all_to_all_single,
-    recv from any source, async ops) and DDP (bucketed gradient all-reduces through futures, SGD then
-    AdamW) print what rank 1 printed in the capture, and what plain torchrun prints."""
+PUBLIC_API = [  # program, arguments, sandbox
+    ("ddp", [], "1,2"),  # bucketed gradient all-reduces through futures; two sandbox members in one chain
+    ("fsdp2", [], "0,3"),  # all_gather_into_tensor / reduce_scatter_tensor (coalesced), both ends of the ring
+    ("dtensor_tp", [], "1"),  # DTensor redistributions: all_reduce, all_gather_into_tensor
+    ("pipelining", ["--schedule", "both"], "3"),  # the last stage: p2p with a virtual stage, the losses
+    ("alltoall", [], "0"),  # uneven all_to_all_single, every collective async, recv from any source of 3
+]
+
+
+@pytest.mark.parametrize("name, args, sandbox", PUBLIC_API, ids=[c[0] for c in PUBLIC_API])
+def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
+    """(a) for the public-API programs at W=4: the sandbox ranks print, bitwise, what they printed in the
+    capture (losses, gradient norms, parameters' checksums, collective outputs)."""
     job = tmp_path / "job"
-    prog = [str(PROGRAMS / f"{name}.py")]
-    cap = _capture(job, 2, prog)
-    proc = _emulate(job, 2, "1", prog)
+    prog = [str(PROGRAMS / f"{name}.py"), *args]
+    cap = _capture(job, 4, prog, devices=2)
+    proc = _emulate(job, 4, sandbox, prog)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _results(proc.stdout) == _results(cap.stdout, {1}) and _results(proc.stdout)
-    ref = run_torchrun(2, prog)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = _results(ref.stdout, {1})
-    assert len(want) == len(_results(proc.stdout))
-    for a, b in zip(_results(proc.stdout), want):  # two members: prism's sum is gloo's, so 1e-5 is loose
-        ta, tb = a.split(), b.split()
-        assert len(ta) == len(tb) and all(x == y or _close(float(x), float(y)) for x, y in zip(ta, tb)), (a, b)
+    ranks = {int(r) for r in sandbox.split(",")}
+    got = _results(proc.stdout)
+    assert got == _results(cap.stdout, ranks) and got
+    assert {int(line.split()[2]) for line in got} == ranks  # every sandbox rank printed
 
 
 def _close(a: float, b: float, rel: float = 1e-5) -> bool:
@@ -178,7 +201,7 @@ def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandb
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
 
 
-def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
     traceback named, the worker is stopped too, and nothing is published under OUT."""
     import time
@@ -195,6 +218,18 @@ def test_a_crashing_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
     assert not (out / "raw").exists() and not (out / "logs").exists()
     assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]  # a failed run removes
     # the --out folder it created
+    # a sandbox whose communication departs in size (rank 2's step-1 all_reduce twice as long): stopped
+    # before the op reaches the worker, naming the rank, the op here and in the capture with their sequence
+    # numbers (program-order index, group_seq, capture seq) and both sizes
+    started = time.monotonic()
+    proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--grow-rank", "2"], out="grown")
+    assert proc.returncode != 0
+    assert re.search(r"prism emulate: rank 2 diverged from its capture: its op #1 \(seq \d+ in the capture\) is "
+                     r"\[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=8192\] here "
+                     r"but \[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=4096\] in "
+                     r"the capture", proc.stderr), proc.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    assert not (scaled / "grown").exists()
 
 
 def test_bad_sandbox_and_divergence_are_named_and_write_nothing(order_job, tmp_path):
@@ -218,9 +253,11 @@ def _stream(path) -> list[dict]:
 
 
 def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
-    """With a calibrated timeline (written here: the capture's own times, rank 3's first compute event 1.5 s
-    longer), the worker replays the virtual ranks on that clock: the sandbox's first all_reduce completes
-    only after rank 3 arrives (t0 + 1.5 s), and the replayed timeline of ranks 0, 2, 3 is recorded."""
+    """With a calibrated timeline (written here: the capture's own times back to back, rank 3's first compute
+    event 1.5 s longer), the sandbox ranks and the worker start from one t0 (the common start barrier) and
+    the worker holds every real op to the virtual ranks' clock: the sandbox's first all_reduce completes only
+    after rank 3 arrives (t0 + 1.5 s). The virtual events between two real ops (the cone) are replayed live,
+    on the same clock, after the real op they depend on."""
     import pyarrow.parquet as pq
 
     from prism import schemas
@@ -229,16 +266,16 @@ def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
     graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
     assert graph.returncode == 0, graph.stderr[-3000:]
     events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
-    origin = min(r["t_start_ns"] for r in events)
-    slow, shift, rows = 1_500_000_000, 0, []
-    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
-        start, end = r["t_start_ns"] - origin, r["t_end_ns"] - origin
-        if r["rank"] == 3:
-            start += shift
-            if r["kind"] == "compute" and not shift:
-                shift = slow
-            end += shift
-        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
+    slow, rows, clock = 1_500_000_000, [], {}
+    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):  # the sweep's layout: each rank from 0
+        start = clock.get(r["rank"], 0)
+        length = r["t_end_ns"] - r["t_start_ns"] + (slow if r["rank"] == 3 and r["seq"] == 0 else 0)
+        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=start + length))
+        clock[r["rank"]] = start + length
+    assert events[0]["kind"] == "compute"  # (rank 3's seq 0 is its first compute event)
+    arrive3 = next(t["start_ns"] for t, e in zip(rows, sorted(events, key=lambda r: (r["rank"], r["seq"])))
+                   if e["rank"] == 3 and e["kind"] == "collective")
+    assert arrive3 >= slow
     (job / "calibrated").mkdir()
     try:
         pq.write_table(pa.Table.from_pylist(rows, schema=schemas.TIMELINE), job / "calibrated" / "timeline.parquet")
@@ -251,18 +288,22 @@ def test_timed_replay_a_slow_virtual_rank_delays_the_sandbox(order_job):
     meta = _meta(job, "timed")
     t0 = meta["t0_ns"]
     assert meta["emulation"]["timed"]
-    replayed = _stream(job / "timed" / "raw" / "replay" / "events.arrow")
-    assert {r["rank"] for r in replayed} == {0, 2, 3}
-    for rank in (0, 2, 3):  # the virtual ranks' whole program order, as in the capture
-        mine = [r for r in replayed if r["rank"] == rank]
-        assert [(r["seq"], r["kind"], r["op"]) for r in mine] == \
-            [(r["seq"], r["kind"], r["op"]) for r in sorted(events, key=lambda r: r["seq"]) if r["rank"] == rank]
-    arrive3 = next(r for r in replayed if r["rank"] == 3 and r["kind"] == "collective")["t_start_ns"]
-    assert arrive3 - t0 >= slow
+    cone = meta["emulation"]["cone"]
+    assert 0 < cone["cone_live_events"] < cone["virtual_events"] and cone["real_comms_gated"] > 0
+    assert cone["gate_late_max_ms"] < 1000  # the clock itself held no op (a kernel compiled after t0 did, 7 s)
     sandbox = _stream(job / "timed" / "raw" / "rank=1" / "events.arrow")
+    assert sandbox[0]["t_start_ns"] == t0  # the sandbox's timeline starts at the common start
     first_wait = next(r for r in sandbox if r["kind"] == "wait")
-    assert first_wait["t_end_ns"] >= arrive3  # it waited for the slow virtual rank
-    # the virtual ranks' own waits on that all_reduce end at its real completion, not before rank 3 arrived
-    for rank in (0, 2):
-        wait = next(r for r in replayed if r["rank"] == rank and r["kind"] == "wait")
-        assert wait["t_end_ns"] >= arrive3
+    assert first_wait["t_end_ns"] - t0 >= arrive3  # it waited for the slow virtual rank
+    replayed = _stream(job / "timed" / "raw" / "replay" / "events.arrow")
+    assert replayed and {r["rank"] for r in replayed} <= {0, 2, 3}
+    # on the same clock: the live events end after the first real op, which completed after rank 3 arrived
+    # (each virtual rank's first live event is its wait on that op, which starts at its calibrated time)
+    assert min(r["t_end_ns"] for r in replayed) - t0 >= arrive3
+    firsts = [min((r for r in replayed if r["rank"] == v), key=lambda r: r["seq"])
+              for v in {r["rank"] for r in replayed}]
+    assert all(r["kind"] == "wait" for r in firsts), firsts
+    assert all(r["t_start_ns"] - t0 < arrive3 for r in firsts if r["rank"] != 3), firsts
+    calibrated = {(t["rank"], t["seq"]): t["start_ns"] for t in rows}  # each at its calibrated time, from t0
+    assert all(r["t_start_ns"] - t0 == calibrated[(r["rank"], r["seq"])] for r in firsts), firsts
+    assert "[prism] emulation: iteration 0 emulated (1/1)" in proc.stderr

@@ -50,6 +50,18 @@ def read(job: Path, name: str):
     return pq.read_table(job / "emulation" / f"{name}.parquet").to_pandas()
 
 
+def test_a_partial_replay_the_sweep_computes_the_rest(job):
+    """The worker replays only the cone (a run of each virtual rank's events): every other event of that
+    rank comes from the substituted sweep, and the job's events are all there, once."""
+    em, _ = stage.emulate(job, "pp=last,tp=0,dp=0", launch=fake_launcher(job, [2], [3], cone=(3, 9)))
+    graph = pq.read_table(job / "graph" / "events.parquet").to_pandas().sort_values(["rank", "seq"])
+    events = read(job, "events")
+    assert events[["rank", "seq"]].to_numpy().tolist() == graph[["rank", "seq"]].to_numpy().tolist()
+    mine = events[events["rank"] == 3]
+    assert sorted(mine[mine.source == "replay"].seq) == list(range(3, 9))
+    assert set(mine[mine.source != "replay"].source) == {"computed"} and len(mine) == int((graph["rank"] == 3).sum())
+
+
 def test_outputs_on_one_clock(job):
     em, text = stage.emulate(job, "pp=last,tp=0,dp=0", launch=fake_launcher(job, [2], [3]))
     assert em.sandbox == [2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -276,7 +277,7 @@ def test_interception_reaches_subprocesses_through_sitecustomize(tmp_path):
         (["--nproc", "2"], "no program given"),
         (["--nproc", "2", "--out", "/proc/forbidden", "-m", "prism.workloads.moe_gpt"], "not writable"),
         (["--nproc", "2", "--devices", "1", "-m", "prism.workloads.moe_gpt"], "drop --devices"),
-        (["--nproc", "2", "--progress", "-m", "prism.workloads.moe_gpt"], "--mode real has none to report"),
+        (["--nproc", "2", "--mode", "off", "--progress", "-m", "prism.workloads.moe_gpt"], "--mode off records nothing"),
         (["--nproc", "2", "--out", "/proc/forbidden", "--force", "-m", "prism.workloads.moe_gpt"], "not writable"),
     ],
 )
@@ -312,23 +313,14 @@ def test_the_workload_rejects_its_layout_in_its_ranks(args, message):
     assert time.monotonic() - start < 60
 
 
-def test_capture_progress_on_a_terminal(tmp_path):
-    """stderr a terminal: the capture's progress line is rewritten in place and wiped before rank output."""
+def _on_a_terminal(args: list[str]) -> str:
+    """Run `prism launch ARGS` with stderr a terminal (a pty); its stderr as text."""
     import pty
     import threading
 
-    prog = write(tmp_path, "progress_prog_unique.py", """
-        import sys, time, torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        for step in range(30):
-            time.sleep(0.1)
-            dist.all_reduce(torch.ones(2))
-        print(f"rank {dist.get_rank()} finished", file=sys.stderr, flush=True)
-    """)
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", "--nproc", "2", "--mode", "capture",
-                             "--devices", "1", str(prog)], cwd=REPO, env=make_env(), stdout=subprocess.PIPE,
-                            stderr=slave, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", *args], cwd=REPO, env=make_env(),
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -350,7 +342,38 @@ def test_capture_progress_on_a_terminal(tmp_path):
         proc.kill()
     reader.join(timeout=10)
     os.close(master)
-    err = b"".join(chunks).decode()
+    return b"".join(chunks).decode()
+
+
+def test_capture_progress_on_a_terminal(tmp_path):
+    """stderr a terminal: the capture's progress line is rewritten in place and wiped before rank output."""
+    prog = write(tmp_path, "progress_prog_unique.py", """
+        import sys, time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(30):
+            time.sleep(0.1)
+            dist.all_reduce(torch.ones(2))
+        print(f"rank {dist.get_rank()} finished", file=sys.stderr, flush=True)
+    """)
+    err = _on_a_terminal(["--nproc", "2", "--mode", "capture", "--devices", "1", str(prog)])
     assert "\r\x1b[K[prism] capture" in err and "ranks done" in err, err
     finished = [line for line in err.replace("\r\n", "\n").split("\n") if "finished" in line]
     assert sorted(line.split("\x1b[K")[-1] for line in finished) == ["rank 0 finished", "rank 1 finished"], err
+
+
+def test_real_run_progress_counts_iterations_on_a_terminal(tmp_path):
+    """A real run (nothing recorded: no --out) shows the iterations its ranks ended (optimizer steps)."""
+    prog = write(tmp_path, "iterations_prog_unique.py", """
+        import time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        m = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(8):
+            time.sleep(0.4)
+            m(torch.ones(2, 4)).sum().backward()
+            dist.all_reduce(m.weight.grad)
+            opt.step()
+    """)
+    err = _on_a_terminal(["--nproc", "2", str(prog)])
+    counts = [int(m) for m in re.findall(r"\[prism\] real ranks 0,1: (\d+)it ", err)]
+    assert counts and max(counts) >= 3 and counts == sorted(counts), err

@@ -1,4 +1,4 @@
-"""`torch.distributed.pipelining`: 2 stages (`PipelineStage`), 4 microbatches, GPipe or 1F1B, 2 steps.
+"""`torch.distributed.pipelining`: one stage per rank (`PipelineStage`), 4 microbatches, GPipe or 1F1B, 2 steps.
 
 Run: torchrun --nproc-per-node 2 tests/programs/pipelining.py [--schedule gpipe|1f1b|both]
 Prints `result <name> <rank> <values...>` lines (deterministic; compared across launchers).
@@ -26,16 +26,16 @@ def checksum(tensors) -> str:
     return f"{flat.sum().item():.12e} {flat.abs().sum().item():.12e} {flat.square().sum().item():.12e}"
 
 
-def stage_module(stage: int) -> nn.Module:
+def stage_module(stage: int, last: bool) -> nn.Module:
     torch.manual_seed(stage)  # each stage's weights, the same whichever launcher runs it
     layers = [nn.Linear(DIM, DIM), nn.ReLU(), nn.Linear(DIM, DIM)]
-    if stage == 1:
+    if last:
         layers += [nn.ReLU(), nn.Linear(DIM, 4)]
     return nn.Sequential(*layers)
 
 
 def run(schedule_name: str, rank: int, world: int) -> None:
-    module = stage_module(rank)
+    module = stage_module(rank, rank == world - 1)
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     is_last = rank == world - 1
     # every rank passes loss_fn: a schedule without one runs forward only

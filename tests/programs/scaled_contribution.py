@@ -26,6 +26,8 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--crash-rank", type=int, default=-1, help="this rank raises at step 1 (a crashing program)")
+    p.add_argument("--grow-rank", type=int, default=-1,
+                   help="this rank's step-1 contribution is twice as long (communication departs in size)")
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -35,6 +37,8 @@ def main() -> None:
         t = contribution(rank, step)
         if rank == a.scale_rank and step == 1:
             t = t * a.scale
+        if rank == a.grow_rank and step == 1:
+            t = torch.cat([t, t])
         dist.all_reduce(t)
         digest = hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
         os.write(1, f"result step={step} {rank} {digest}\n".encode())

@@ -63,3 +63,27 @@ def test_tty_mode_rewrites_one_line_and_wipes_it(monkeypatch):
     out = stream.getvalue()
     assert "\n" not in out
     assert out.count("\r\x1b[K[prism] capture") == 2 and out.endswith("of compute\r\x1b[K")
+
+
+def test_ranks_note_iterations_and_the_line_shows_the_slowest(tmp_path, monkeypatch):
+    """Each rank rewrites its count in place; the line shows the fewest iterations of the run's real ranks
+    against the capture's total, as tqdm's meter (n/total and a bar)."""
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    for rank, done in ((3, 7), (5, 12)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(progress, "_fd", None)
+        for k in range(1, done + 1):
+            progress.note_iteration(k)
+    assert (tmp_path / "iterations-rank5").read_bytes().strip() == b"12"
+    assert progress.iterations_done(tmp_path, [3, 5]) == 7
+    assert progress.iterations_done(tmp_path, [3, 5, 9]) == 0            # rank 9 has ended none yet
+    p = progress.IterationProgress(io.StringIO(), False, "slice", [3, 5], 16)
+    text = p.describe(tmp_path, 10.0)
+    assert text.startswith("[prism] slice ranks 3,5: ") and " 7/16 " in text and "|" in text, text
+
+
+def test_note_iteration_without_a_progress_folder_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    progress.note_iteration(1)
+    assert list(tmp_path.iterdir()) == []

@@ -99,10 +99,138 @@ def test_missing_contribution_is_named():
 
 def test_pruning_bench_table(capsys):
     from prism.bench import pruning
-    assert pruning.main(["--sizes", "2,8", "--sandbox", "1,2"]) == 0
+    assert pruning.main(["--protocol", "--sizes", "2,8", "--sandbox", "1,2"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert len(rows) == 2 * 2 * 3
     # n=8, s=2 first: participants 0, 1, [2..7]; links 0->1, 1->2 and the result 2->0, 2->1: 4 S; ring 14 S
     assert ["8", "2", "first", "3", "14", "4", "14", "0.286"] in rows
     with pytest.raises(SystemExit):
-        pruning.main(["--sizes", "1"])
+        pruning.main(["--protocol", "--sizes", "1"])
+    with pytest.raises(SystemExit):
+        pruning.main(["--sizes", "6"])  # emulations: W a multiple of 4
+
+
+# -- the plan: hand-counted messages of the cases the runtime meets ----------------------------------------------
+def _plan(op, members, sandbox, pruned=True, root=-1):
+    from prism.runtime.pruned import Protocol, participants
+    return Protocol(op, members, sandbox, participants(members, sandbox, pruned), root)
+
+
+def test_plan_trailing_single_member_sends_its_part_to_the_last_sandbox_member():
+    # [0..3], sandbox {1}: participants 0 -> 1 -> [2, 3]: the run of two takes the chain (2 links + result);
+    # sandbox {2}: 0[0,1] -> 2 -> 3: member 3 sends its part to 2, which ends the chain (no result back)
+    assert [(l.src, l.dst, l.what) for l in _plan("all_reduce", range(4), {1}).links] == \
+        [(0, 1, "acc"), (1, 2, "acc"), (2, 1, "result")]
+    assert [(l.src, l.dst, l.what) for l in _plan("all_reduce", range(4), {2}).links] == \
+        [(0, 1, "acc"), (2, 1, "parts")]
+    # without pruning every trailing member sends its part: 0 -> 1, then 2 and 3 to 1
+    assert [(l.src, l.dst, l.what) for l in _plan("all_reduce", range(4), {1}, pruned=False).links] == \
+        [(0, 1, "acc"), (2, 1, "parts"), (3, 1, "parts")]
+
+
+def test_plan_moves_nothing_nobody_reads():
+    assert _plan("reduce", range(4), {1}, root=0).links == []  # the root is virtual: its result is not read
+    assert _plan("gather", range(4), {1}, root=3).links == []
+    # all_to_all: one message per (participant, sandbox member), nothing to virtual members
+    assert [(l.src, l.dst) for l in _plan("all_to_all_single", range(4), {1}).links] == [(0, 1), (2, 1)]
+
+
+@pytest.mark.parametrize("pruned", [True, False])
+def test_pruning_on_and_off_give_the_same_bits(pruned):
+    for seed in range(15):
+        members, sandbox, live, rec, full = case(seed, numel=2520)
+        for op in [RedOp.SUM, RedOp.AVG]:
+            out = PrunedGroup(members, sandbox, pruned=pruned).all_reduce(op, live, rec)
+            assert all(same_bits(t, semantics.reduce(full, op)) for t in out.values())
+            rs = PrunedGroup(members, sandbox, pruned=pruned).reduce_scatter(op, live, rec)
+            for r, t in rs.items():
+                assert same_bits(t, semantics.reduce_scatter_chunk(full, op, members.index(r), len(members)))
+
+
+def test_bytes_on_off_hand_counted():
+    """dp8, sandbox {0}, 400-byte tensors: pruned 0 -> [1..7] and the result back (800 B); unpruned every
+    member 1..7 sends its part to 0 (2800 B). reduce_scatter moves only rank 0's chunk (1/8 of it)."""
+    for pruned, want in ((True, 800), (False, 2800)):
+        g = PrunedGroup(range(8), {0}, pruned=pruned)
+        g.all_reduce(RedOp.SUM, {0: torch.ones(100)}, {m: torch.ones(100) for m in range(1, 8)})
+        assert g.bytes_moved() == want
+        g = PrunedGroup(range(8), {0}, pruned=pruned)
+        g.reduce_scatter(RedOp.SUM, {0: torch.ones(800)}, {m: torch.ones(800) for m in range(1, 8)})
+        assert g.bytes_moved() == want
+
+
+def test_coalesced_and_list_kinds_through_execute():
+    """all_reduce_coalesced (two tensors), reduce_scatter with a list per output, all_to_all with a list."""
+    members, sandbox = [5, 6, 7, 8, 9], {6, 9}
+    g = torch.Generator().manual_seed(3)
+    xs = {m: [torch.randn(6, generator=g), torch.randn(3, generator=g)] for m in members}
+    grp = PrunedGroup(members, sandbox)
+    out = grp.execute("all_reduce_coalesced", {m: ({}, xs[m]) for m in members}, RedOp.SUM)
+    for r in sandbox:
+        assert all(same_bits(out[r]["result"][j], semantics.reduce([xs[m][j] for m in members], RedOp.SUM))
+                   for j in range(2))
+    n = len(members)
+    lists = {m: [torch.randn(4, generator=g) for _ in range(2 * n)] for m in members}  # 2 outputs x n chunks
+    out = PrunedGroup(members, sandbox).execute("reduce_scatter", {m: ({}, lists[m]) for m in members}, RedOp.SUM)
+    for r in sandbox:
+        me = members.index(r)
+        for j in range(2):
+            want = semantics.reduce([lists[m][j * n + me] for m in members], RedOp.SUM)
+            assert same_bits(out[r]["result"][j], want)
+    out = PrunedGroup(members, sandbox).execute("all_to_all", {m: ({}, lists[m][:n]) for m in members})
+    for r in sandbox:
+        me = members.index(r)
+        assert all(torch.equal(out[r]["got"][i][1][0], lists[m][me]) for i, m in enumerate(members))
+
+
+def test_gloo_wire_sends_exactly_the_plans_bytes():
+    """The runtime's wire (gloo, one instance per participant, here threads of one process) carries the
+    protocol: outputs bitwise `semantics`, bytes sent == the in-memory execution's message bytes."""
+    import threading
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import HashStore, PrefixStore, ProcessGroupGloo
+
+    from prism.runtime import emulation, pruned
+
+    members, sandbox = list(range(7)), {2, 4}
+    parts = pruned.participants(members, sandbox)  # 0[0,1] 2 3[3] 4 5[5,6]
+    g = torch.Generator().manual_seed(11)
+    xs = {m: torch.randn(70, generator=g) * 10.0 ** torch.randint(-4, 5, (70,), generator=g) for m in members}
+    want = semantics.reduce([xs[m] for m in members], RedOp.SUM)
+    store = HashStore()
+    for k, op in enumerate(["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"]):
+        proto = pruned.Protocol(op, members, sandbox, parts)
+        sim = PrunedGroup(members, sandbox)
+        sim_out = sim.execute(op, {m: ({}, [xs[m]]) for m in members}, RedOp.SUM)
+        outs, wires, errors = {}, {}, []
+
+        def one(i):
+            try:
+                pg = ProcessGroupGloo(PrefixStore(f"t{k}/", store), i, len(parts), timedelta(seconds=30))
+                wires[i] = emulation.GlooWire(pg)
+                own = {members.index(m): ({}, [xs[m]]) for m in parts[i][1]}
+                outs[i] = pruned.run(proto, i, own, wires[i], RedOp.SUM)
+                sent = wires[i].bytes
+                wires[i].flush()
+                wires[i].sent = sent
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(parts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert sum(w.sent for w in wires.values()) == sim.bytes_moved() > 0
+        for i, (r, _) in enumerate(parts):
+            if r not in sandbox:
+                assert outs[i] is None
+            elif op == "all_reduce":
+                assert same_bits(outs[i]["result"][0], want) and same_bits(sim_out[r]["result"][0], want)
+            elif op == "reduce_scatter_tensor":
+                chunk = semantics.reduce_scatter_chunk([xs[m] for m in members], RedOp.SUM, r, 7)
+                assert same_bits(outs[i]["result"][0], chunk)
+            else:
+                assert all(torch.equal(outs[i]["got"][j][1][0], xs[m]) for j, m in enumerate(members))

@@ -10,20 +10,16 @@ import pytest
 
 from prism.report import export
 from tests.browser import external_resources, open_page, plots_without_data
-from tests.conftest import data_path
-from tests.workflow.test_workflow import snakemake
+from tests.workflow.runs import snakemake, tiny_args
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    results = tmp_path_factory.mktemp("results")
-    args = ("--profile", "profiles/local", "--configfile", str(data_path("tiny.yaml")), "--config",
-            f"results={results}")
-    proc = snakemake(*args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return results / "tiny", args
+def tiny(tiny_reference):
+    """The session's one local run of the tiny job (tests/workflow/conftest.py) and the arguments it ran with:
+    these tests only read it."""
+    return tiny_reference, tiny_args(tiny_reference.parent)
 
 
 def test_pipeline_ends_with_the_report_and_snakemake_report_links_it(tiny, tmp_path):

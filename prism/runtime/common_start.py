@@ -1,0 +1,35 @@
+"""Mode `emulate`: the common start t0 of the sandbox ranks and the replay worker.
+
+Every party (each sandbox rank at its first process group, the worker once its timed replay is ready) adds
+itself to a counter on the job's store; the last one stamps t0 = its host monotonic clock (CLOCK_MONOTONIC,
+shared by every process of the host) and the others read it. The sandbox ranks' timelines start at t0
+(`Recorder.resync`) and the virtual ranks' clock counts from it (`timed_replay`), so both are on one clock.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Callable
+
+T0_KEY = "prism-emu/t0"
+T0_COUNT = "prism-emu/t0/arrived"
+
+
+def common_start(store, parties: int, timeout: timedelta = timedelta(minutes=10),
+                 stopped: Callable[[], bool] = lambda: False) -> int:
+    """A barrier of `parties` processes on the job's store; returns t0 (host monotonic ns): the time the
+    last one arrived (it stamps the key; the others read it)."""
+    if store.add(T0_COUNT, 1) == parties:
+        t0 = time.monotonic_ns()
+        store.set(T0_KEY, str(t0))
+        return t0
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not store.check([T0_KEY]):
+        if stopped():
+            raise InterruptedError("stopped while waiting for the common start")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the common start: not every one of {parties} parties (sandbox ranks and the "
+                               f"replay worker) arrived within {timeout.total_seconds():.0f} s")
+        time.sleep(0.001)
+    return int(store.get(T0_KEY))

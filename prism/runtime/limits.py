@@ -1,0 +1,163 @@
+"""The machine's limits that a job of W ranks on one host can hit, checked before anything starts and
+watched while it runs: each message names the limit, what the job needs, and the fix.
+
+- open files (`ulimit -n`): prism's supervisor holds, per rank, two output pipes, and in capture the
+  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK).
+- processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
+- memory: capture forks W ranks of RANK_MIB_ESTIMATE private MiB each (measured: `prism bench capture`,
+  17-19 MiB with the reference workload) plus the zygote; while the capture runs, `MemoryWatch` stops it
+  with a clear message before the machine runs out (the alternative is the kernel's reclaim crawl, then
+  the OOM killer, i.e. a hang then a half-dead job).
+- /dev/shm: the contributions in flight live there; a full /dev/shm fails the writing rank with
+  `ShmFull` (the job stops, nothing is published), and less than SHM_MIN_BYTES free refuses the start.
+
+Every reading goes through a function of this module, so tests simulate a small machine by replacing one.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+FDS_PER_RANK = {"capture": 4, "default": 2}
+FDS_SPARE = 64
+THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
+RANK_MIB_ESTIMATE = 12  # below the measured 17-19 MiB: refuse only what surely cannot fit
+ZYGOTE_MIB_ESTIMATE = 600
+SHM_MIN_BYTES = 64 << 20
+MEMORY_FLOOR_FRACTION = 0.03  # MemoryWatch stops the job when less than this much of memory is left
+MEMORY_FLOOR_MAX = 1 << 30
+
+
+class LimitError(Exception):
+    """A job that cannot run on this machine as configured: the message names the limit and the fix."""
+
+
+def nofile_limits() -> tuple[int, int]:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def nproc_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    return soft
+
+
+def kernel_limit(name: str) -> int | None:
+    try:
+        return int(Path("/proc/sys/kernel", name).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (MemTotal, MemAvailable, ...)."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts:
+                    out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup still allows (v2 memory.max or v1 limit), None if unlimited."""
+    try:
+        line = next(l for l in open("/proc/self/cgroup") if l.startswith("0::"))
+        base = Path("/sys/fs/cgroup") / line.split("::", 1)[1].strip().lstrip("/")
+        limit, usage = (base / "memory.max").read_text().strip(), (base / "memory.current").read_text()
+        return None if limit == "max" else max(0, int(limit) - int(usage))
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        mine = next(l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup") if ":memory:" in l)
+        base = Path("/sys/fs/cgroup/memory") / mine.lstrip("/")
+        limit = int((base / "memory.limit_in_bytes").read_text())
+        usage = int((base / "memory.usage_in_bytes").read_text())
+        return None if limit >= 1 << 60 else max(0, limit - usage)
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def available_memory() -> tuple[int, int]:
+    """(bytes available to this job now, total bytes of the machine or its cgroup)."""
+    info = meminfo()
+    total = info.get("MemTotal", 0)
+    avail = info.get("MemAvailable", total)
+    room = cgroup_room()
+    if room is not None and room < avail:
+        return room, room + (total - avail if total > avail else 0)
+    return avail, total
+
+
+def shm_free_bytes(folder: str) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def fds_needed(world: int, mode: str) -> int:
+    return FDS_PER_RANK.get(mode, FDS_PER_RANK["default"]) * world + FDS_SPARE
+
+
+def check_start(world: int, mode: str, shm_root: str | None) -> None:
+    """Before any rank starts: raise LimitError if this machine cannot hold `world` ranks in `mode`."""
+    need = fds_needed(world, mode)
+    soft, hard = nofile_limits()
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise LimitError(
+            f"{world} ranks need about {need} open files in prism's supervisor ({FDS_PER_RANK.get(mode, 2)} a "
+            f"rank), but this shell allows at most {hard} (`ulimit -Hn`): raise the limit (`ulimit -n {need}`; "
+            "the hard limit as root or in /etc/security/limits.conf) or launch fewer ranks")
+    procs = nproc_limit()
+    if procs != resource.RLIM_INFINITY and procs < world + 16:
+        raise LimitError(f"{world} ranks are {world} processes, but this user may run at most {procs} "
+                         f"(`ulimit -u`): raise it (`ulimit -u {world + 64}`) or launch fewer ranks")
+    for name, per in (("pid_max", 1), ("threads-max", THREADS_PER_RANK)):
+        value = kernel_limit(name)
+        if value is not None and value < world * per + 256:
+            raise LimitError(f"{world} ranks need about {world * per} process ids, but kernel.{name} is {value}: "
+                             f"raise it (`sysctl -w kernel.{name}={world * per * 2}`) or launch fewer ranks")
+    if mode != "capture":
+        return
+    avail, total = available_memory()
+    need_mem = (world * RANK_MIB_ESTIMATE + ZYGOTE_MIB_ESTIMATE) << 20
+    if total and avail < need_mem:
+        raise LimitError(
+            f"capture of {world} ranks needs at least {need_mem / 2**30:.1f} GiB ({RANK_MIB_ESTIMATE} MiB a rank "
+            f"plus the zygote), but only {avail / 2**30:.1f} GiB of {total / 2**30:.1f} GiB is available: "
+            "free memory, use a machine with more, or capture fewer ranks")
+    if shm_root is not None:
+        free = shm_free_bytes(shm_root)
+        if free < SHM_MIN_BYTES:
+            raise LimitError(
+                f"{shm_root} has {free / 2**20:.0f} MiB free; capture moves every collective's data through it and "
+                f"needs at least {SHM_MIN_BYTES >> 20} MiB: free it (stale files?) or enlarge it "
+                f"(`mount -o remount,size=4G {shm_root}`, or docker's --shm-size)")
+
+
+class MemoryWatch:
+    """Polled by the supervisor: a message once the memory left drops below the floor (else None)."""
+
+    def __init__(self, world: int, period_s: float = 1.0, reader=available_memory) -> None:
+        self.world, self.period, self.reader = world, period_s, reader
+        self.next_at = 0.0
+        self.low = None
+
+    def floor(self, total: int) -> int:
+        return int(min(MEMORY_FLOOR_MAX, total * MEMORY_FLOOR_FRACTION))
+
+    def check(self, now: float) -> str | None:
+        if now < self.next_at:
+            return None
+        self.next_at = now + self.period
+        avail, total = self.reader()
+        if not total or avail >= self.floor(total):
+            return None
+        return (f"memory nearly exhausted: {avail / 2**20:.0f} MiB left of {total / 2**30:.1f} GiB with "
+                f"{self.world} ranks (about {RANK_MIB_ESTIMATE}-20 MiB each); stopped before the machine runs out. "
+                "Free memory, use a machine with more, or capture fewer ranks")

@@ -1,0 +1,52 @@
+"""Capture at scale, checked at small W: a group costs a rank nothing until it uses it, and the machine's
+limits are refused before any rank starts (the full-size figures: docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, make_env, run_prism
+
+pytestmark = pytest.mark.slow
+
+PROGRAMS = REPO / "tests" / "programs"
+
+
+def test_unused_groups_cost_nothing(tmp_path):
+    job = tmp_path / "job"
+    proc = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "2", "--out", str(job),
+                      str(PROGRAMS / "unused_groups.py"), "2000", "200"], timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "sum=[16.0, 16.0, 16.0, 16.0]" in proc.stdout  # ones, all-reduced twice over 4 ranks
+    growth = int(re.search(r"nonmember_growth_bytes=(\d+)", proc.stdout)[1])
+    assert growth < 1 << 20, f"2000 groups rank 0 is not in grew its private memory by {growth} bytes"
+    meta = json.loads((job / "raw" / "meta.json").read_text())
+    assert meta["capture"]["groups"] == 1  # only the world group ever reached the coordinator
+    for r in range(4):
+        stats = json.loads((job / "raw" / f"rank={r}" / "capture_stats.json").read_text())
+        assert stats["groups_used"] == 1
+        assert stats["groups_created"] == 1 + (200 if r < 2 else 2000)
+
+
+def _lower_nofile(n: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return apply
+
+
+def test_too_few_open_files_is_refused_before_any_rank_starts(tmp_path):
+    job = tmp_path / "job"
+    cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", "64", "--mode", "capture", "--devices", "1",
+           "--out", str(job), str(PROGRAMS / "unused_groups.py"), "0", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=make_env(),
+                          preexec_fn=_lower_nofile(200))
+    assert proc.returncode == 2, proc.stderr
+    assert "64 ranks need about 320 open files" in proc.stderr and "ulimit -n 320" in proc.stderr
+    assert not (job / "raw").exists() and not list(job.glob(".*tmp*"))
+    assert "nonmember_growth" not in proc.stdout

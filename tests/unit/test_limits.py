@@ -1,0 +1,103 @@
+"""The machine's limits at large W (`prism.runtime.limits`, `shm.write`), simulated small: each is refused
+before anything starts, or stops the job as it happens, with the limit and the fix named."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+
+import pytest
+import torch
+
+from prism.runtime import limits, semantics, shm
+
+
+def _roomy(monkeypatch):
+    monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 1 << 20))
+    monkeypatch.setattr(limits, "nproc_limit", lambda: resource.RLIM_INFINITY)
+    monkeypatch.setattr(limits, "kernel_limit", lambda name: 4 << 20)
+    monkeypatch.setattr(limits, "available_memory", lambda: (100 << 30, 128 << 30))
+    monkeypatch.setattr(limits, "shm_free_bytes", lambda folder: 32 << 30)
+
+
+def test_a_roomy_machine_passes(monkeypatch):
+    _roomy(monkeypatch)
+    limits.check_start(8192, "capture", "/dev/shm")
+
+
+def test_open_files(monkeypatch):
+    _roomy(monkeypatch)
+    monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 4096))
+    limits.check_start(1000, "capture", "/dev/shm")  # 4*1000+64 <= 4096: the zygote raises the soft limit
+    with pytest.raises(limits.LimitError, match=r"about 32832 open files.*at most 4096.*ulimit -n 32832"):
+        limits.check_start(8192, "capture", "/dev/shm")
+
+
+def test_processes(monkeypatch):
+    _roomy(monkeypatch)
+    monkeypatch.setattr(limits, "nproc_limit", lambda: 4000)
+    with pytest.raises(limits.LimitError, match=r"at most 4000 \(`ulimit -u`\).*ulimit -u 8256"):
+        limits.check_start(8192, "capture", None)
+    monkeypatch.setattr(limits, "nproc_limit", lambda: resource.RLIM_INFINITY)
+    monkeypatch.setattr(limits, "kernel_limit", lambda name: 32768 if name == "pid_max" else 20000)
+    with pytest.raises(limits.LimitError, match=r"kernel.threads-max is 20000.*sysctl -w kernel.threads-max"):
+        limits.check_start(8192, "capture", None)
+
+
+def test_memory_before_start(monkeypatch):
+    _roomy(monkeypatch)
+    monkeypatch.setattr(limits, "available_memory", lambda: (20 << 30, 24 << 30))
+    limits.check_start(1024, "capture", None)  # 1024 * 12 MiB + 600 MiB = 12.6 GiB
+    with pytest.raises(limits.LimitError, match=r"needs at least 96.6 GiB.*only 20.0 GiB of 24.0 GiB"):
+        limits.check_start(8192, "capture", None)
+    limits.check_start(8192, "real", None)  # only capture holds all W ranks on this machine's memory
+
+
+def test_shm_space_before_start(monkeypatch):
+    _roomy(monkeypatch)
+    monkeypatch.setattr(limits, "shm_free_bytes", lambda folder: 10 << 20)
+    with pytest.raises(limits.LimitError, match=r"/dev/shm has 10 MiB free.*mount -o remount,size="):
+        limits.check_start(16, "capture", "/dev/shm")
+
+
+def test_memory_watch_stops_below_the_floor():
+    readings = iter([(8 << 30, 24 << 30), (500 << 20, 24 << 30)])
+    watch = limits.MemoryWatch(1024, period_s=1.0, reader=lambda: next(readings))
+    assert watch.check(0.0) is None
+    assert watch.check(0.5) is None  # not polled again within the period
+    msg = watch.check(1.0)
+    assert msg is not None and "500 MiB left of 24.0 GiB with 1024 ranks" in msg and "fewer ranks" in msg
+
+
+def test_full_shm_names_the_limit_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    folder = tmp_path / "prism-run"
+    folder.mkdir()
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shm.os, "write", full)
+    with pytest.raises(shm.ShmFull, match=r"is full: a capture moves.*remount,size="):
+        shm.write(folder / "c-1-0-r0", shm.encode([torch.ones(4)]))
+    monkeypatch.setattr(shm.os, "write", real_write)
+    assert list(folder.iterdir()) == []
+    shm.write(folder / "c-1-0-r0", shm.encode([torch.ones(4)]))
+    assert shm.read(folder / "c-1-0-r0")[1][0].tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("op", [semantics.RedOp.SUM, semantics.RedOp.AVG, semantics.RedOp.MAX])
+def test_streamed_fold_is_bitwise_the_reduction(op):
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(257, generator=gen) * 10 ** k for k in range(7)]
+    fold = semantics.Fold(op)
+    for x in xs:
+        fold.add(x)
+    assert torch.equal(fold.result(), semantics.reduce(xs, op))
+    by_hand = xs[0].clone()
+    for x in xs[1:]:
+        by_hand = torch.maximum(by_hand, x) if op == semantics.RedOp.MAX else by_hand + x
+    if op == semantics.RedOp.AVG:
+        by_hand = by_hand / len(xs)
+    assert torch.equal(fold.result(), by_hand)
