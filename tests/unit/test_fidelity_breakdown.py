@@ -1,0 +1,27 @@
+"""prism.bench.fidelity_breakdown: per-kind sums on hand-computed values, and a folder that is no config."""
+
+from pathlib import Path
+
+import pytest
+
+from prism.bench import fidelity_breakdown as fb
+
+
+def test_per_kind_ms_is_per_rank_iteration_after_iteration_0():
+    kind = ["compute", "wait", "compute", "compute", "wait", "compute", "collective"]
+    rank = [0, 0, 0, 1, 1, 1, 1]
+    iteration = [0, 1, 2, 1, 1, 2, 2]
+    dur_ns = [9_000_000, 1_000_000, 3_000_000, 2_000_000, 4_000_000, 5_000_000, 6_000_000]
+    got = fb.per_kind_ms(kind, rank, iteration, dur_ns)
+    # 2 ranks x 2 iterations (1, 2); iteration 0 left out
+    assert got == pytest.approx({"compute": (3 + 2 + 5) / 4, "wait": (1 + 4) / 4, "collective": 6 / 4})
+
+
+def test_per_kind_ms_without_later_iterations_is_empty():
+    assert fb.per_kind_ms(["compute"], [0], [0], [5]) == {}
+
+
+def test_a_folder_without_runs_is_one_error(tmp_path: Path, capsys):
+    assert fb.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no truth0/graph" in err and str(tmp_path) in err
