@@ -84,6 +84,7 @@ def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] 
         "cone_live_events": cone.get("cone_live_events"), "virtual_events": cone.get("virtual_events"),
         "gate_late_max_ms": cone.get("gate_late_max_ms"), "real_comms_gated": cone.get("real_comms_gated"),
         "replay_setup_s": cone.get("replay_setup_s"), "replay_kernel_s": cone.get("replay_kernel_s"),
+        "prefetch": stats.get("prefetch"),
     }
 
 
@@ -166,17 +167,26 @@ def _cone(r: dict) -> str:
     return f"{live}/{total} ({100 * live / total:.0f}%)"
 
 
+def _prefetch(r: dict) -> str:
+    """The replay worker's payload pool: size, stalls (a replay op waited on its payload), peak bytes."""
+    pf = r.get("prefetch")
+    if not pf:
+        return "n/a"
+    return f"{pf.get('prefetch_mb')} MiB: {pf.get('stalls')} stalls, peak {pf.get('peak_bytes', 0) / 2**20:.1f} MiB"
+
+
 def table(rows: list[dict], devices: int, steps: int) -> str:
     gib = 2**30
     lines = [f"prism bench emulate: one sandbox rank, P={devices}, {steps} steps, tiny MoE model",
              f"{'W':>5} {'layout':<18} {'sandbox':>7} {'start-up s':>10} {'PSS peak':>9} {'communicators':>13} "
-             f"{'s/iteration':>11} {'calibrated':>10} {'cone (live/virtual)':>22} {'late ms':>8} {'wall s':>7}"]
+             f"{'s/iteration':>11} {'calibrated':>10} {'cone (live/virtual)':>22} {'late ms':>8} {'wall s':>7}"
+             f"  prefetch pool"]
     for r in rows:
         layout = "tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[r["W"]]) if r["W"] in LAYOUTS else "?"
         lines.append(f"{r['W']:>5} {layout:<18} {r['sandbox']:>7} {_fmt(r['startup_s'], '10.2f')} "
                      f"{r['pss_peak'] / gib:8.2f}G {_fmt(r['communicators'], '>13')} "
                      f"{_fmt(r['iteration_s'], '11.3f')} {_fmt(r.get('calibrated_iteration_s'), '10.3f')} "
-                     f"{_cone(r):>22} {_fmt(r.get('gate_late_max_ms'), '8.1f')} {r['wall_s']:7.1f}")
+                     f"{_cone(r):>22} {_fmt(r.get('gate_late_max_ms'), '8.1f')} {r['wall_s']:7.1f}  {_prefetch(r)}")
     return "\n".join(lines)
 
 
@@ -199,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the tables of JSON files written by --json, run nothing")
     parser.add_argument("--reuse", action="store_true",
                         help="with --out: emulate the calibrated jobs a previous run left there again (no capture)")
+    parser.add_argument("--prefetch-mb", default=None, metavar="N[,N...]",
+                        help="emulate each job once per payload-pool size in MiB (0: prefetch off); "
+                             "default: the emulate stage's default once")
     parser.add_argument("--synthetic", action="store_true",
                         help="time the timed replay alone on synthetic calibrated jobs (powers of two; no capture)")
     args = parser.parse_args(argv)
@@ -214,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse and args.out is None:
         print("prism bench emulate: --reuse needs --out DIR (the folder of a previous run)", file=sys.stderr)
         return 2
+    try:
+        pools = [None] if args.prefetch_mb is None else [int(m) for m in args.prefetch_mb.split(",")]
+    except ValueError:
+        print(f"prism bench emulate: --prefetch-mb {args.prefetch_mb!r}: comma-separated MiB values", file=sys.stderr)
+        return 2
     bad = [s for s in sizes if s not in LAYOUTS]
     if bad:
         print(f"prism bench emulate: no layout for W={bad}; choose from {sorted(LAYOUTS)}", file=sys.stderr)
@@ -228,11 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)
                 job = prepare(w, args.devices, args.steps, work)
-            print(f"  W={w}: emulate ...", file=sys.stderr, flush=True)
-            row = dict(emulate_once(job, args.sandbox, args.devices),
-                       layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), host=_host())
-            rows.append(row)
-            print("  " + json.dumps(row), file=sys.stderr, flush=True)
+            for pool in pools:
+                print(f"  W={w}: emulate{'' if pool is None else f' (prefetch {pool} MiB)'} ...",
+                      file=sys.stderr, flush=True)
+                extra = [] if pool is None else ["--prefetch-mb", str(pool)]
+                row = dict(emulate_once(job, args.sandbox, args.devices, extra),
+                           layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), host=_host())
+                rows.append(row)
+                print("  " + json.dumps(row), file=sys.stderr, flush=True)
             if args.out is None:
                 shutil.rmtree(job, ignore_errors=True)  # (a W=1024 job is large: one at a time)
     except RuntimeError as exc:

@@ -84,7 +84,8 @@ class EmulationWorker(ReplayServer):
             comps = self.compensators(group)
             streams.append([self.plan.payload[(v, c.key)] for c in self.plan.collectives[group]
                             for _, _, run in comps for v in run if (v, c.key) in self.plan.payload])
-        streams += [list(ch.hashes) for ch in self.plan.channels if ch.src not in self.plan.slice_ranks]
+        streams += [list(ch.hashes) for ch in self.plan.channels]  # a receiving virtual rank reads the
+        # recorded payload too (its buffers' shapes): a channel from a sandbox rank is used as well
         order = []
         for i in range(max((len(s) for s in streams), default=0)):
             order += [s[i] for s in streams if i < len(s)]

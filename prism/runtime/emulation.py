@@ -234,7 +234,7 @@ class EmulateTransport(CaptureTransport):
         self.members = tuple(members)
         self.n = len(members)
         self.seq = 0
-        self.sent, self.received, self.received_any = {}, {}, {}
+        self._sent, self._received, self._received_any = {}, {}, {}  # (CaptureTransport: lazy properties)
         _STATS["groups"] += 1
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
@@ -246,7 +246,7 @@ class EmulateTransport(CaptureTransport):
                                        len(self.parts), timeout or timedelta(minutes=30))
             _STATS["communicators"] += 1
         self.got: dict[tuple, dict] = {}
-        self.c = _Reader(self)
+        self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
 
     def _keep(self, key, outputs, work_id) -> None:  # nothing is kept: the values are this run's

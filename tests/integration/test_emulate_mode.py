@@ -195,6 +195,10 @@ def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandb
     got = _steps(proc.stdout + proc.stderr)
     want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
     assert len(got) == 4 and got == want  # two steps, loss and grad_norm, as printed (bitwise text)
+    # every payload the worker used was in the prefetch schedule (p2p from and to the sandbox included):
+    # none loaded out of band (a stall whatever the pool's size)
+    prefetch = _meta(job)["emulation"]["prefetch"]
+    assert prefetch["direct"] == 0 and prefetch["loaded"] > 0, prefetch
     ref = run_torchrun(nproc, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
     for (s, what, x), (s2, what2, y) in zip(got, sorted(set(_steps(ref.stdout + ref.stderr)))):
