@@ -1,8 +1,11 @@
-# Slice planning (a checkpoint: the number of slices is known only after it), then the calibration iterated
-# once: one real run per measured slice with the replayed ranks answering at once (slices/), the durations
-# they measured, a first calibration (calibrated_untimed/); every slice again with the replayed ranks
-# answering at their times in that calibration (slices_timed/: the slice ranks wait as in the real job), the
-# durations they measured, and the final calibrated global timeline (calibrated/).
+# Slice planning (a checkpoint: the number of slices is known only after it), one real run per measured
+# slice with the replayed ranks answering at once (slices/), the durations they measured and the calibrated
+# global timeline (calibrated/). With `calibrate: {timed_slices: true}`, the calibration is iterated once: a
+# first calibration (calibrated_untimed/), every slice again with the replayed ranks answering at their times
+# in it (slices_timed/: the slice ranks wait as in the real job), the durations they measured, and calibrated/
+# from those. Off by default: on the W=8 matrix it measured no better than one pass (docs/fidelity.md).
+
+SLICE_PASS = "slices_timed" if JOB.calibrate.timed_slices else "slices"  # the pass calibrated/ comes from
 
 
 checkpoint slice_plan:
@@ -134,8 +137,8 @@ rule slice_durations_timed:
 rule calibrate:
     input:
         rules.graph.output,
-        durations=f"{JOB_DIR}/slices_timed/durations.parquet",
-        transfers=f"{JOB_DIR}/slices_timed/transfers.parquet",
+        durations=f"{JOB_DIR}/{SLICE_PASS}/durations.parquet",
+        transfers=f"{JOB_DIR}/{SLICE_PASS}/transfers.parquet",
     output:
         f"{JOB_DIR}/calibrated/timeline.parquet",
         f"{JOB_DIR}/calibrated/iterations.parquet",
