@@ -1,6 +1,6 @@
 """Where a prediction misses the truth: per event kind, per slice pass, from a saved bench run.
 
-    python -m prism.bench.fidelity_breakdown CONFIG_DIR [CONFIG_DIR ...]
+    python -m prism.bench.fidelity_breakdown CONFIG_DIR [CONFIG_DIR ...] [--ops ITERATION]
 
 A CONFIG_DIR is what `prism bench fidelity --work W` keeps per config (`W/<config>`, or the device runs'
 `artifacts.tar.xz` unpacked): `truth0/graph/` (the first truth run's graph), `prism0/graph/` (the capture
@@ -15,6 +15,9 @@ graph), `prism0/slices[_timed]/slice=K/events.parquet` and `transfers.parquet`, 
 - **transfer**: the sum over the comms of iterations >= 1 of their transfer, per iteration: the truth's by
   the slice rule (`from_slices.slice_delays` over all its ranks: every member's delay from the last issue
   to when it saw completion, averaged), the slice passes' from their ``transfers.parquet``.
+
+With ``--ops K``: rank 0's collectives of iteration K one per line (op, bytes, async, issue time from the
+rank's first event of K in the truth), each comm's transfer in the truth, the untimed and the timed pass.
 
 Nothing here feeds a prediction; it is the data behind the diagnosis in docs/fidelity.md.
 """
@@ -114,10 +117,42 @@ def breakdown(config_dir: Path) -> list[str]:
     return lines
 
 
+def ops(config_dir: Path, iteration: int) -> list[str]:
+    """Rank 0's collectives of `iteration`: the truth's transfer (slice rule over all ranks) and each pass's."""
+    from prism.calibrate.from_slices import slice_delays
+    from prism.calibrate.stage import load_graph
+
+    tj = load_graph(config_dir / "truth0")
+    c = tj.columns
+    total, count = slice_delays(tj.graph.kind, tj.graph.comm, tj.graph.wait_op, c["t_start_ns"], c["t_end_ns"],
+                                c["t_complete_ns"], np.arange(len(tj.event_ids)), tj.graph.n_comms)
+    truth = {int(cid): (total[i] / count[i] if count[i] else float("nan")) for i, cid in enumerate(tj.comm_ids)}
+    passes = {}
+    for folder in ("slices", "slices_timed"):
+        path = config_dir / "prism0" / folder / "transfers.parquet"
+        if path.is_file():
+            t = pq.read_table(path)
+            passes[folder] = dict(zip(t["comm_id"].to_pylist(), t["transfer_ns"].to_pylist()))
+    ev = pq.read_table(config_dir / "truth0" / "graph" / "events.parquet",
+                       columns=["rank", "seq", "kind", "op", "bytes", "is_async", "iteration", "t_start_ns", "comm_id"])
+    ev = ev.filter(pa.compute.and_(pa.compute.equal(ev["rank"], 0), pa.compute.equal(ev["iteration"], iteration)))
+    first = pa.compute.min(ev["t_start_ns"]).as_py()
+    ev = ev.filter(pa.compute.equal(ev["kind"], "collective")).sort_by("seq")
+    head = f"  rank 0, iteration {iteration}: op, bytes, async, issue ms, transfer ms: truth0 " + " ".join(passes)
+    lines = [str(config_dir), head]
+    for r in ev.to_pylist():
+        cid = r["comm_id"]
+        cols = " ".join(f"{passes[f].get(cid, float('nan')) / 1e6:8.2f}" for f in passes)
+        lines.append(f"  {r['op']:14s} {r['bytes']:9d} {str(r['is_async']):5s} {(r['t_start_ns'] - first) / 1e6:8.2f} "
+                     f"{truth.get(cid, float('nan')) / 1e6:8.2f} {cols}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+", metavar="CONFIG_DIR")
+    parser.add_argument("--ops", type=int, metavar="ITERATION", help="rank 0's collectives of this iteration")
     args = parser.parse_args(argv)
     status = 0
     for d in args.dirs:
@@ -126,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                   "of `prism bench fidelity --work DIR`)", file=sys.stderr)
             status = 2
             continue
-        print("\n".join(breakdown(d)), flush=True)
+        print("\n".join(ops(d, args.ops) if args.ops is not None else breakdown(d)), flush=True)
     return status
 
 
