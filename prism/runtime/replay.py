@@ -457,13 +457,13 @@ class ReplayServer:
         waiter.start()
         for c, (mine, root_payload) in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
+            while not slots.acquire(timeout=0.5):
+                if self.errors or not waiter.is_alive():
+                    return
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             self._gate(comm)
             works = [issue(self.pgs[group][v], c.op, members.index(v), n, c.root, mine.get(v), root_payload)
                      for v in virtual]
-            while not slots.acquire(timeout=0.5):
-                if self.errors or not waiter.is_alive():
-                    return
             with more:
                 in_flight.append((comm, works))
                 more.notify_all()
