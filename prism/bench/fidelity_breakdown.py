@@ -12,6 +12,10 @@ graph), `prism0/slices[_timed]/slice=K/events.parquet` and `transfers.parquet`, 
   calibrations' are the timeline's spans (what the sweep put there);
 - **compute CPU**: the compute events' own ``device_ns`` (on CPU the thread's CPU time, what calibration
   takes as a compute duration) per rank-iteration, beside the wall span;
+- **sweep of truth0's own measurements**: the calibration sweep run on the truth's graph with the truth's
+  own durations (the bare-graph rules: compute its CPU time) and transfers (the slice rule over all its
+  ranks), its iteration time beside the truth's (`prism.iterations`): what the model gives when its inputs
+  are right;
 - **transfer**: the sum over the comms of iterations >= 1 of their transfer, per iteration: the truth's by
   the slice rule (`from_slices.slice_delays` over all its ranks: every member's delay from the last issue
   to when it saw completion, averaged), the slice passes' from their ``transfers.parquet``.
@@ -100,6 +104,7 @@ def breakdown(config_dir: Path) -> list[str]:
     mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
     use = np.array([comm_it.get(int(cid), -1) >= 1 for cid in tj.comm_ids])
     lines.append(f"  {'transfer, truth0':22s} {mean[use].sum() / 1e6 / n_it:8.2f} ms per iteration")
+    lines.append(self_sweep(tj, mean))
     for folder in ("slices", "slices_timed"):
         paths = sorted((job / folder).glob("slice=*/events.parquet"))
         if not paths:
@@ -115,6 +120,25 @@ def breakdown(config_dir: Path) -> list[str]:
             keep = np.array([comm_it.get(int(cid), -1) >= 1 for cid in ids])
             lines.append(f"  {'transfer, ' + folder:22s} {x[keep].sum() / 1e6 / n_it:8.2f} ms per iteration")
     return lines
+
+
+def self_sweep(tj, transfer: np.ndarray) -> str:
+    """The sweep on the truth's graph with its own durations and `transfer` (ns per comm): iteration times."""
+    from prism.calibrate import durations as rules
+    from prism.calibrate.stage import iterations_table
+    from prism.calibrate.sweep import discover
+    from prism.iterations import iteration_times
+
+    g, c = tj.graph, tj.columns
+    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+                              c["t_complete_ns"], g.n_comms)
+    _, timeline = discover(g, dur, transfer.astype(np.int64))
+    it = iterations_table(tj, timeline)
+    swept = iteration_times(it["iteration"].to_numpy(), it["end_ns"].to_numpy())
+    ends = np.flatnonzero(tj.iteration_end)
+    truth = iteration_times(tj.iteration[ends], c["t_end_ns"][ends])
+    return (f"  {'sweep of truth0':22s} {swept.median_ms:8.2f} ms per iteration (truth0 itself "
+            f"{truth.median_ms:.2f} ms, {100 * (swept.median_ms - truth.median_ms) / truth.median_ms:+.1f} %)")
 
 
 def ops(config_dir: Path, iteration: int) -> list[str]:
