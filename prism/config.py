@@ -53,6 +53,11 @@ class CaptureConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CalibrateConfig:
+    timed_slices: bool = False  # a second slice pass timed by the first calibration (slices_timed/)
+
+
+@dataclass(kw_only=True, slots=True)
 class EmulateConfig:
     """The `emulate` section; `wanted` when the config has one (the pipeline then runs the stage)."""
 
@@ -71,6 +76,7 @@ class JobConfig:
     workload: WorkloadConfig
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
     results: str = "results"
     device: str = "cpu"
@@ -170,6 +176,7 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
                                 args=_workload_args(wl, raw["device"], source)),
         baseline=BaselineConfig(**raw["baseline"]),
         capture=CaptureConfig(**raw["capture"]),
+        calibrate=CalibrateConfig(**raw["calibrate"]),
         emulate=_emulate(raw),
     )
     _check_devices(job, source)

@@ -169,6 +169,15 @@ SLICE_PLAN = pa.schema(
 # capture graph's events of those ranks (same event_id, comm_id, op_event_id), times from the slice run.
 SLICE_EVENTS = pa.schema(list(EVENTS))
 
+# A timed slice run (`slices_timed/slice=K/replay.parquet`): when the replay server issued each op between a
+# slice rank and replayed ones (its virtual members' calibrated arrival, or later), on the slice's clock.
+SLICE_REPLAY = pa.schema(
+    [
+        pa.field("comm_id", pa.int64(), nullable=False),
+        pa.field("t_issue_ns", pa.int64(), nullable=False),
+    ]
+)
+
 # The calibrated timeline (`calibrated/timeline.parquet`): every event on one global clock, ns from the
 # job's start (every rank starts at 0).
 TIMELINE = pa.schema(
@@ -235,6 +244,7 @@ ALL: dict[str, pa.Schema] = {
     "ranks": RANKS,
     "slice_plan": SLICE_PLAN,
     "slice_events": SLICE_EVENTS,
+    "slice_replay": SLICE_REPLAY,
     "timeline": TIMELINE,
     "iterations": ITERATIONS,
     "emulation_events": EMULATION_EVENTS,

@@ -1,7 +1,7 @@
 """`prism bench fidelity`: prism's predicted iteration time against the truth, over a matrix of layouts.
 
     prism bench fidelity [--matrix local|device|all] [--configs NAME,...] [--repeats 5] [--devices P]
-                         [--steps 8] [--out DIR] [--work DIR]
+                         [--steps 8] [--no-emulate] [--out DIR] [--work DIR]
     prism bench fidelity --rescore DIR [DIR ...] [--out DIR]     (saved runs, calibrated anew)
     prism bench fidelity --summarize FILE [FILE ...]             (tables and means of results JSON)
 
@@ -12,10 +12,16 @@ Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, trut
   run is the median over iterations k >= 1 of the gap between the job's (k-1)-th and k-th iteration end,
   the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/iterations.py`,
   the definition `prism calibrate` and the summary use);
-- prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``,
-  every slice ``prism.slices.run``, durations and transfers from the slice runs
-  (`prism.calibrate.from_slices`), ``prism.calibrate`` with them; the predicted iteration time comes from
-  the calibrated timeline by the same definition;
+- prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``;
+  calibration iterated once: every slice ``prism.slices.run`` (untimed: replayed ranks answer at once),
+  durations and transfers from them (`prism.calibrate.from_slices`), ``prism.calibrate --out
+  JOB/calibrated_untimed`` (the first pass); every slice again timed by it (``--timed-by``: replayed ranks
+  answer at their calibrated times, so slice ranks wait as in the real job) into ``JOB/slices_timed``,
+  ``from_slices --slices slices_timed``, ``prism.calibrate`` -> ``JOB/calibrated`` (the final prediction);
+  the predicted iteration time comes from the calibrated timeline by the same definition (the first
+  pass's is recorded beside it);
+- emulated sandbox: ``prism emulate --job JOB`` (one sandbox rank, the stage's default) on the calibrated
+  job; its measured iteration time and per-event durations (`prism/bench/fidelity_sandbox.py`);
 - ablation ("bare"): the same capture graph calibrated with its bare-graph durations (no slice runs).
 
 Printed per config (`prism/bench/fidelity_table.py`): W, P, layout, the true iteration time (median over
@@ -45,10 +51,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import row
+from prism.bench import fidelity_sandbox
 from prism.iterations import iteration_times, job_iteration_ends
 
 MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
@@ -129,8 +137,15 @@ def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float
         _run(_prism("graph", "--job", str(out)), log, timeout)
 
 
-def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float) -> dict:
-    """Capture, graph, plan, slices; returns the stage wall times (s)."""
+UNTIMED = "calibrated_untimed"  # the first pass's calibration (untimed slices), which times the second pass
+TIMED = "slices_timed"  # the second pass's slice runs (prism.slices.run --timed-by) and their durations
+
+
+def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
+              emulate: bool = True) -> dict:
+    """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated_untimed; slices timed
+    by it -> JOB/slices_timed, calibrate -> JOB/calibrated; `prism emulate` (one sandbox rank) on that.
+    Returns the stage wall times (s)."""
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
@@ -141,11 +156,27 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
          log, timeout)
     _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p)), log, timeout)
     times["graph+plan"] = time.perf_counter() - t
-    t = time.perf_counter()
     plan = pq.read_table(job / "slices" / "plan.parquet")
-    for k in sorted(set(plan.column("slice").to_pylist())):
-        _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k)), log, timeout)
-    times["slices"] = time.perf_counter() - t
+    slices = sorted(set(plan.filter(plan.column("measured")).column("slice").to_pylist()))
+    timeline = job / UNTIMED / "timeline.parquet"
+    for name, timed in (("slices", None), ("slices-timed", timeline)):
+        t = time.perf_counter()
+        for k in slices:
+            _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
+                     *(("--timed-by", str(timed)) if timed else ())), log, timeout)
+        folder = TIMED if timed else "slices"
+        _run(_py("prism.calibrate.from_slices", "--job", str(job), "--slices", folder), log, timeout)
+        _run(_py("prism.calibrate", "--job", str(job), "--durations", str(job / folder / "durations.parquet"),
+                 "--transfers", str(job / folder / "transfers.parquet"),
+                 "--out", str(job / ("calibrated" if timed else UNTIMED))), log, timeout)
+        times[name] = time.perf_counter() - t
+    if emulate:
+        t = time.perf_counter()
+        try:
+            _run(_prism("emulate", "--job", str(job)), log, timeout)
+        except StepError as exc:  # the prediction stands without it; the record says why it is missing
+            (job / "emulate.failed").write_text(str(exc))
+        times["emulate"] = time.perf_counter() - t
     return times
 
 
@@ -169,38 +200,44 @@ def _strings(col: pa.ChunkedArray) -> np.ndarray:
 def truth_ends(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(iteration, end_ns) of every rank's ``iteration_end`` marker of a real run, from its raw per-rank
     streams (no graph needed)."""
+    return truth_rank_ends(run_dir)[1:]
+
+
+def truth_rank_ends(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, iteration, end_ns) of every ``iteration_end`` marker of a real run, from its raw streams."""
     from prism import artifacts, schemas
 
-    its, ends = [], []
+    ranks, its, ends = [], [], []
     for path in sorted((run_dir / "raw").glob("rank=*/events.arrow")):
         t = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)
         sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
+        ranks.append(t.column("rank").to_numpy()[sel])
         its.append(t.column("iteration").to_numpy()[sel])
         ends.append(t.column("t_end_ns").to_numpy()[sel])
     if not its:
         raise StepError(f"{run_dir / 'raw'}: no rank streams")
-    return np.concatenate(its), np.concatenate(ends)
+    return np.concatenate(ranks), np.concatenate(its), np.concatenate(ends)
 
 
-def calibrated(job: Path, slices: bool) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
-    """(timeline, (iteration, end_ns) per rank and iteration) of the job's graph calibrated with slice or
-    bare-graph durations."""
+def calibrated(job: Path, slices: bool, folder: str = "slices") -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
+    """(timeline, (iteration, end_ns) per rank and iteration) of the job's graph calibrated with slice
+    (JOB/<folder>: untimed `slices` or `slices_timed`) or bare-graph durations."""
     from prism.calibrate.stage import calibrate
 
     durations = transfers = None
     if slices:
-        durations, transfers = durations_from_slices(job)
+        durations, transfers = durations_from_slices(job, folder)
     tables, _, _ = calibrate(job, durations, transfers)
     it = tables["iterations"]
     return tables["timeline"], (it.column("iteration").to_numpy(), it.column("end_ns").to_numpy())
 
 
-def durations_from_slices(job: Path) -> tuple[Path, Path]:
-    """JOB/slices/{durations,transfers}.parquet from the slice runs (`prism.calibrate.from_slices`)."""
+def durations_from_slices(job: Path, folder: str = "slices") -> tuple[Path, Path]:
+    """JOB/<folder>/{durations,transfers}.parquet from its slice runs (`prism.calibrate.from_slices`)."""
     from prism.calibrate.from_slices import from_slices
 
-    durations, transfers = from_slices(job)
-    d, t = job / "slices" / "durations.parquet", job / "slices" / "transfers.parquet"
+    durations, transfers = from_slices(job, folder)
+    d, t = job / folder / "durations.parquet", job / folder / "transfers.parquet"
     pq.write_table(durations, d)
     pq.write_table(transfers, t)
     return d, t
@@ -268,7 +305,7 @@ def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, tru
 
 
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
-               timeout: float) -> Result:
+               timeout: float, emulate: bool = True) -> Result:
     res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
@@ -283,12 +320,14 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=(i == 0))
                 res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
                 res.truth_ms.append(_median_gap_ms(*truth_ends(base / f"truth{i}")))
+                res.truth_rank_ms.append(fidelity_sandbox.rank_iteration_ms(
+                    *truth_rank_ends(base / f"truth{i}"), cfg.world))
                 if i > 0:
                     shutil.rmtree(base / f"truth{i}", ignore_errors=True)
             if i < prism_runs:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
-                                    for k, v in run_prism(cfg, args, p, job, log, timeout).items()})
+                                    for k, v in run_prism(cfg, args, p, job, log, timeout, emulate).items()})
                 t = time.perf_counter()
                 score_prism_run(res, job, truth0 if i == 0 else None)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
@@ -299,14 +338,67 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
 
 
 def score_prism_run(res: Result, job: Path, truth0: Path | None) -> None:
-    """Append one prism run's prediction (slices) and ablation (bare graph) to `res`; with `truth0`, also
-    the per-event errors against that truth run."""
-    timeline, ends = calibrated(job, slices=True)
+    """Append one prism run's prediction (the final calibration: timed slices where the run has them, else
+    its slices), its first pass (untimed slices, when there is a timed pass), its ablation (bare graph) and
+    its emulated sandbox (when it ran) to `res`; with `truth0`, also the per-event errors against that
+    truth run."""
+    timed = any((job / TIMED).glob("slice=*/events.parquet"))
+    timeline, ends = calibrated(job, slices=True, folder=TIMED if timed else "slices")
     res.pred_ms.append(_median_gap_ms(*ends))
+    if timed:
+        res.pred_untimed_ms.append(_median_gap_ms(*calibrated(job, slices=True, folder="slices")[1]))
     res.bare_ms.append(_median_gap_ms(*calibrated(job, slices=False)[1]))
     if truth0 is not None:
         res.events = event_errors(truth0 / "graph", job / "graph", timeline,
                                   job_iteration_ends(*truth_ends_from_graph(truth0)), job_iteration_ends(*ends))
+    if (job / "emulation").is_dir() or (job / "emulate.failed").is_file():
+        res.emulated.append(emulated_sandbox(job, timeline, truth0))
+
+
+def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict:
+    """The emulated sandbox of a prism run (`prism/bench/fidelity_sandbox.py`): its rank, its own and the
+    emulated job's iteration times, the prediction for its rank, per-event errors against `truth0`."""
+    failed = job / "emulate.failed"
+    if failed.is_file():
+        return {"error": failed.read_text()[:500]}
+    em = pq.read_table(job / "emulation" / "iterations.parquet")
+    src = _strings(em.column("source"))
+    rank, it, end = (em.column(c).to_numpy() for c in ("rank", "iteration", "end_ns"))
+    sb = src == "sandbox"
+    ranks = sorted(set(rank[sb].tolist()))
+    if not ranks:
+        return {"error": f"{job / 'emulation' / 'iterations.parquet'}: no sandbox rows"}
+    r = int(ranks[0])
+    world = int(rank.max()) + 1
+    out = {"rank": r, "sandbox_ms": fidelity_sandbox.rank_iteration_ms(rank[sb], it[sb], end[sb], world)[r],
+           "job_ms": _median_gap_ms(it[src == "computed"], end[src == "computed"])}
+    ci = pq.read_table(job / "calibrated" / "iterations.parquet")
+    out["pred_rank_ms"] = fidelity_sandbox.rank_iteration_ms(*(ci.column(c).to_numpy() for c in
+                                                             ("rank", "iteration", "end_ns")), world)[r]
+    if truth0 is not None:
+        cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns"]
+        real = pq.read_table(truth0 / "graph" / "events.parquet", columns=cols)
+        real = real.filter(pa.compute.equal(real.column("rank"), r))
+        ev = pq.read_table(job / "emulation" / "events.parquet", columns=["rank", "seq", "iteration", "start_ns",
+                                                                          "end_ns", "source"])
+        ev = ev.filter(pa.compute.equal(ev.column("rank"), r))
+        ev = ev.filter(pa.array(_strings(ev.column("source")) == "sandbox"))
+        graph = pq.read_table(job / "graph" / "events.parquet", columns=["rank", "seq", "event_id", "iteration"])
+        graph = graph.filter(pa.compute.equal(graph.column("rank"), r))
+        tl = timeline.filter(pa.compute.equal(timeline.column("rank"), r))
+        it_of = dict(zip(graph.column("seq").to_pylist(), graph.column("iteration").to_pylist()))
+        tl_seq = tl.column("seq").to_pylist()
+        compute = {int(s) for s, k in zip(real.column("seq").to_pylist(), _strings(real.column("kind")))
+                   if k == "compute"}
+        out["events"] = fidelity_sandbox.sandbox_event_errors(
+            {"seq": real.column("seq").to_pylist(), "iteration": real.column("iteration").to_pylist(),
+             "start_ns": real.column("t_start_ns").to_pylist(), "end_ns": real.column("t_end_ns").to_pylist()},
+            {"seq": ev.column("seq").to_pylist(), "iteration": ev.column("iteration").to_pylist(),
+             "start_ns": ev.column("start_ns").to_pylist(), "end_ns": ev.column("end_ns").to_pylist()},
+            {"seq": tl_seq, "iteration": [it_of.get(s, -1) for s in tl_seq],
+             "start_ns": tl.column("start_ns").to_pylist(), "end_ns": tl.column("end_ns").to_pylist()},
+            compute)
+    return out
 
 
 def scored_by() -> dict:
@@ -395,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, help="device slots P (default: per config, W/2)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--small", action="store_true", help="the small default model (smoke test)")
+    parser.add_argument("--no-emulate", action="store_true", help="skip the emulated sandbox (prism emulate)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -472,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             p = args.devices or cfg.devices
             t = time.perf_counter()
             r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
-                           args.steps, model, work, args.timeout)
+                           args.steps, model, work, args.timeout, not args.no_emulate)
             slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
             results.append(r)
             print(row(r), flush=True)

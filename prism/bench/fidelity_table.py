@@ -7,7 +7,8 @@ and runs nothing, so every figure in docs/fidelity.md can be recomputed from ``d
 A record: ``config, world, devices, layout`` (the config), ``truth_ms`` (each truth run's iteration time),
 ``pred_ms`` / ``bare_ms`` (each prism run's prediction, calibrated from its slice runs / from the bare
 graph), ``events`` (per-event errors of the first prism run against the first truth run), ``stage_s``,
-``error``, and ``scored`` (``{"at": UTC time, "commit": prism's git commit or null}``: which prism computed
+``error``, ``pred_untimed_ms`` / ``truth_rank_ms`` / ``emulated`` (the first-pass prediction, per-rank
+truth, the emulated sandbox: `prism/bench/fidelity_sandbox.py`; absent from older files), and ``scored`` (``{"at": UTC time, "commit": prism's git commit or null}``: which prism computed
 ``pred_ms``; written since the rescore became part of the record, absent from older files).
 
 Per config: truth ms = median of ``truth_ms``; spread = their min-max; prism ms = median of ``pred_ms``
@@ -21,6 +22,8 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prism.bench import fidelity_sandbox
 
 
 class ResultsError(Exception):
@@ -49,6 +52,9 @@ class Result:
     stage_s: dict = field(default_factory=dict)
     error: str | None = None
     scored: dict | None = None
+    pred_untimed_ms: list[float] = field(default_factory=list)  # first pass (untimed slices), per prism run
+    truth_rank_ms: list[list] = field(default_factory=list)  # per truth run: each rank's own iteration time
+    emulated: list[dict] = field(default_factory=list)  # per prism run: the emulated sandbox (fidelity_sandbox)
 
     @property
     def ok(self) -> bool:
@@ -82,6 +88,8 @@ def to_record(r: Result) -> dict:
               "stage_s": r.stage_s, "error": r.error}
     if r.scored is not None:
         record["scored"] = r.scored
+    if r.pred_untimed_ms or r.truth_rank_ms or r.emulated:
+        record.update(pred_untimed_ms=r.pred_untimed_ms, truth_rank_ms=r.truth_rank_ms, emulated=r.emulated)
     return record
 
 
@@ -91,7 +99,9 @@ def from_record(record: dict, known: dict[str, Config] | None = None) -> Result:
     return Result(cfg, int(record["devices"]), truth_ms=[float(x) for x in record["truth_ms"]],
                   pred_ms=[float(x) for x in record.get("pred_ms") or []],
                   bare_ms=[float(x) for x in record.get("bare_ms") or []], events=record.get("events"),
-                  stage_s=record.get("stage_s") or {}, error=record.get("error"), scored=record.get("scored"))
+                  stage_s=record.get("stage_s") or {}, error=record.get("error"), scored=record.get("scored"),
+                  pred_untimed_ms=[float(x) for x in record.get("pred_untimed_ms") or []],
+                  truth_rank_ms=list(record.get("truth_rank_ms") or []), emulated=list(record.get("emulated") or []))
 
 
 def write_json(path: Path, results: list[Result]) -> None:
@@ -156,7 +166,7 @@ def totals(results: list[Result]) -> list[str]:
     return lines
 
 
-STAGES = ("truth", "capture", "graph+plan", "slices", "calibrate")
+STAGES = ("truth", "capture", "graph+plan", "slices", "calibrate-untimed", "slices-timed", "emulate", "calibrate")
 
 
 def stage_ranges(results: list[Result]) -> str:
@@ -184,7 +194,10 @@ def summarize(paths: list[Path], known: dict[str, Config] | None = None) -> str:
         scored = sorted({(r.scored or {}).get("commit") or "unrecorded" for r in results})
         out += [f"## {path} (predictions scored by: {', '.join(scored)})", ""] + table(results)
         out += [stage_ranges(results), ""]
+        extra = fidelity_sandbox.table(results)
+        if extra:
+            out += ["### calibration iterated once (first pass vs final) and the emulated sandbox", ""] + extra + [""]
     if len(paths) > 1:
         out += [f"## all {len(paths)} files together ({len(every)} configs)", ""] + totals(every)
-        out += [stage_ranges(every), ""]
+        out += [stage_ranges(every)] + fidelity_sandbox.totals(every) + [""]
     return "\n".join(out)

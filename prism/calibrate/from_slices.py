@@ -1,6 +1,12 @@
 """Durations and transfers measured in the slice runs, for the calibration sweep.
 
-    python -m prism.calibrate.from_slices --job DIR   ->  DIR/slices/{durations,transfers}.parquet
+    python -m prism.calibrate.from_slices --job DIR [--slices slices|slices_timed]
+        ->  DIR/<slices>/{durations,transfers}.parquet
+
+`--slices slices_timed` reads the timed pass (`prism.slices.run --timed-by`: the replayed ranks answered at
+their calibrated times) and its `replay.parquet`: there a replayed member may issue after the slice's own
+members, and a member's delay runs from the last issue of all members, replayed ones included (the
+transfer, never the wait for a late peer, which the calibration sweep adds from the peers' own times).
 
 Every event takes its duration from the slice run where its rank ran for real (`slices/slice=K/events.parquet`,
 rows aligned with the graph by `event_id`), by the same rules as the bare graph (`durations.bare_graph`):
@@ -36,16 +42,20 @@ from prism.calibrate.stage import CalibrateError, load_graph
 _I64_MIN = np.iinfo(np.int64).min
 
 
-def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int):
+def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+                 replayed: tuple[np.ndarray, np.ndarray] | None = None):
     """What one slice run (its rows only) measured of each comm: (sum of member delays, members counted).
 
-    A member's delay: from the last issue among the slice's members of the comm to when the member saw it
-    complete (its wait's end, or its recorded completion without a wait). Sends say nothing (a send
-    completes locally)."""
+    A member's delay: from the last issue among the comm's members to when the member saw it complete (its
+    wait's end, or its recorded completion without a wait). The members are the slice's, plus, in a timed
+    slice run, the replayed ones: `replayed` = (comm, when the replay server issued it) on the slice's clock.
+    Sends say nothing (a send completes locally)."""
     is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
     ops = rows[is_op[rows]]
     last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
     np.maximum.at(last_start, comm[ops], t_start[ops])
+    if replayed is not None and len(replayed[0]):
+        np.maximum.at(last_start, replayed[0], replayed[1])
     seen = np.full(len(kind), -1, dtype=np.int64)
     counts = ops[kind[ops] != K_SEND]
     seen[counts] = t_complete[counts]
@@ -59,6 +69,19 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     np.add.at(total, comm[members], np.maximum(seen[members] - last_start[comm[members]], 0))
     np.add.at(count, comm[members], 1)
     return total, count
+
+
+def _replayed(path: Path, comm_position: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A timed slice's replay issues as (comm index, t_issue_ns); None for an untimed slice (no file)."""
+    if not path.is_file():
+        return None
+    table = artifacts.read_parquet(path, columns=["comm_id", "t_issue_ns"])
+    try:
+        index = np.array([comm_position[int(c)] for c in table["comm_id"].to_numpy()], dtype=np.int64)
+    except KeyError as exc:
+        raise CalibrateError(f"{path}: comm_id {exc.args[0]} is not in the graph: the slice comes from another "
+                             "capture; re-run the slices") from None
+    return index, table["t_issue_ns"].to_numpy().astype(np.int64)
 
 
 def representatives(plan: list[dict], source: str | Path = "slices/plan.parquet") -> dict[int, int]:
@@ -108,9 +131,11 @@ def _borrowed_transfers(comm: np.ndarray, source: np.ndarray, known: np.ndarray,
     return out
 
 
-def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
+def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Table, pa.Table]:
+    """Durations and transfers of the slice runs under JOB/<slices_dir>/slice=K (the plan: JOB/slices)."""
     job_dir = Path(job_dir)
     job = load_graph(job_dir)
+    comm_position = {int(c): i for i, c in enumerate(job.comm_ids)}
     g, c = job.graph, job.columns
     n = len(job.event_ids)
     position = {int(e): i for i, e in enumerate(job.event_ids)}
@@ -124,10 +149,11 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     count = np.zeros(g.n_comms, dtype=np.int64)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
-        path = job_dir / "slices" / f"slice={k}" / "events.parquet"
+        path = job_dir / slices_dir / f"slice={k}" / "events.parquet"
         if not path.is_file():
+            timed = f" --timed-by {job_dir}/calibrated_untimed/timeline.parquet" if slices_dir != "slices" else ""
             raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
-                                 f"{job_dir} --slice {k})")
+                                 f"{job_dir} --slice {k}{timed})")
         ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
         bad = np.flatnonzero((ev["device_ns"].to_numpy() < -1)
                              | (ev["t_end_ns"].to_numpy() < ev["t_start_ns"].to_numpy()))
@@ -144,7 +170,8 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
                            ("t_complete_ns", t_complete)):
             dest[rows] = ev[name].to_numpy()
         measured[rows] = True
-        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms)
+        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
+                                    _replayed(path.with_name("replay.parquet"), comm_position))
         total += part
         count += n_part
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
@@ -175,13 +202,13 @@ def from_slices(job_dir: str | Path) -> tuple[pa.Table, pa.Table]:
     return durations, transfers
 
 
-def inputs(job_dir: Path) -> list[Path]:
+def inputs(job_dir: Path, slices_dir: str = "slices") -> list[Path]:
     """The artifacts the durations come from (which must share one run): the graph, the plan, and the
     events of every measured slice."""
     plan = job_dir / "slices" / "plan.parquet"
     slices = sorted({r["slice"] for r in artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
                      if r["measured"]})
-    found = [job_dir / "slices" / f"slice={k}" / "events.parquet" for k in slices]
+    found = [job_dir / slices_dir / f"slice={k}" / name for k in slices for name in ("events.parquet", "replay.parquet")]
     return [job_dir / "graph" / "events.parquet", job_dir / "graph" / "comms.parquet", plan,
             *(p for p in found if p.is_file())]
 
@@ -190,18 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.calibrate.from_slices", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--slices", default="slices", choices=("slices", "slices_timed"),
+                        help="which pass's slice runs: untimed (slices) or timed by the first calibration")
     args = parser.parse_args(argv)
     try:
-        run_id = artifacts.same_run(inputs(args.job))
-        durations, transfers = from_slices(args.job)
+        run_id = artifacts.same_run(inputs(args.job, args.slices))
+        durations, transfers = from_slices(args.job, args.slices)
         schema = {"durations": durations.schema, "transfers": transfers.schema}
-        artifacts.write_outputs(args.job / "slices", {"durations": durations, "transfers": transfers}, schema,
+        artifacts.write_outputs(args.job / args.slices, {"durations": durations, "transfers": transfers}, schema,
                                 run_id=run_id)
     except (CalibrateError, artifacts.ArtifactError) as exc:
         print(f"prism calibrate from_slices: error: {exc}", file=sys.stderr)
         return 2
     print(f"prism calibrate from_slices: {durations.num_rows} event durations, {transfers.num_rows} transfers "
-          f"-> {args.job / 'slices'}")
+          f"-> {args.job / args.slices}")
     return 0
 
 

@@ -29,11 +29,12 @@ def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, n
     g, c = job.graph, job.columns
     dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
                                  c["t_complete_ns"], g.n_comms)
-    d_path, t_path = job_dir / "slices" / "durations.parquet", job_dir / "slices" / "transfers.parquet"
-    if d_path.is_file() and t_path.is_file():
-        dur = rules.read_durations(d_path, np.sort(job.event_ids))[_id_rank(job.event_ids)]
-        xfer = rules.read_transfers(t_path, job.comm_ids)
-        return dur, xfer, "slice runs (slices/durations.parquet, slices/transfers.parquet)"
+    for folder in ("slices_timed", "slices"):  # what calibrated/ is made of: the timed pass when there is one
+        d_path, t_path = job_dir / folder / "durations.parquet", job_dir / folder / "transfers.parquet"
+        if d_path.is_file() and t_path.is_file():
+            dur = rules.read_durations(d_path, np.sort(job.event_ids))[_id_rank(job.event_ids)]
+            xfer = rules.read_transfers(t_path, job.comm_ids)
+            return dur, xfer, f"slice runs ({folder}/durations.parquet, {folder}/transfers.parquet)"
     return dur, xfer, "bare graph (no slice runs)"
 
 

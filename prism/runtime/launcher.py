@@ -1,11 +1,12 @@
 """`prism launch`: a torchrun-compatible launcher that runs W ranks forked from a warm zygote.
 
     prism launch --nproc W [--mode real|capture|off] [--out DIR [--force]] [--pin] (SCRIPT | -m MODULE) [ARGS...]
-    prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--out DIR] [--pin] ...
+    prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--timed-by TIMELINE] [--out DIR] [--pin] ...
     prism launch --nproc W --mode emulate --sandbox 3,17 --capture JOB [--devices P] [--no-pruning] ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
-for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`).
+for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`); with
+`--timed-by` the replayed ranks answer at their times in a calibrated timeline (`prism.runtime.replay`).
 Mode `emulate` forks only the sandbox ranks plus one replay worker (`prism.runtime.emulation`): the
 sandbox's collectives compute prism's semantics over its live contributions and the virtual ranks'
 recorded ones (pruned: one compensating peer per run of consecutive virtual members).
@@ -73,6 +74,7 @@ class LaunchSpec:
     preload: list[str] = field(default_factory=list)  # modules imported once in the zygote
     slice_ranks: list[int] = field(default_factory=list)  # slice: the ranks that run for real
     capture: Path | None = None  # slice, emulate: the capture folder the replay process answers from
+    timed_by: Path | None = None  # slice: a calibrated timeline.parquet that times the replay (graph/ beside it)
     pruning: bool = True  # emulate: one compensator per run of virtual members (False: one peer each)
     prefetch_mb: int = 256  # emulate: payload pool of the replay worker
     steps_limit: int | None = None  # emulate: replay only the first N iterations
@@ -93,7 +95,7 @@ def parse(argv: list[str]) -> LaunchSpec:
             split = i
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
-                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit",
+                   "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit", "--timed-by",
                    "--hang-timeout", "--rank-memory-gb", "--device-memory-gb"):
             i += 2
             continue
@@ -117,6 +119,9 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--steps-limit", type=int, default=None, help="emulate: replay only N iterations")
     parser.add_argument("--capture", type=Path, default=None,
                         help="slice: the capture folder (raw/ and payloads/) that the replay server answers from")
+    parser.add_argument("--timed-by", type=Path, default=None, metavar="TIMELINE",
+                        help="slice: replayed ranks answer at their times in this calibrated timeline "
+                             "(JOB/<folder>/timeline.parquet; the graph is JOB/graph/events.parquet)")
     parser.add_argument("--devices", type=int, default=None,
                         help="capture: device slots P (CPU: cores; default all cores)")
     parser.add_argument("--preload", default="",
@@ -156,7 +161,7 @@ def parse(argv: list[str]) -> LaunchSpec:
                       force=opts.force, progress=opts.progress,
                       pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
                       hang_timeout=opts.hang_timeout, rank_memory_gb=opts.rank_memory_gb,
-                      device_memory_gb=opts.device_memory_gb)
+                      device_memory_gb=opts.device_memory_gb, timed_by=opts.timed_by)
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
@@ -227,6 +232,13 @@ def validate(spec: LaunchSpec) -> None:
         _validate_slice(spec, mode)
     elif spec.slice_ranks or spec.capture is not None:
         raise LaunchError("--slice-ranks, --sandbox and --capture belong to --mode slice / emulate")
+    if spec.timed_by is not None:
+        if spec.mode != "slice":
+            raise LaunchError(f"--timed-by times a slice run's replayed ranks; --mode {spec.mode} takes no timeline")
+        for path, what in ((spec.timed_by, "the calibrated timeline"), (timed_graph(spec.timed_by), "its graph")):
+            if not path.is_file():
+                raise LaunchError(f"--timed-by {spec.timed_by}: {what} {path} is missing; run the calibrate stage "
+                                  "first (prism calibrate --job JOB --out JOB/<folder>)")
     if spec.script is not None:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script} (check the path, or use -m MODULE)")
@@ -240,6 +252,11 @@ def validate(spec: LaunchSpec) -> None:
         raise LaunchError("--force clears the --out folder: it needs --out")
     if spec.out is not None and spec.out.exists() and not spec.out.is_dir():
         raise LaunchError(f"--out {spec.out} is a file, not a folder; choose another path")
+
+
+def timed_graph(timeline: Path) -> Path:
+    """The graph events a calibrated timeline (JOB/<folder>/timeline.parquet) belongs to: JOB/graph/events.parquet."""
+    return timeline.resolve().parent.parent / "graph" / "events.parquet"
 
 
 def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
@@ -392,6 +409,10 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             log_staging.mkdir()
             zspec["log_dir"] = str(log_staging.resolve())
             zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
+        if spec.mode == "slice" and spec.timed_by is not None:  # the server says when it issued (raw/replay/)
+            zspec["timed"] = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
+            if staging is not None:
+                zspec["raw_staging"] = str(staging.resolve())
         if mode.replay:
             zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
                          prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)

@@ -19,6 +19,15 @@ Values: the data comes from the capture, the reductions are gloo's. For groups o
 the capture bitwise (addition commutes); for larger groups gloo's reduction order differs from prism's
 (`semantics`), so results agree within float rounding, as a real gloo run does.
 
+Timed (`--timed-by TIMELINE`, a timed slice run): the virtual ranks follow a calibrated timeline on the clock
+emulation uses (`timed_replay.TimedReplay`: their calibrated program order, durations and transfers, from a
+common start taken when the server starts); each op with a slice rank is issued once every virtual member
+arrived at it on that clock (`gate`) and reported complete when it completed (`complete`), so virtual peers
+answer when they would in the real job and the slice ranks wait as they would there. The server then writes
+when it issued each of those ops (`raw/replay/issues.arrow`: comm_id, t_issue_ns on the host monotonic
+clock): a transfer measured in the slice starts at the last issue of all members, replayed ones included.
+Untimed (the default), every op is issued as soon as the group's previous one completed.
+
 Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
 `raw/rank=R/{groups,events,payloads}.arrow`, `payloads/<hash[:2]>/<hash>.bin`.
 
@@ -52,6 +61,7 @@ from prism.runtime.capture_transport import key_name
 from prism.runtime.transport import slice_store
 
 PREFETCH = 4  # payloads loaded ahead of use, per replay thread
+IN_FLIGHT = 8  # a group's collectives issued and not yet complete, at most (the job queues them the same way)
 _alive: list = []
 _END = object()
 
@@ -328,6 +338,25 @@ class ReplayServer:
         self.lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").lower() in ("1", "true")
         self.built = [g for g in plan.order if plan.to_build(g, self.lazy)]
         self._keep: list = []
+        self.timed = None  # a timed_replay.TimedReplay: virtual members issue at their calibrated times
+        self.issued: dict[int, int] = {}  # timed: comm -> when the virtual members issued it (monotonic ns)
+
+    # timing (a timed slice run): wait for the virtual members' calibrated arrival, say when the op completed
+    def _gate(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.gate(comm)
+            if comm >= 0:
+                self.issued[comm] = time.monotonic_ns()
+
+    def _done(self, comm: int) -> None:
+        if self.timed is not None:
+            self.timed.complete(comm)
+
+    def issue_table(self) -> pa.Table:
+        """When the virtual members issued each real comm (`SLICE_REPLAY`'s columns, host monotonic clock)."""
+        comms = sorted(self.issued)
+        return pa.table({"comm_id": pa.array(comms, pa.int64()),
+                         "t_issue_ns": pa.array([self.issued[c] for c in comms], pa.int64())})
 
     # building the virtual members
     def _build(self, group: str) -> None:
@@ -397,14 +426,54 @@ class ReplayServer:
                 root_payload = mine.get(root_rank) or self._load(payload[(root_rank, c.key)])
             return mine, root_payload
 
+        # Issued without waiting for the previous one (up to IN_FLIGHT): the real job's ranks issue a burst
+        # of async collectives (DDP's buckets) and gloo runs them in order; a member that issued op k+1 only
+        # after op k completed made every op of a burst wait for the server's turnaround (the slice then
+        # measured transfers 1.75x the truth's on dp8, docs/fidelity.md). A second thread waits for them in
+        # order and says when each completed.
+        in_flight: deque = deque()
+        slots = threading.Semaphore(IN_FLIGHT)
+        more = threading.Condition()
+        finished = []
+
+        def complete_in_order(_arg) -> None:
+            while True:
+                with more:
+                    while not in_flight and not finished and not self.errors:
+                        more.wait(0.5)
+                    if self.errors or (finished and not in_flight):
+                        return
+                    comm, works = in_flight[0]
+                for w in works:
+                    w.wait()
+                self._done(comm)
+                with more:
+                    in_flight.popleft()
+                self.ops += 1
+                slots.release()
+
+        waiter = threading.Thread(target=self._run, args=(complete_in_order, None, name), daemon=True,
+                                  name=f"prism-replay-g{group}-wait")
+        waiter.start()
         for c, (mine, root_payload) in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
+            while not slots.acquire(timeout=0.5):
+                if self.errors or not waiter.is_alive():
+                    return
+            comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
+            self._gate(comm)
             works = [issue(self.pgs[group][v], c.op, members.index(v), n, c.root, mine.get(v), root_payload)
                      for v in virtual]
-            for w in works:
-                w.wait()
-            self.ops += 1
-        self.state[name] = "done"
+            with more:
+                in_flight.append((comm, works))
+                more.notify_all()
+        with more:
+            finished.append(True)
+            more.notify_all()
+        while waiter.is_alive():
+            waiter.join(0.5)
+        if not self.errors:
+            self.state[name] = "done"
 
     def _channel(self, ch: Channel) -> None:
         name = f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"
@@ -417,10 +486,13 @@ class ReplayServer:
         pg = self.pgs[ch.group][ch.src if sending else ch.dst]
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
+            self._gate(comm)
             if sending:
                 pg.send(list(ts), members.index(ch.dst), ch.tag).wait()
             else:
                 pg.recv([torch.empty_like(t) for t in ts], members.index(ch.src), ch.tag).wait()
+            self._done(comm)
             self.messages += 1
         self.state[name] = "done"
 
@@ -444,11 +516,15 @@ class ReplayServer:
         return [f"{who}: {what}" for who, what in sorted(self.state.items()) if what != "done"]
 
 
-def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: float) -> int:
+def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: float,
+          timed: tuple[str, str] | None = None, raw_staging: str | None = None) -> int:
     """The replay server's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM.
 
-    Returns 0 when stopped after replaying everything, 1 on an error or when stopped before (printing
-    what it still waited for)."""
+    With `timed` = (graph events, calibrated timeline), a timed slice run: the virtual members follow that
+    timeline (`timed_replay.TimedReplay`, the clock emulation uses, started with the server) and issue each
+    op with a slice rank at their calibrated arrival; `raw_staging/replay/issues.arrow` then says when they
+    issued each one. Returns 0 when stopped after replaying everything, 1 on an error or when stopped
+    before (printing what it still waited for)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -459,9 +535,24 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         print(f"[prism] replay server: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
     server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
+    if timed is not None:
+        from prism.runtime import timed_replay
+
+        try:
+            server.timed = timed_replay.TimedReplay(Path(timed[0]), Path(timed[1]), set(slice_ranks))
+        except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            print(f"[prism] replay server: cannot read the timeline {timed[1]} (or {timed[0]}): {exc}",
+                  file=sys.stderr, flush=True)
+            return 1
     _alive.append(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     started = time.monotonic()
+    t0_ns = time.monotonic_ns()  # the common start: the virtual ranks' calibrated clock starts here
     threads = server.start()
+    if server.timed is not None:
+        loop = threading.Thread(target=server._run, args=(server.timed.run, t0_ns, "timed replay"), daemon=True,
+                                name="prism-timed-replay")
+        loop.start()
+        threads.append(loop)
     while any(t.is_alive() for t in threads):
         if server.errors:
             print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
@@ -469,6 +560,8 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         if stop.is_set():
             print("[prism] replay server stopped before it replayed everything; still waiting for: "
                   + "; ".join(server.pending()), file=sys.stderr, flush=True)
+            if server.timed is not None:
+                server.timed.stop()
             return 1
         for t in threads:
             t.join(0.05)
@@ -477,8 +570,16 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     if server.errors:
         print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
         return 1
+    if server.timed is not None and raw_staging:
+        folder = Path(raw_staging) / "replay"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = server.issue_table()
+        with pa.OSFile(str(folder / "issues.arrow.tmp"), "wb") as sink, ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (folder / "issues.arrow.tmp").replace(folder / "issues.arrow")
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
-               "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started}
+               "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
+               "timed": server.timed is not None, "timed_issues": len(server.issued)}
     (status_dir / "replay.done").write_text(json.dumps(summary))
     while not stop.wait(0.1):
         pass

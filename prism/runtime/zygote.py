@@ -195,7 +195,8 @@ def _run_replay(spec: dict) -> int:
             from prism.runtime import replay
 
             code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
-                                float(spec.get("replay_timeout_s") or 600))
+                                float(spec.get("replay_timeout_s") or 600), spec.get("timed"),
+                                spec.get("raw_staging"))
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)

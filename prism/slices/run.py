@@ -2,6 +2,8 @@
 
     python -m prism.slices.run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
         ->  DIR/slices/slice=K/events.parquet
+    python -m prism.slices.run --job DIR --slice K --timed-by DIR/calibrated_untimed/timeline.parquet
+        ->  DIR/slices_timed/slice=K/{events,replay}.parquet
 
 Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism launch --mode slice`
 (pinned, one core each, on the real transport among them; a replay server answers for the other ranks
@@ -9,6 +11,11 @@ from the capture's payloads, so data-dependent behaviour is exact), and writes t
 the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
 `event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`device_ns`/`cpu_ns`: the rank's
 own thread CPU time, never across a context switch).
+
+Timed (`--timed-by TIMELINE`, the second pass of the calibration): the replayed ranks answer at their
+times in that calibrated timeline (`prism.runtime.replay`, on the clock emulation uses), so the slice
+ranks wait for their virtual peers as they would in the real job; the output goes to `DIR/slices_timed/`,
+with `replay.parquet` (when the replayed members issued each op with a slice rank).
 
 The capture is `DIR/capture` (the pipeline's layout) or `DIR` itself when it holds `raw/` (a job folder
 made by `prism launch --mode capture --out DIR`); `--capture` names it explicitly. The graph is
@@ -137,19 +144,34 @@ def align(rank: int, measured: pa.Table, graph: pa.Table) -> pa.Table:
     return out
 
 
-def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: bool) -> int:
+TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured
+
+
+def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: bool,
+        timed_by: Path | None = None) -> int:
     ranks = _plan(job, k)
     cap = _capture_dir(job, capture)
     graph_path = job / "graph" / "events.parquet"
     if not graph_path.is_file():
         raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
-    run_id = artifacts.same_run([cap / "raw", graph_path, job / "slices" / "plan.parquet"])
+    sources = [cap / "raw", graph_path, job / "slices" / "plan.parquet"]
+    if timed_by is not None:
+        if not timed_by.is_file():
+            raise SliceError(f"--timed-by {timed_by}: missing; calibrate the untimed slices first (prism calibrate "
+                             f"--job {job} --durations {job}/slices/durations.parquet --transfers "
+                             f"{job}/slices/transfers.parquet --out {job}/calibrated_untimed)")
+        if timed_by.resolve().parent.parent != job.resolve():
+            raise SliceError(f"--timed-by {timed_by} is not a timeline of the job {job} (JOB/<folder>/timeline.parquet)")
+        sources.append(timed_by)
+    run_id = artifacts.same_run(sources)
     meta = json.loads((cap / "raw" / "meta.json").read_text())
     world, script, module, args = _program(config_json, meta)
-    staging = job / "slices" / f".slice={k}.run"
+    folder = job / (TIMED_DIR if timed_by is not None else "slices")
+    staging = folder / f".slice={k}.run"
     shutil.rmtree(staging, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
     spec = launcher.LaunchSpec(nproc=world, script=script, module=module, args=args, mode="slice",
-                               out=staging, pin=pin, slice_ranks=ranks, capture=cap)
+                               out=staging, pin=pin, slice_ranks=ranks, capture=cap, timed_by=timed_by)
     try:
         try:
             code = launcher.launch(spec)
@@ -166,7 +188,13 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         run_meta = json.loads((staging / "raw" / "meta.json").read_text())
-        artifacts.write_outputs(job / "slices" / f"slice={k}", {"events": table}, {"events": schemas.SLICE_EVENTS},
+        tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
+        if timed_by is not None:
+            issues = staging / "raw" / "replay" / "issues.arrow"
+            tables["replay"] = (artifacts.read_raw_stream(issues, schemas.SLICE_REPLAY) if issues.is_file()
+                                else schemas.SLICE_REPLAY.empty_table())  # a slice without virtual peers
+            table_schemas["replay"] = schemas.SLICE_REPLAY
+        artifacts.write_outputs(folder / f"slice={k}", tables, table_schemas,
                                 run_id=run_id)  # the capture's run, not the slice launch's own
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -174,7 +202,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     print(f"prism slices run: slice {k} ranks {','.join(map(str, ranks))}: {table.num_rows} events in "
           f"{run_meta.get('wall_s', 0):.1f} s; replay server: {replay.get('virtual_members', '?')} virtual members "
           f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
-          f"{replay.get('messages', '?')} messages -> {job / 'slices' / f'slice={k}' / 'events.parquet'}")
+          f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''} -> "
+          f"{folder / f'slice={k}' / 'events.parquet'}")
     return 0
 
 
@@ -186,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
     parser.add_argument("--capture", type=Path, help="the capture folder (default: JOB/capture, or JOB)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the slice ranks to cores")
+    parser.add_argument("--timed-by", type=Path, metavar="TIMELINE",
+                        help=f"replayed ranks answer at their times in this calibrated timeline (JOB/calibrated_untimed/"
+                             f"timeline.parquet); writes JOB/{TIMED_DIR}/slice=K")
     args = parser.parse_args(argv)
     try:
-        return run(args.job, args.slice, args.config_json, args.capture, not args.no_pin)
+        return run(args.job, args.slice, args.config_json, args.capture, not args.no_pin, args.timed_by)
     except (SliceError, artifacts.ArtifactError) as exc:
         print(f"prism slices run: error: {exc}", file=sys.stderr)
         return 2

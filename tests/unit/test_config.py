@@ -95,7 +95,8 @@ def test_left_out_workload_args_are_not_taken_from_the_default_job():
 def test_defaults_come_from_the_schema():
     filled = config.with_defaults({"job": "x", "nproc": 1, "workload": {"module": "m"}})
     assert filled == {"job": "x", "nproc": 1, "workload": {"module": "m"}, "device": "cpu", "results": "results",
-                      "baseline": {"run": "auto", "pin": True}, "capture": {"devices": 2, "payloads": True}}
+                      "baseline": {"run": "auto", "pin": True}, "capture": {"devices": 2, "payloads": True},
+                      "calibrate": {"timed_slices": False}}
     assert config.with_defaults({"capture": {"devices": 1}})["capture"] == {"devices": 1, "payloads": True}
 
 

@@ -229,7 +229,7 @@ def test_docs_fidelity_figures_are_what_the_committed_json_gives():
         for inside, n in re.findall(r"(\d+) of (\d+) inside", text):
             assert f"inside the truth's spread: {inside} of {n}" in out, (files, inside, n)
         checked += 1
-    assert checked == 5
+    assert checked == 7
 
 
 def test_readme_fidelity_figures_are_what_the_committed_json_gives():
@@ -238,8 +238,84 @@ def test_readme_fidelity_figures_are_what_the_committed_json_gives():
     root = Path(__file__).resolve().parents[2]
     text = " ".join((root / "README.md").read_text().split())
     claims = re.findall(r"`((?:[\w.-]+\.json ?)+)`: \**([\d.]+) %", text)
-    assert len(claims) == 5, claims
+    assert len(claims) == 7, claims
     for files, mean in claims:
         out = summarize([root / "docs" / "fidelity" / f for f in files.split()])
         last = [line for line in out.splitlines() if line.startswith("calibrated from slices:")][-1]
         assert last.startswith(f"calibrated from slices: mean |error| {mean} %"), (files, last)
+
+
+# ------------------------------------------------------- first pass and emulated sandbox (fidelity_sandbox)
+
+
+def test_rank_iteration_ms_is_each_ranks_own_median_gap():
+    from prism.bench.fidelity_sandbox import rank_iteration_ms
+
+    # rank 0 ends 0, 10, 30, 35 ms (gaps 10, 20, 5: median 10); rank 1 ends 2, 4 (gap 2); rank 2 one end only
+    rank = [0, 1, 0, 0, 1, 0, 2]
+    iteration = [0, 0, 1, 2, 1, 3, 0]
+    end = [0, 2 * MS, 10 * MS, 30 * MS, 4 * MS, 35 * MS, 9 * MS]
+    assert rank_iteration_ms(rank, iteration, end, 4) == [10.0, 2.0, None, None]
+
+
+def test_sandbox_event_errors_by_hand():
+    from prism.bench.fidelity_sandbox import sandbox_event_errors
+
+    def cols(rows):  # (seq, iteration, start ms, end ms)
+        return {"seq": [r[0] for r in rows], "iteration": [r[1] for r in rows],
+                "start_ns": [r[2] * MS for r in rows], "end_ns": [r[3] * MS for r in rows]}
+
+    # seq 0 is iteration 0 (left out); seq 1..4 in iteration 1; seq 5 only the truth has
+    truth = cols([(0, 0, 0, 5), (1, 1, 10, 20), (2, 1, 20, 24), (3, 1, 24, 40), (4, 1, 40, 41), (5, 1, 41, 50)])
+    sandbox = cols([(0, 0, 100, 200), (1, 1, 300, 312), (2, 1, 312, 316), (3, 1, 316, 330), (4, 1, 330, 331)])
+    pred = cols([(0, 0, 0, 1), (1, 1, 1, 10), (2, 1, 10, 15), (3, 1, 15, 31), (4, 1, 31, 35)])
+    got = sandbox_event_errors(truth, sandbox, pred, compute={1, 3})
+    # durations: truth 10, 4, 16, 1; sandbox 12, 4, 14, 1 -> |err| 2, 0, 2, 0: median 1, p95 2
+    #            prediction 9, 5, 16, 4 -> |err| 1, 1, 0, 3: median 1, p95 (linear) 1 + 0.85 * 2 = 2.7
+    # compute (seq 1, 3): truth 26, sandbox 26 (+0 %), prediction 25 (-1/26 = -3.846 %)
+    assert got["n_compared"] == 4
+    assert got["sandbox_dur_med_ms"] == pytest.approx(1.0) and got["sandbox_dur_p95_ms"] == pytest.approx(2.0)
+    assert got["pred_dur_med_ms"] == pytest.approx(1.0) and got["pred_dur_p95_ms"] == pytest.approx(2.7)
+    assert got["sandbox_compute_err_pct"] == pytest.approx(0.0)
+    assert got["pred_compute_err_pct"] == pytest.approx(-100.0 / 26)
+
+
+def _iterated_record(name: str, truth: list[float], pred: list[float], untimed: list[float], emulated: dict) -> dict:
+    rec = _record(name, truth, pred, [1.0])
+    rec.update(pred_untimed_ms=untimed, emulated=[emulated],
+               truth_rank_ms=[[t - 10.0, t - 5.0] for t in truth])  # rank 1's own time: truth - 5
+    return rec
+
+
+def test_summarize_shows_the_first_pass_and_the_emulated_sandbox(tmp_path):
+    events = {"sandbox_dur_med_ms": 0.1, "sandbox_dur_p95_ms": 0.9, "pred_dur_med_ms": 0.2, "pred_dur_p95_ms": 1.5,
+              "sandbox_compute_err_pct": 2.0, "pred_compute_err_pct": -3.0}
+    a = _iterated_record("dp2", [100.0, 110.0, 90.0], [104.0], [80.0],
+                         {"rank": 1, "sandbox_ms": 99.0, "job_ms": 106.0, "pred_rank_ms": 90.0, "events": events})
+    b = _iterated_record("tp2", [200.0, 190.0, 210.0], [230.0], [196.0],
+                         {"rank": 1, "sandbox_ms": 200.5, "job_ms": 195.0, "pred_rank_ms": 190.0, "events": events})
+    (tmp_path / "r.json").write_text(json.dumps([a, b]))
+    out = summarize([tmp_path / "r.json"])
+    # dp2: truth 100 (90-110), final 104 (+4.0, inside), first pass 80 (-20.0, outside); rank 1's truth
+    # 95 (85-105): sandbox 99 (+4.2), predicted rank 90 (-5.3); emulated job 106 vs 100 (+6.0)
+    assert ("| dp2 | 104.00 | +4.0 | yes | 80.00 | -20.0 | no | 1 | 95.00 | 85.00-105.00 | 99.00 | +4.2 | 90.00 "
+            "| -5.3 | 106.00 | +6.0 | 0.100/0.900 | 0.200/1.500 | +2.0 / -3.0 |") in out
+    # tp2: truth 200, final 230 (+15.0, outside), first pass 196 (-2.0, inside); rank 1: 195 (185-205):
+    # sandbox 200.5 (+2.8), predicted 190 (-2.6); job 195 (-2.5)
+    assert "| tp2 | 230.00 | +15.0 | no | 196.00 | -2.0 | yes | 1 | 195.00 | 185.00-205.00 | 200.50 | +2.8 |" in out
+    # first pass |errors| 20, 2 -> mean 11.0, 1 inside; final 4, 15 -> 9.5, 1 inside
+    assert ("first pass (untimed slices): mean |error| 11.0 %, inside the truth's spread 1 of 2; final (timed "
+            "slices) on the same configs: mean |error| 9.5 %, inside 1 of 2") in out
+    # sandbox |errors| 4/95 = 4.21 %, 5.5/195 = 2.82 % -> 3.5 %; predicted rank 5/95 = 5.26, 5/195 = 2.56 -> 3.9 %;
+    # emulated job 6 %, 2.5 % -> 4.2 %
+    assert ("emulated sandbox (2 configs): its rank's iteration time mean |error| 3.5 % (the prediction for "
+            "that rank: 3.9 %); emulated job mean |error| 4.2 %") in out
+
+
+def test_a_failed_emulation_is_named_in_its_row(tmp_path):
+    a = _iterated_record("dp2", [90.0, 110.0], [104.0], [80.0], {"error": "prism emulate ... exited 2: boom"})
+    (tmp_path / "r.json").write_text(json.dumps([a]))
+    out = summarize([tmp_path / "r.json"])
+    assert "| dp2 | 104.00 | +4.0 | yes | 80.00 | -20.0 | no | not run: prism emulate ... exited 2: boom |" in out
+    (back,) = read_json(tmp_path / "r.json")
+    assert back.emulated == [{"error": "prism emulate ... exited 2: boom"}] and back.pred_untimed_ms == [80.0]

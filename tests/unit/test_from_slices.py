@@ -52,6 +52,20 @@ def test_slice_delays_by_hand():
     assert count.tolist() == [1, 1, 1]
 
 
+def test_slice_delays_of_a_timed_slice_start_at_the_replayed_members_issue():
+    kind, comm, wait_op, t_start, t_end, t_complete = _delay_graph()
+    rank_of = np.array([0, 0, 1, 1, 0, 1, 1, 0, 1, 0])
+    # a timed slice of rank 1 only; the replay server issued comm 0 (rank 0's part) at 200 -- after rank 1's
+    # own issue at 150 -- and comm 2 at 690 (before rank 1's 700: the slice's own issue stays the last)
+    replayed = (np.array([0, 2]), np.array([200, 690]))
+    total, count = slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, np.flatnonzero(rank_of == 1), 3,
+                                replayed)
+    # comm 0: rank 1 sees it at 250: 250 - 200 = 50 (untimed rule: 100, the wait for the late peer included);
+    # comm 1 has no replayed issue: 500 - 380 = 120; comm 2: 720 - 700 = 20
+    assert total.tolist() == [50, 120, 20]
+    assert count.tolist() == [1, 1, 1]
+
+
 # ------------------------------------------------------------------------------------- from_slices
 
 

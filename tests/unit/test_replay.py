@@ -172,3 +172,93 @@ def test_barrier(pgs):
 def test_unknown_op_is_named(pgs):
     with pytest.raises(replay.ReplayError, match="cannot replay 'fancy_op'"):
         replay.issue(pgs[1], "fancy_op", 1, N, -1, ({}, [_x(1)]), None)
+
+
+# -- a group's collectives are issued without waiting for the previous one ------------------------------------
+class _Work:
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done
+
+    def wait(self) -> bool:
+        assert self.done.wait(10)
+        return True
+
+
+class _Timed:
+    """Stands in for TimedReplay: records the gates and completions the server reports."""
+
+    def __init__(self, n: int) -> None:
+        self.collective_comm = {("g", k): 100 + k for k in range(n)}
+        self.log: list[tuple[str, int]] = []
+
+    def gate(self, comm: int) -> None:
+        self.log.append(("gate", comm))
+
+    def complete(self, comm: int) -> None:
+        self.log.append(("complete", comm))
+
+
+def _server(n: int, monkeypatch) -> tuple[replay.ReplayServer, list[threading.Event], list[int]]:
+    """A ReplayServer of one group {0 (slice), 1 (virtual)} with n all_reduces whose works complete only when
+    their event is set; returns it, the events, and the ops issued so far (their seq)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    plan = replay.ReplayPlan(world=2, slice_ranks=[0], groups={"g": (0, 1)}, order=["g"],
+                             collectives={"g": [replay.Collective(k, "all_reduce", -1, f"k{k}") for k in range(n)]},
+                             payload={}, channels=[])
+    server = object.__new__(replay.ReplayServer)
+    server.plan, server.pgs, server.errors, server.state = plan, {"g": {1: None}}, [], {}
+    server.ops, server.timed, server.issued = 0, _Timed(n), {}
+    server.loader = ThreadPoolExecutor(max_workers=1)
+    monkeypatch.setattr(server, "_build", lambda group: None, raising=False)
+    done = [threading.Event() for _ in range(n)]
+    issued: list[int] = []
+
+    def fake_issue(pg, op, me, size, root, mine, root_payload):
+        issued.append(len(issued))
+        return _Work(done[len(issued) - 1])
+
+    monkeypatch.setattr(replay, "issue", fake_issue)
+    return server, done, issued
+
+
+def _wait_for(cond, timeout: float = 5.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def test_a_groups_collectives_are_issued_before_the_previous_completes(monkeypatch):
+    server, done, issued = _server(3, monkeypatch)
+    t = threading.Thread(target=server._group, args=("g",), daemon=True)
+    t.start()
+    assert _wait_for(lambda: len(issued) == 3)  # all three in flight, none complete
+    assert server.ops == 0 and ("complete", 100) not in server.timed.log
+    for ev in reversed(done):  # gloo completes in order; the server reports in issue order whatever the order
+        ev.set()
+    t.join(5)
+    assert not t.is_alive() and server.errors == []
+    assert [c for what, c in server.timed.log if what == "complete"] == [100, 101, 102]
+    assert [c for what, c in server.timed.log if what == "gate"] == [100, 101, 102]
+    assert server.ops == 3 and server.state["group g"] == "done"
+
+
+def test_at_most_in_flight_collectives_are_outstanding(monkeypatch):
+    monkeypatch.setattr(replay, "IN_FLIGHT", 2)
+    server, done, issued = _server(3, monkeypatch)
+    t = threading.Thread(target=server._group, args=("g",), daemon=True)
+    t.start()
+    assert _wait_for(lambda: len(issued) == 2)
+    assert not _wait_for(lambda: len(issued) > 2, timeout=0.3)  # the third waits for a slot
+    assert server.state["group g"] == "all_reduce #2"
+    done[0].set()
+    assert _wait_for(lambda: len(issued) == 3 and server.ops == 1)
+    done[1].set()
+    done[2].set()
+    t.join(5)
+    assert not t.is_alive() and server.ops == 3 and server.errors == []

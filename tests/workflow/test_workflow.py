@@ -6,6 +6,7 @@ import os
 import shutil
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, data_path, run_prism
@@ -132,3 +133,22 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     assert f"Missing output files: {copy / 'tiny' / 'capture' / 'payloads'}" in out, out
     for rule in ("rule capture:", "rule graph:", "checkpoint slice_plan:", "rule slice_run:"):
         assert rule in out, (rule, out)
+    # calibration iterated once (`calibrate: {timed_slices: true}`, off by default): on a copy of the finished
+    # job only the timed pass runs (first calibration, timed slice runs, their durations, calibrated/ again)
+    timed = tmp_path / "timed.yaml"
+    timed.write_text(data_path("tiny.yaml").read_text() + "calibrate:\n  timed_slices: true\n")
+    copy = tmp_path / "timed_copy"
+    shutil.copytree(tiny_reference, copy / "tiny", symlinks=True)
+    target = copy / "tiny" / "calibrated" / "timeline.parquet"
+    shutil.rmtree(copy / "tiny" / "calibrated")  # (the copy has no Snakemake metadata: a new input is no trigger)
+    run = snakemake(str(target), "--profile", "profiles/local", "--configfile", str(timed), "--config",
+                    f"results={copy}")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    for rule in ("rule calibrate_untimed:", "rule slice_run_timed:", "rule slice_durations_timed:", "rule calibrate:"):
+        assert rule in out, (rule, out)
+    for rule in ("rule capture:", "rule graph:", "rule slice_run:"):
+        assert rule not in out, (rule, out)
+    # W=2 on P=2: one slice of both ranks, nothing replayed; the timed pass still writes its (empty) issue table
+    replay = copy / "tiny" / "slices_timed" / "slice=0" / "replay.parquet"
+    assert pq.read_table(replay).column_names == ["comm_id", "t_issue_ns"]

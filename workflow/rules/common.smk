@@ -31,14 +31,15 @@ def section(name):
     return json.dumps(keep, sort_keys=True)
 
 
-def measured_slices(wildcards):
-    """The events of every measured slice: known once the slice_plan checkpoint has run."""
+def measured_slices(wildcards, folder="slices"):
+    """The events of every measured slice (`folder`: the untimed pass, or slices_timed): known once the
+    slice_plan checkpoint has run."""
     from prism import artifacts
 
     plan = checkpoints.slice_plan.get().output[0]
     rows = artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
     ks = sorted({r["slice"] for r in rows if r["measured"]})
-    return [f"{JOB_DIR}/slices/slice={k}/events.parquet" for k in ks]
+    return [f"{JOB_DIR}/{folder}/slice={k}/events.parquet" for k in ks]
 
 
 def emulate_options():

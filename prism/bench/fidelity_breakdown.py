@@ -1,0 +1,193 @@
+"""Where a prediction misses the truth: per event kind, per slice pass, from a saved bench run.
+
+    python -m prism.bench.fidelity_breakdown CONFIG_DIR [CONFIG_DIR ...] [--ops ITERATION]
+
+A CONFIG_DIR is what `prism bench fidelity --work W` keeps per config (`W/<config>`, or the device runs'
+`artifacts.tar.xz` unpacked): `truth0/graph/` (the first truth run's graph), `prism0/graph/` (the capture
+graph), `prism0/slices[_timed]/slice=K/events.parquet` and `transfers.parquet`, and the calibrations
+`prism0/calibrated_untimed/` and `prism0/calibrated/`. Per directory it prints one line per source:
+
+- **ms per rank-iteration by kind** (iterations >= 1): the sum of event durations of each kind divided by
+  the number of ranks and iterations; the truth's and the slice runs' are wall spans (end - start), the
+  calibrations' are the timeline's spans (what the sweep put there);
+- **compute CPU**: the compute events' own ``device_ns`` (on CPU the thread's CPU time, what calibration
+  takes as a compute duration) per rank-iteration, beside the wall span;
+- **sweep of truth0's own measurements**: the calibration sweep run on the truth's graph with the truth's
+  own durations (the bare-graph rules: compute its CPU time) and transfers (the slice rule over all its
+  ranks), its iteration time beside the truth's (`prism.iterations`): what the model gives when its inputs
+  are right;
+- **transfer**: the sum over the comms of iterations >= 1 of their transfer, per iteration: the truth's by
+  the slice rule (`from_slices.slice_delays` over all its ranks: every member's delay from the last issue
+  to when it saw completion, averaged), the slice passes' from their ``transfers.parquet``.
+
+With ``--ops K``: rank 0's collectives of iteration K one per line (op, bytes, async, issue time from the
+rank's first event of K in the truth), each comm's transfer in the truth, the untimed and the timed pass.
+
+Nothing here feeds a prediction; it is the data behind the diagnosis in docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+KINDS = ("compute", "collective", "send", "recv", "wait", "marker")
+
+
+def per_kind_ms(kind, rank, iteration, duration_ns) -> dict[str, float]:
+    """ms per rank-iteration of each kind, over iterations >= 1 (ranks and iterations present in them)."""
+    kind, rank = np.asarray(kind), np.asarray(rank)
+    iteration, duration_ns = np.asarray(iteration), np.asarray(duration_ns, dtype=np.int64)
+    sel = iteration >= 1
+    if not sel.any():
+        return {}
+    n = len(np.unique(rank[sel])) * len(np.unique(iteration[sel]))
+    return {k: float(duration_ns[sel & (kind == k)].sum()) / 1e6 / n for k in KINDS if (sel & (kind == k)).any()}
+
+
+def _events(paths: list[Path]) -> pa.Table:
+    cols = ["event_id", "rank", "kind", "iteration", "t_start_ns", "t_end_ns", "device_ns", "comm_id"]
+    return pa.concat_tables([pq.read_table(p, columns=cols) for p in paths])
+
+
+def _fmt(label: str, d: dict[str, float], extra: str = "") -> str:
+    parts = " ".join(f"{k} {d[k]:7.2f}" for k in KINDS if k in d)
+    return f"  {label:22s} {parts}  sum {sum(d.values()):7.2f}{extra}"
+
+
+def _compute_cpu(t: pa.Table) -> str:
+    kind, it = t["kind"].to_numpy(zero_copy_only=False), t["iteration"].to_numpy()
+    sel = (kind == "compute") & (it >= 1)
+    n = len(np.unique(t["rank"].to_numpy()[sel])) * len(np.unique(it[sel]))
+    cpu = t["device_ns"].to_numpy()[sel].sum() / 1e6 / n
+    wall = (t["t_end_ns"].to_numpy() - t["t_start_ns"].to_numpy())[sel].sum() / 1e6 / n
+    return f"  compute CPU {cpu:7.2f} (wall/CPU {wall / cpu:.3f})"
+
+
+def _comm_iterations(events: pa.Table) -> dict[int, int]:
+    comm, it = events["comm_id"].to_numpy(), events["iteration"].to_numpy()
+    return {int(c): int(i) for c, i in zip(comm, it) if c >= 0}
+
+
+def breakdown(config_dir: Path) -> list[str]:
+    from prism.calibrate.from_slices import slice_delays
+    from prism.calibrate.stage import load_graph
+
+    job = config_dir / "prism0"
+    lines = [str(config_dir)]
+    cap = pq.read_table(job / "graph" / "events.parquet", columns=["event_id", "kind", "iteration", "rank"])
+    truth = _events([config_dir / "truth0" / "graph" / "events.parquet"])
+    span = pa.compute.subtract(truth["t_end_ns"], truth["t_start_ns"])
+    lines.append(_fmt("truth0 (wall)", per_kind_ms(truth["kind"].to_numpy(zero_copy_only=False), truth["rank"],
+                                                   truth["iteration"], span)) + _compute_cpu(truth))
+    by_id = {int(e): i for i, e in enumerate(cap["event_id"].to_numpy())}
+    kinds = cap["kind"].to_numpy(zero_copy_only=False)
+    for name in ("calibrated_untimed", "calibrated"):
+        path = job / name / "timeline.parquet"
+        if not path.is_file():
+            continue
+        tl = pq.read_table(path, columns=["event_id", "rank", "start_ns", "end_ns"])
+        rows = np.array([by_id[int(e)] for e in tl["event_id"].to_numpy()], dtype=np.int64)
+        dur = tl["end_ns"].to_numpy() - tl["start_ns"].to_numpy()
+        lines.append(_fmt(name, per_kind_ms(kinds[rows], tl["rank"], cap["iteration"].to_numpy()[rows], dur)))
+    comm_it = _comm_iterations(_events([job / "graph" / "events.parquet"]))
+    n_it = len({i for i in comm_it.values() if i >= 1}) or 1
+    tj = load_graph(config_dir / "truth0")
+    c = tj.columns
+    total, count = slice_delays(tj.graph.kind, tj.graph.comm, tj.graph.wait_op, c["t_start_ns"], c["t_end_ns"],
+                                c["t_complete_ns"], np.arange(len(tj.event_ids)), tj.graph.n_comms)
+    mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
+    use = np.array([comm_it.get(int(cid), -1) >= 1 for cid in tj.comm_ids])
+    lines.append(f"  {'transfer, truth0':22s} {mean[use].sum() / 1e6 / n_it:8.2f} ms per iteration")
+    lines.append(self_sweep(tj, mean))
+    for folder in ("slices", "slices_timed"):
+        paths = sorted((job / folder).glob("slice=*/events.parquet"))
+        if not paths:
+            continue
+        t = _events(paths)
+        span = pa.compute.subtract(t["t_end_ns"], t["t_start_ns"])
+        lines.append(_fmt(f"{folder} (wall)", per_kind_ms(t["kind"].to_numpy(zero_copy_only=False), t["rank"],
+                                                          t["iteration"], span)) + _compute_cpu(t))
+        tr_path = job / folder / "transfers.parquet"
+        if tr_path.is_file():
+            tr = pq.read_table(tr_path)
+            ids, x = tr["comm_id"].to_numpy(), tr["transfer_ns"].to_numpy()
+            keep = np.array([comm_it.get(int(cid), -1) >= 1 for cid in ids])
+            lines.append(f"  {'transfer, ' + folder:22s} {x[keep].sum() / 1e6 / n_it:8.2f} ms per iteration")
+    return lines
+
+
+def self_sweep(tj, transfer: np.ndarray) -> str:
+    """The sweep on the truth's graph with its own durations and `transfer` (ns per comm): iteration times."""
+    from prism.calibrate import durations as rules
+    from prism.calibrate.stage import iterations_table
+    from prism.calibrate.sweep import discover
+    from prism.iterations import iteration_times
+
+    g, c = tj.graph, tj.columns
+    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+                              c["t_complete_ns"], g.n_comms)
+    _, timeline = discover(g, dur, transfer.astype(np.int64))
+    it = iterations_table(tj, timeline)
+    swept = iteration_times(it["iteration"].to_numpy(), it["end_ns"].to_numpy())
+    ends = np.flatnonzero(tj.iteration_end)
+    truth = iteration_times(tj.iteration[ends], c["t_end_ns"][ends])
+    return (f"  {'sweep of truth0':22s} {swept.median_ms:8.2f} ms per iteration (truth0 itself "
+            f"{truth.median_ms:.2f} ms, {100 * (swept.median_ms - truth.median_ms) / truth.median_ms:+.1f} %)")
+
+
+def ops(config_dir: Path, iteration: int) -> list[str]:
+    """Rank 0's collectives of `iteration`: the truth's transfer (slice rule over all ranks) and each pass's."""
+    from prism.calibrate.from_slices import slice_delays
+    from prism.calibrate.stage import load_graph
+
+    tj = load_graph(config_dir / "truth0")
+    c = tj.columns
+    total, count = slice_delays(tj.graph.kind, tj.graph.comm, tj.graph.wait_op, c["t_start_ns"], c["t_end_ns"],
+                                c["t_complete_ns"], np.arange(len(tj.event_ids)), tj.graph.n_comms)
+    truth = {int(cid): (total[i] / count[i] if count[i] else float("nan")) for i, cid in enumerate(tj.comm_ids)}
+    passes = {}
+    for folder in ("slices", "slices_timed"):
+        path = config_dir / "prism0" / folder / "transfers.parquet"
+        if path.is_file():
+            t = pq.read_table(path)
+            passes[folder] = dict(zip(t["comm_id"].to_pylist(), t["transfer_ns"].to_pylist()))
+    ev = pq.read_table(config_dir / "truth0" / "graph" / "events.parquet",
+                       columns=["rank", "seq", "kind", "op", "bytes", "is_async", "iteration", "t_start_ns", "comm_id"])
+    ev = ev.filter(pa.compute.and_(pa.compute.equal(ev["rank"], 0), pa.compute.equal(ev["iteration"], iteration)))
+    first = pa.compute.min(ev["t_start_ns"]).as_py()
+    ev = ev.filter(pa.compute.equal(ev["kind"], "collective")).sort_by("seq")
+    head = f"  rank 0, iteration {iteration}: op, bytes, async, issue ms, transfer ms: truth0 " + " ".join(passes)
+    lines = [str(config_dir), head]
+    for r in ev.to_pylist():
+        cid = r["comm_id"]
+        cols = " ".join(f"{passes[f].get(cid, float('nan')) / 1e6:8.2f}" for f in passes)
+        lines.append(f"  {r['op']:14s} {r['bytes']:9d} {str(r['is_async']):5s} {(r['t_start_ns'] - first) / 1e6:8.2f} "
+                     f"{truth.get(cid, float('nan')) / 1e6:8.2f} {cols}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_breakdown", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", type=Path, nargs="+", metavar="CONFIG_DIR")
+    parser.add_argument("--ops", type=int, metavar="ITERATION", help="rank 0's collectives of this iteration")
+    args = parser.parse_args(argv)
+    status = 0
+    for d in args.dirs:
+        if not (d / "truth0" / "graph" / "events.parquet").is_file() or not (d / "prism0" / "graph").is_dir():
+            print(f"prism fidelity_breakdown: error: {d} holds no truth0/graph and prism0/graph (a config folder "
+                  "of `prism bench fidelity --work DIR`)", file=sys.stderr)
+            status = 2
+            continue
+        print("\n".join(ops(d, args.ops) if args.ops is not None else breakdown(d)), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
