@@ -51,3 +51,21 @@ def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subproc
 @pytest.fixture
 def job_dir(tmp_path: Path) -> Path:
     return tmp_path / "job"
+
+
+def close_lines(a: str, b: str, rel: float) -> bool:
+    """Two printed lines are equal but for numbers within `rel` relative (prism's reduction order is not
+    gloo's, so a program's printed floats may differ from plain torchrun's in the last digits)."""
+    ta, tb = a.split(), b.split()
+    if len(ta) != len(tb):
+        return False
+    for x, y in zip(ta, tb):
+        if x == y:
+            continue
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            return False
+        if abs(fx - fy) > rel * max(abs(fx), abs(fy), 1e-12):
+            return False
+    return True

@@ -226,28 +226,7 @@ def serve(spec: dict) -> int:
         if worker.timed is not None:
             worker.timed.stop()
         return 1
-    loop = None
-    if worker.timed is not None:
-        loop = threading.Thread(target=worker._run, args=(worker.timed.run, t0_ns, "timed replay"), daemon=True,
-                                name="prism-timed-replay")
-        loop.start()
-        threads.append(loop)
-    while any(t.is_alive() for t in threads):
-        if worker.errors:
-            print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
-            return 1
-        if stop.is_set():
-            print("[prism] emulation worker stopped before it replayed everything; still waiting for: "
-                  + "; ".join(worker.pending()), file=sys.stderr, flush=True)
-            if worker.timed is not None:
-                worker.timed.stop()
-            return 1
-        for t in threads:
-            t.join(0.05)
-            if t.is_alive():
-                break
-    if worker.errors:
-        print("[prism] emulation worker failed: " + "; ".join(worker.errors), file=sys.stderr, flush=True)
+    if not worker.run_to_end(threads, t0_ns, stop, "emulation worker"):
         return 1
     timed = worker.timed is not None
     if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks

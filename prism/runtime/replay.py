@@ -496,6 +496,33 @@ class ReplayServer:
             self.messages += 1
         self.state[name] = "done"
 
+    def run_to_end(self, threads: list[threading.Thread], t0_ns: int, stop: threading.Event, who: str) -> bool:
+        """Start the timed replay's loop (when there is one) beside the replay `threads`, from the common
+        start `t0_ns`, and wait for all of them. False, said on stderr (`who` names the process), when one
+        of them failed or `stop` was set before everything was replayed."""
+        if self.timed is not None:
+            loop = threading.Thread(target=self._run, args=(self.timed.run, t0_ns, "timed replay"), daemon=True,
+                                    name="prism-timed-replay")
+            loop.start()
+            threads.append(loop)
+        while any(t.is_alive() for t in threads):
+            if self.errors:
+                break
+            if stop.is_set():
+                print(f"[prism] {who} stopped before it replayed everything; still waiting for: "
+                      + "; ".join(self.pending()), file=sys.stderr, flush=True)
+                if self.timed is not None:
+                    self.timed.stop()
+                return False
+            for t in threads:
+                t.join(0.05)
+                if t.is_alive():
+                    break
+        if self.errors:
+            print(f"[prism] {who} failed: " + "; ".join(self.errors), file=sys.stderr, flush=True)
+            return False
+        return True
+
     def _run(self, fn, arg, name: str) -> None:
         try:
             fn(arg)
@@ -507,7 +534,7 @@ class ReplayServer:
                                     name=f"prism-replay-g{g}") for g in self.built]
         threads += [threading.Thread(target=self._run, args=(self._channel, ch,
                                                              f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"),
-                                     daemon=True, name=f"prism-replay-p2p") for ch in self.plan.channels]
+                                     daemon=True, name="prism-replay-p2p") for ch in self.plan.channels]
         for t in threads:
             t.start()
         return threads
@@ -547,28 +574,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     _alive.append(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     started = time.monotonic()
     t0_ns = time.monotonic_ns()  # the common start: the virtual ranks' calibrated clock starts here
-    threads = server.start()
-    if server.timed is not None:
-        loop = threading.Thread(target=server._run, args=(server.timed.run, t0_ns, "timed replay"), daemon=True,
-                                name="prism-timed-replay")
-        loop.start()
-        threads.append(loop)
-    while any(t.is_alive() for t in threads):
-        if server.errors:
-            print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
-            return 1
-        if stop.is_set():
-            print("[prism] replay server stopped before it replayed everything; still waiting for: "
-                  + "; ".join(server.pending()), file=sys.stderr, flush=True)
-            if server.timed is not None:
-                server.timed.stop()
-            return 1
-        for t in threads:
-            t.join(0.05)
-            if t.is_alive():
-                break
-    if server.errors:
-        print("[prism] replay server failed: " + "; ".join(server.errors), file=sys.stderr, flush=True)
+    if not server.run_to_end(server.start(), t0_ns, stop, "replay server"):
         return 1
     if server.timed is not None and raw_staging:
         folder = Path(raw_staging) / "replay"

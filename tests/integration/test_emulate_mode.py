@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prism.runtime import semantics, shm
-from tests.conftest import PROGRAMS, run_prism, run_torchrun
+from tests.conftest import PROGRAMS, close_lines, run_prism, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -172,23 +172,7 @@ def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
     want = _results(ref.stdout, ranks)
     assert len(want) == len(got)
     for a, b in zip(got, want):
-        assert _close_line(a, b), (a, b)
-
-
-def _close_line(a: str, b: str, rel: float = 1e-5) -> bool:
-    """Equal lines but for numbers within `rel` relative."""
-    ta, tb = a.split(), b.split()
-    if len(ta) != len(tb):
-        return False
-    for x, y in zip(ta, tb):
-        if x == y:
-            continue
-        try:
-            if not _close(float(x), float(y), rel):
-                return False
-        except ValueError:
-            return False
-    return True
+        assert close_lines(a, b, 1e-5), (a, b)
 
 
 def _close(a: float, b: float, rel: float = 1e-5) -> bool:

@@ -3,11 +3,9 @@ torchrun prints (results computed by prism's own collective semantics)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from tests.conftest import PROGRAMS, run_prism, run_torchrun
+from tests.conftest import PROGRAMS, close_lines, run_prism, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +27,7 @@ def results(text: str) -> list[str]:
 
 def close(a: str, b: str) -> bool:
     """Equal lines, numbers within 1e-6 relative (prism's reduction order differs from gloo's)."""
-    ta, tb = a.split(), b.split()
-    if len(ta) != len(tb):
-        return False
-    for x, y in zip(ta, tb):
-        if x == y:
-            continue
-        try:
-            fx, fy = float(x), float(y)
-        except ValueError:
-            return False
-        if abs(fx - fy) > 1e-6 * max(abs(fx), abs(fy), 1e-12):
-            return False
-    return True
+    return close_lines(a, b, 1e-6)
 
 
 @pytest.mark.parametrize("devices", [1, 2])
