@@ -91,6 +91,27 @@ class TreeMemory(threading.Thread):
             self.stop.wait(self.period)
 
 
+def run_sampled(cmd: list[str], timeout: float | None = None, period: float = 0.5, **popen):
+    """Run `cmd` (stdout discarded, stderr kept) while sampling its process tree's PSS; on `timeout` it is
+    stopped with SIGTERM (prism's launcher then stops its ranks and writes nothing half). Returns
+    (returncode, stderr, wall seconds, peak PSS bytes, timed out)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    sampler = TreeMemory(proc.pid, period=period)
+    sampler.start()
+    timed_out = False
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.terminate()
+        _, err = proc.communicate()
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    return proc.returncode, err, time.monotonic() - start, sampler.peak, timed_out
+
+
 def _cgroup() -> Path | None:
     """A fresh memory cgroup (v1) under ours, if this machine allows it."""
     try:
@@ -258,7 +279,7 @@ def print_table(rows: list[dict], args) -> None:
               f"{r['graph_bytes'] / mib:9.2f} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}")
     staged = [r for r in rows if "plan_s" in r]
     if staged:
-        print(f"\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
+        print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
         print(f"{'W':>5} {'events':>10} {'capture':>28} {'graph':>28} {'plan --representative':>28} "
               f"{'calibrate':>28}")
         for r in staged:

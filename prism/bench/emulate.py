@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prism.bench.capture_scale import LAYOUTS, TreeMemory, workload_args
+from prism.bench.capture_scale import LAYOUTS, run_sampled, workload_args
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -56,21 +56,11 @@ def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] 
     ranks and writes no partial `emulation/`) and reported as failed after `timeout` seconds."""
     cmd = [sys.executable, "-m", "prism.cli", "emulate", "--job", str(job), "--devices", str(devices), "--force",
            *extra] + ([] if sandbox is None else ["--sandbox", sandbox])
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    sampler = TreeMemory(proc.pid, period=0.5)
-    sampler.start()
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        _, err = proc.communicate()
+    code, err, wall, peak, timed_out = run_sampled(cmd, timeout)
+    if timed_out:
         err = f"stopped after {timeout:.0f} s (the time left)\n" + err
-    wall = time.monotonic() - start
-    sampler.stop.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"emulate of {job} failed ({proc.returncode}):\n{err[-3000:]}")
+    if code != 0:
+        raise RuntimeError(f"emulate of {job} failed ({code}):\n{err[-3000:]}")
     meta = json.loads((job / "emulation" / "meta.json").read_text())
     stats = meta.get("emulation", {})
     it = pq.read_table(job / "emulation" / "iterations.parquet")
@@ -84,7 +74,7 @@ def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] 
     cone = stats.get("cone") or {}
     return {
         "W": meta.get("world_size"), "sandbox": ",".join(map(str, meta.get("sandbox", []))), "wall_s": wall,
-        "startup_s": stats.get("startup_s"), "pss_peak": sampler.peak, "communicators": stats.get("communicators"),
+        "startup_s": stats.get("startup_s"), "pss_peak": peak, "communicators": stats.get("communicators"),
         "iteration_s": statistics.median(per_iter) / 1e9 if per_iter else None,
         "iteration_samples": len(per_iter),
         "calibrated_iteration_s": statistics.median(predicted) / 1e9 if predicted else None,

@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from prism.bench.capture_scale import TreeMemory
+from prism.bench.capture_scale import run_sampled
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = {8: (2, 2, 2, 2), 32: (2, 2, 8, 4), 64: (2, 2, 16, 4)}  # W -> (tp, pp, dp, ep)
@@ -43,25 +41,14 @@ def capture(w: int, steps: int, devices: int | None, job: Path, timeout: float, 
            "--force", "--no-payloads", *(["--devices", str(devices)] if devices else []), *workload(w, steps, device)]
     env = dict(os.environ, PRISM_DEVICE=device, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
                PYTHONUNBUFFERED="1")
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
-    sampler = TreeMemory(proc.pid, period=0.5)
-    sampler.start()
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        _, err = proc.communicate()
+    code, err, wall, peak, timed_out = run_sampled(cmd, timeout, cwd=REPO, env=env)
+    if timed_out:
         raise RuntimeError(f"W={w} steps={steps}: capture ran past {timeout} s:\n{err[-2000:]}")
-    finally:
-        sampler.stop.set()
-        sampler.join()
-    wall = time.monotonic() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"W={w} steps={steps}: capture failed ({proc.returncode}):\n{err[-3000:]}")
+    if code != 0:
+        raise RuntimeError(f"W={w} steps={steps}: capture failed ({code}):\n{err[-3000:]}")
     meta = json.loads((job / "raw" / "meta.json").read_text())
     cap = meta["capture"]
-    return {"wall_s": wall, "pss_peak_mib": sampler.peak / MIB, "rank_private_mib_median": cap["rank_private_mib_median"],
+    return {"wall_s": wall, "pss_peak_mib": peak / MIB, "rank_private_mib_median": cap["rank_private_mib_median"],
             "rank_private_mib_max": cap["rank_private_mib_max"], "switches": cap.get("context_switches"),
             "device": meta.get("device")}
 
