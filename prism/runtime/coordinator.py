@@ -145,6 +145,9 @@ class Coordinator:
                     continue
                 st.done.add(rank)
                 if len(st.done) >= st.readers():
+                    if key[0] == "p" and not any(a.role == "send" for a in st.arrived.values()):
+                        continue  # read as soon as its file was there, before the send's arrival reached us:
+                        # finished when it does (else that arrival would look like a message nobody claimed)
                     del self.keys[key]
                     self.finished_keys.append(key)
         elif kind == "exit":
@@ -186,6 +189,11 @@ class Coordinator:
             self.any_waiting.setdefault((key[1], key[2], key[3]), []).append(key)
             self._match_any((key[1], key[2], key[3]))
         elif key[0] == "p" and info.role == "send":
+            if len(st.done) >= st.readers():  # its specific recv already read it (see "done")
+                del self.keys[key]
+                self.finished_keys.append(key)
+                self.completed_keys += 1
+                return
             self.unclaimed.setdefault((key[1], key[3], key[4]), []).append(key)
             self._match_any((key[1], key[3], key[4]))
         if st.mismatch and len(st.arrived) == len(st.members):

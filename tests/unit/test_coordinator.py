@@ -194,6 +194,25 @@ def test_any_source_recv_takes_the_first_unclaimed_message():
     assert out == [(0, ("go", 0, False))]
 
 
+def test_a_message_read_before_its_send_arrived_is_not_given_to_an_any_source_recv():
+    """A recv whose file is already there reads it without waiting, so its "done" can reach the coordinator
+    before the sender's "arrive": that message must not then look unclaimed (an any-source recv would be
+    matched to it, its file already deleted: FileNotFoundError in the receiving rank)."""
+    c, _ = started(2, 2)
+    first = ("p", "g", 1, 0, 0, 0)
+    arrive(c, 0, first, (1, 0), op="recv", role="recv")
+    c.handle(0, ("done", [first]))
+    assert c.finished_keys == []                                       # its file stays until the send arrives
+    arrive(c, 1, first, (1, 0), op="send", role="send")
+    assert c.finished_keys == [first] and first not in c.keys
+    any_key = ("a", "g", 0, 0, 0)
+    arrive(c, 0, any_key, (0,), op="recv", role="recv")
+    assert c.keys[any_key].matched is None and c.file_moves == []
+    second = ("p", "g", 1, 0, 0, 1)
+    arrive(c, 1, second, (1, 0), op="send", role="send")
+    assert c.keys[any_key].matched == second and c.file_moves == [(second, any_key)]
+
+
 def test_any_source_recv_never_sent_is_diagnosed():
     c, _ = started(2, 2)
     key = ("a", "g", 1, 3, 0)
