@@ -3,6 +3,7 @@ and a clear diagnosis instead of a hang."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -175,7 +176,7 @@ HANGS = {
 @pytest.mark.parametrize("name", list(HANGS))
 def test_hang_is_diagnosed_not_waited_out(tmp_path, name):
     source, words = HANGS[name]
-    prog = tmp_path / f"hang_{name}_unique.py"
+    prog = tmp_path / f"hang_{name}_{os.getpid()}.py"
     prog.write_text(textwrap.dedent(source))
     start = time.monotonic()
     proc = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "2", "--out",
@@ -191,7 +192,7 @@ def test_hang_is_diagnosed_not_waited_out(tmp_path, name):
 
 
 def test_crash_in_capture_reports_the_rank(tmp_path):
-    prog = tmp_path / "crash_capture_unique.py"
+    prog = tmp_path / f"crash_capture_{os.getpid()}.py"
     prog.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
@@ -215,7 +216,7 @@ def test_capture_bad_input(args, words):
 
 
 def test_sigint_during_capture_leaves_nothing(tmp_path):
-    prog = tmp_path / "sigint_capture_unique.py"
+    prog = tmp_path / f"sigint_capture_{os.getpid()}.py"
     prog.write_text(textwrap.dedent("""
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")

@@ -3,6 +3,7 @@ stops every rank and exits with the documented code; a rank that merely computes
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import textwrap
@@ -35,7 +36,7 @@ def _left(name: str) -> list[str]:
 @pytest.mark.parametrize("name", list(HANGS))
 def test_real_mode_names_the_hang_and_stops(tmp_path, name):
     nproc, words = HANGS[name]
-    prog = tmp_path / f"{name}_watchdog_unique.py"  # a name no other process has: orphans are findable
+    prog = tmp_path / f"{name}_watchdog_{os.getpid()}.py"  # a name no other process has: orphans are findable
     shutil.copy(PROGRAMS / f"{name}.py", prog)
     start = time.monotonic()
     proc = run_prism(["launch", "--nproc", str(nproc), "--mode", "real", "--hang-timeout", "2", "--out",
@@ -52,7 +53,7 @@ def test_real_mode_names_the_hang_and_stops(tmp_path, name):
 
 
 def test_a_long_compute_on_one_rank_is_no_hang(tmp_path):
-    prog = tmp_path / "slow_rank_watchdog_unique.py"
+    prog = tmp_path / f"slow_rank_watchdog_{os.getpid()}.py"
     prog.write_text(textwrap.dedent("""
         import time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
