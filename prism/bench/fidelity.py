@@ -1,7 +1,7 @@
 """`prism bench fidelity`: prism's predicted iteration time against the truth, over a matrix of layouts.
 
     prism bench fidelity [--matrix local|device|all] [--configs NAME,...] [--repeats 5] [--devices P]
-                         [--steps 8] [--no-emulate] [--out DIR] [--work DIR]
+                         [--steps 8] [--passes 1|2] [--sandbox slice|rank] [--no-emulate] [--out DIR] [--work DIR]
     prism bench fidelity --rescore DIR [DIR ...] [--out DIR]     (saved runs, calibrated anew)
     prism bench fidelity --summarize FILE [FILE ...]             (tables and means of results JSON)
 
@@ -13,15 +13,19 @@ Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, trut
   the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/iterations.py`,
   the definition `prism calibrate` and the summary use);
 - prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``;
-  calibration iterated once: every slice ``prism.slices.run`` (untimed: replayed ranks answer at once),
-  durations and transfers from them (`prism.calibrate.from_slices`), ``prism.calibrate --out
-  JOB/calibrated_untimed`` (the first pass); every slice again timed by it (``--timed-by``: replayed ranks
-  answer at their calibrated times, so slice ranks wait as in the real job) into ``JOB/slices_timed``,
-  ``from_slices --slices slices_timed``, ``prism.calibrate`` -> ``JOB/calibrated`` (the final prediction);
-  the predicted iteration time comes from the calibrated timeline by the same definition (the first
-  pass's is recorded beside it);
-- emulated sandbox: ``prism emulate --job JOB`` (one sandbox rank, the stage's default) on the calibrated
-  job; its measured iteration time and per-event durations (`prism/bench/fidelity_sandbox.py`);
+  every slice ``prism.slices.run`` (untimed: replayed ranks answer at once), durations and transfers from
+  them (`prism.calibrate.from_slices`), ``prism.calibrate`` -> ``JOB/calibrated``: one pass, what the
+  pipeline does. With ``--passes 2`` calibration is iterated once: that first pass goes to
+  ``JOB/calibrated_untimed`` and every slice runs again timed by it (``--timed-by``: replayed ranks answer
+  at their calibrated times) into ``JOB/slices_timed`` -> ``JOB/calibrated`` (the final prediction; the
+  first pass's is recorded beside it). The predicted iteration time comes from the calibrated timeline by
+  the truth's definition;
+- emulated sandbox: ``prism emulate --job JOB`` on the calibrated job; its measured iteration time and
+  per-event durations (`prism/bench/fidelity_sandbox.py`). The sandbox is the stage's default rank (a rank
+  of the last pipeline stage) and, with ``--sandbox slice`` (the default), the other ranks of its slice in
+  the plan, so that the P device slots are busy as in a slice run (on CPU the compute of a lone sandbox
+  rank is uncontended: 16-17 % shorter than the truth's, docs/fidelity.md); ``--sandbox rank``: the one
+  rank. The metrics are the default rank's;
 - ablation ("bare"): the same capture graph calibrated with its bare-graph durations (no slice runs).
 
 Printed per config (`prism/bench/fidelity_table.py`): W, P, layout, the true iteration time (median over
@@ -142,10 +146,10 @@ TIMED = "slices_timed"  # the second pass's slice runs (prism.slices.run --timed
 
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
-              emulate: bool = True) -> dict:
-    """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated_untimed; slices timed
-    by it -> JOB/slices_timed, calibrate -> JOB/calibrated; `prism emulate` (one sandbox rank) on that.
-    Returns the stage wall times (s)."""
+              emulate: bool = True, passes: int = 1, sandbox: str = "slice") -> dict:
+    """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated (with `passes` 2:
+    -> JOB/calibrated_untimed, then slices timed by it -> JOB/slices_timed, calibrate -> JOB/calibrated);
+    `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). Returns the stage wall times (s)."""
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
@@ -159,21 +163,23 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     plan = pq.read_table(job / "slices" / "plan.parquet")
     slices = sorted(set(plan.filter(plan.column("measured")).column("slice").to_pylist()))
     timeline = job / UNTIMED / "timeline.parquet"
-    for name, timed in (("slices", None), ("slices-timed", timeline)):
+    for name, timed in (("slices", None), ("slices-timed", timeline))[:passes]:
         t = time.perf_counter()
         for k in slices:
             _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
                      *(("--timed-by", str(timed)) if timed else ())), log, timeout)
         folder = TIMED if timed else "slices"
+        out = "calibrated" if timed or passes == 1 else UNTIMED
         _run(_py("prism.calibrate.from_slices", "--job", str(job), "--slices", folder), log, timeout)
         _run(_py("prism.calibrate", "--job", str(job), "--durations", str(job / folder / "durations.parquet"),
-                 "--transfers", str(job / folder / "transfers.parquet"),
-                 "--out", str(job / ("calibrated" if timed else UNTIMED))), log, timeout)
+                 "--transfers", str(job / folder / "transfers.parquet"), "--out", str(job / out)), log, timeout)
         times[name] = time.perf_counter() - t
     if emulate:
         t = time.perf_counter()
+        ranks = fidelity_sandbox.sandbox_ranks(job, whole_slice=sandbox == "slice")
         try:
-            _run(_prism("emulate", "--job", str(job)), log, timeout)
+            _run(_prism("emulate", "--job", str(job), "--sandbox", ",".join(map(str, ranks)),
+                        "--devices", str(len(ranks))), log, timeout)
         except StepError as exc:  # the prediction stands without it; the record says why it is missing
             (job / "emulate.failed").write_text(str(exc))
         times["emulate"] = time.perf_counter() - t
@@ -305,7 +311,7 @@ def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, tru
 
 
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
-               timeout: float, emulate: bool = True) -> Result:
+               timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice") -> Result:
     res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
@@ -327,7 +333,8 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
             if i < prism_runs:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
-                                    for k, v in run_prism(cfg, args, p, job, log, timeout, emulate).items()})
+                                    for k, v in run_prism(cfg, args, p, job, log, timeout, emulate, passes,
+                                                                   sandbox).items()})
                 t = time.perf_counter()
                 score_prism_run(res, job, truth0 if i == 0 else None)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
@@ -368,9 +375,12 @@ def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict
     ranks = sorted(set(rank[sb].tolist()))
     if not ranks:
         return {"error": f"{job / 'emulation' / 'iterations.parquet'}: no sandbox rows"}
-    r = int(ranks[0])
+    r = fidelity_sandbox.sandbox_ranks(job, whole_slice=False)[0]
+    if r not in ranks:
+        return {"error": f"{job / 'emulation'}: the default sandbox rank {r} is not among its sandbox ranks {ranks}"}
     world = int(rank.max()) + 1
-    out = {"rank": r, "sandbox_ms": fidelity_sandbox.rank_iteration_ms(rank[sb], it[sb], end[sb], world)[r],
+    out = {"rank": r, "sandbox_ranks": ranks,
+           "sandbox_ms": fidelity_sandbox.rank_iteration_ms(rank[sb], it[sb], end[sb], world)[r],
            "job_ms": _median_gap_ms(it[src == "computed"], end[src == "computed"])}
     ci = pq.read_table(job / "calibrated" / "iterations.parquet")
     out["pred_rank_ms"] = fidelity_sandbox.rank_iteration_ms(*(ci.column(c).to_numpy() for c in
@@ -488,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--small", action="store_true", help="the small default model (smoke test)")
     parser.add_argument("--no-emulate", action="store_true", help="skip the emulated sandbox (prism emulate)")
+    parser.add_argument("--passes", type=int, choices=(1, 2), default=1,
+                        help="1: calibrate from untimed slice runs (the pipeline's way); 2: then re-run the slices "
+                             "timed by that calibration and calibrate again")
+    parser.add_argument("--sandbox", choices=("slice", "rank"), default="slice",
+                        help="the emulated sandbox: the default rank and the rest of its slice (P ranks), or the "
+                             "default rank alone")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -539,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
-             f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs}, "
+             f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs} ({args.passes} pass(es), "
+             f"sandbox: {args.sandbox}), "
              f"{args.steps} steps; model {' '.join(model)}", ""] + table([])[:2]
     print("\n".join(intro), flush=True)
     results = []
@@ -565,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             p = args.devices or cfg.devices
             t = time.perf_counter()
             r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
-                           args.steps, model, work, args.timeout, not args.no_emulate)
+                           args.steps, model, work, args.timeout, not args.no_emulate, args.passes, args.sandbox)
             slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
             results.append(r)
             print(row(r), flush=True)

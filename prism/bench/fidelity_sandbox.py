@@ -1,7 +1,8 @@
 """The fidelity bench's emulated sandbox and first-pass prediction: metrics and their table.
 
-Per prism run the bench also runs ``prism emulate --job JOB`` (one sandbox rank, the stage's default: a rank
-of the last pipeline stage) on the calibrated job and records, beside the prediction and the truth:
+Per prism run the bench also runs ``prism emulate`` on the calibrated job with the sandbox of
+`sandbox_ranks` (the stage's default rank, a rank of the last pipeline stage, and by default the rest of its
+slice) and records for the default rank, beside the prediction and the truth:
 
 - ``sandbox_ms``: the sandbox rank's own iteration time in the emulation (the median over k >= 1 of the gaps
   between its consecutive ``iteration_end`` markers: `rank_iteration_ms` on the emulation's 'sandbox' rows);
@@ -22,9 +23,25 @@ from __future__ import annotations
 
 import statistics
 
-import numpy as np
+from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+
+from prism.emulate.sandbox import resolve
 from prism.iterations import iteration_times
+
+
+def sandbox_ranks(job: Path, whole_slice: bool) -> list[int]:
+    """The bench's sandbox: `prism emulate`'s default rank (one rank of the last pipeline stage) first, then,
+    with `whole_slice`, the other ranks of its slice in JOB/slices/plan.parquet (ascending), so that the
+    sandbox fills the P device slots as a slice run does."""
+    default = resolve(None, pq.read_table(job / "graph" / "ranks.parquet"))[0]
+    if not whole_slice:
+        return [default]
+    plan = pq.read_table(job / "slices" / "plan.parquet", columns=["rank", "slice"]).to_pydict()
+    of = dict(zip(plan["rank"], plan["slice"]))
+    return [default] + sorted(r for r, k in of.items() if k == of[default] and r != default)
 
 
 def rank_iteration_ms(rank, iteration, end_ns, world: int) -> list[float | None]:

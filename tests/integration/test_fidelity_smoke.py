@@ -37,6 +37,9 @@ def test_fidelity_smoke(tmp_path):
     assert "mean |error|" in out
     result = json.loads((tmp_path / "fidelity.json").read_text())
     assert result[0]["error"] is None and len(result[0]["truth_ms"]) == 2
+    (emulated,) = result[0]["emulated"]  # the emulated sandbox ran: dp2 on P=1, a slice is one rank
+    assert emulated.get("error") is None and emulated["rank"] == 0 and emulated["sandbox_ranks"] == [0], emulated
+    assert emulated["sandbox_ms"] > 0 and not result[0]["pred_untimed_ms"], result[0]  # one pass by default
     assert (tmp_path / "fidelity.md").is_file()
 
     # the saved runs calibrate again to the same row (nothing re-run; the truth comes from fidelity.json)

@@ -258,6 +258,22 @@ def test_rank_iteration_ms_is_each_ranks_own_median_gap():
     assert rank_iteration_ms(rank, iteration, end, 4) == [10.0, 2.0, None, None]
 
 
+def test_sandbox_fills_the_default_ranks_slice(tmp_path):
+    """The bench's sandbox: the emulate stage's default rank (the smallest rank of the last pipeline stage)
+    first, then the other ranks of its slice in the plan; alone with whole_slice=False."""
+    from prism.bench.fidelity_sandbox import sandbox_ranks
+
+    (tmp_path / "graph").mkdir()
+    (tmp_path / "slices").mkdir()
+    # 8 ranks, pp=2 (ranks 4-7 the last stage): default rank 4
+    pq.write_table(pa.table({"rank": list(range(8)), "pp": [0] * 4 + [1] * 4, "tp": [0, 1] * 4}),
+                   tmp_path / "graph" / "ranks.parquet")
+    pq.write_table(pa.table({"rank": [0, 1, 2, 3, 4, 5, 6, 7], "slice": [0, 1, 0, 1, 2, 1, 2, 2]}),
+                   tmp_path / "slices" / "plan.parquet")
+    assert sandbox_ranks(tmp_path, whole_slice=True) == [4, 6, 7]
+    assert sandbox_ranks(tmp_path, whole_slice=False) == [4]
+
+
 def test_sandbox_event_errors_by_hand():
     from prism.bench.fidelity_sandbox import sandbox_event_errors
 
