@@ -45,9 +45,10 @@ class EmulationWorker(ReplayServer):
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
-    def _gate(self, comm: int) -> None:
+    def _gate(self, comm: int, hold: bool = True) -> None:
+        """The timed replay's gate with the transfer hold (`timed_replay`'s module doc)."""
         if self.timed is not None:
-            self.timed.gate(comm)
+            self.timed.gate(comm, hold)
 
     def _done(self, comm: int) -> None:
         if self.timed is not None:
@@ -168,7 +169,7 @@ class EmulationWorker(ReplayServer):
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
             comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
-            self._gate(comm)
+            self._gate(comm, hold=sending)  # a recv completes at max(its arrival, the send's + transfer)
             if sending:
                 pg.send(list(ts), host[ch.dst], tag).wait()
                 with emulation._STATS_LOCK:
@@ -216,8 +217,11 @@ def serve(spec: dict) -> int:
                   file=sys.stderr, flush=True)
             return 1
     threads = worker.start()
+    store = _PollingStore(worker.store, worker._store_lock)
+    if worker.timed is not None:  # before the common start, so that the sandbox ranks find it after it
+        store.set(emulation.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
     try:  # the common start: the sandbox ranks meet the worker at their first process group
-        t0_ns = common_start(_PollingStore(worker.store, worker._store_lock), len(spec["ranks"]) + 1,
+        t0_ns = common_start(store, len(spec["ranks"]) + 1,
                              timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
                              stopped=lambda: stop.is_set() or bool(worker.errors))
     except (InterruptedError, TimeoutError) as exc:

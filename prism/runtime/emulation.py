@@ -16,7 +16,8 @@ live values and the virtual ranks' recorded ones — not the capture's result (w
 substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
 outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
-stay async. Point-to-point messages go straight over the participants' gloo pair, with a tag that names
+stay async. A collective completes no earlier than the member's arrival (its call) + the op's calibrated
+transfer, when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`). Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
 
@@ -33,6 +34,7 @@ import json
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -45,9 +47,31 @@ from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
+TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
 _STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
-          "framing_bytes": 0, "collective_messages": 0}
+          "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
 _STATS_LOCK = threading.Lock()
+_TRANSFERS: dict[str, int] | None = None
+
+
+def transfers(store) -> dict[str, int]:
+    """The calibrated transfers of the real collectives (ns by "<group>/<seq>"), read once from the job's
+    store after the common start; empty when the worker published none (an uncalibrated job)."""
+    global _TRANSFERS
+    if _TRANSFERS is None:
+        base = job_store(store)
+        _TRANSFERS = json.loads(base.get(TRANSFERS_KEY)) if base.check([TRANSFERS_KEY]) else {}
+    return _TRANSFERS
+
+
+def hold_until(floor_ns: int) -> None:
+    """Sleep until the host monotonic clock reaches `floor_ns` (the transfer hold), counting it."""
+    delay = floor_ns - time.monotonic_ns()
+    if delay > 0:
+        time.sleep(delay / 1e9)
+        with _STATS_LOCK:
+            _STATS["transfer_holds"] += 1
+            _STATS["transfer_hold_s"] += delay / 1e9
 
 
 class EmulationError(RuntimeError):
@@ -247,6 +271,7 @@ class EmulateTransport(CaptureTransport):
                                        len(self.parts), timeout or timedelta(minutes=30))
             _STATS["communicators"] += 1
         self.got: dict[tuple, dict] = {}
+        self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
 
@@ -267,7 +292,9 @@ class EmulateTransport(CaptureTransport):
         """Run this member's part of the pruned protocol (`pruned.run`) on the group's thread; `complete`
         then reads the outcome: `self.got[key]` (reductions: {"result": ...}; else the contributions,
         slices or pieces received, by group position, which `_inputs` / `c.read` return)."""
+        arrival = time.monotonic_ns()
         key = ("c", self.group, self.seq)
+        floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
@@ -279,6 +306,7 @@ class EmulateTransport(CaptureTransport):
                 wire = GlooWire(self.pg)
                 outcome = pruned.run(proto, self.index, own, wire, red)
                 wire.flush()
+                hold_until(floor)
                 self.got[key] = (outcome or {}).get("got", outcome)
                 with torch.no_grad():
                     complete(key)

@@ -589,6 +589,8 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "prefetch": replay.get("prefetch"), "timed": replay.get("timed", False),
         "replayed_events": replay.get("replayed_events", 0), "cone": replay.get("cone"),
         "cuda_folds": sum(r.get("cuda_folds", 0) for r in ranks),  # reductions folded by cuda/fold.cu
+        "transfer_holds": sum(r.get("transfer_holds", 0) for r in ranks),  # emulation.hold_until
+        "transfer_hold_s": round(sum(r.get("transfer_hold_s", 0.0) for r in ranks), 6),
     }
 
 

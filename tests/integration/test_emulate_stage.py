@@ -262,3 +262,5 @@ def test_real_emulation_end_to_end(job):
     assert "step=2 loss=" in log.read_text() and "step=2 loss=" in proc.stdout
     meta = json.loads((job / "emulation" / "meta.json").read_text())
     assert meta["mode"] == "emulate" and meta["sandbox"] == [3] and meta["emulation"]["communicators"] > 0
+    # the transfer hold: some of the sandbox's collectives ended at its arrival + the calibrated transfer
+    assert meta["emulation"]["transfer_holds"] > 0 and meta["emulation"]["transfer_hold_s"] > 0, meta["emulation"]

@@ -210,3 +210,23 @@ def test_a_timeline_without_every_event_is_refused(tmp_path):
     with pytest.raises(cone.ConeError, match="calibrate the job again"):
         cone.load(events, timeline, {0})
     assert np.iinfo(np.int64).min < cone.NEG
+
+
+def test_transfer_hold_releases_at_last_arrival_plus_transfer(tmp_path):
+    """Emulation's transfer hold: the worker releases a real comm at t0 + its last virtual arrival + its
+    calibrated transfer (without the hold: at the last arrival); the sandbox gets each real collective's
+    transfer by "<group>/<group_seq>". SPEC's times in units of 0.1 ms: A's last virtual arrival 10 ms,
+    its transfer 5 ms; B's transfer 15 ms."""
+    scaled = [(r, s, k, c, on, a * 100_000, b * 100_000) for r, s, k, c, on, a, b in SPEC]
+    for hold, floor_ms in ((False, 10), (True, 15)):
+        (tmp_path / str(hold)).mkdir()
+        replay = TimedReplay(*_job(tmp_path / str(hold), spec=scaled), sandbox={0})
+        assert replay.collective_transfers() == {"w/0": 5_000_000, "w/1": 15_000_000}
+        t0 = time.monotonic_ns()
+        loop = threading.Thread(target=replay.run, args=(t0,))
+        loop.start()
+        replay.gate(0, hold=hold)
+        waited_ms = (time.monotonic_ns() - t0) / 1e6
+        replay.stop()
+        loop.join(5)
+        assert floor_ms <= waited_ms < floor_ms + 500, (hold, waited_ms)
