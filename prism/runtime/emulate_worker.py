@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
+EXCHANGES = 8  # the transfer hold's lead: the shortest of a group's (channel's) last 8 real exchanges
+
+
 class EmulationWorker(ReplayServer):
     def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool, prefetch_bytes: int = 0) -> None:
         super().__init__(plan, capture, timeout)
@@ -45,10 +49,11 @@ class EmulationWorker(ReplayServer):
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
-    def _gate(self, comm: int, hold: bool = True) -> None:
-        """The timed replay's gate with the transfer hold (`timed_replay`'s module doc)."""
+    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> None:
+        """The timed replay's gate with the transfer hold (`timed_replay`'s module doc), released one real
+        exchange early: the shortest of the last `exchanges` (ns) of this group or channel."""
         if self.timed is not None:
-            self.timed.gate(comm, hold)
+            self.timed.gate(comm, hold, min(exchanges) if exchanges else 0)
 
     def _done(self, comm: int) -> None:
         if self.timed is not None:
@@ -137,16 +142,19 @@ class EmulationWorker(ReplayServer):
         wires = {i: emulation.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
         sandbox = set(self.plan.slice_ranks)
         pos = {m: k for k, m in enumerate(members)}
+        exchanges: deque = deque(maxlen=EXCHANGES)  # real exchange times (ns), the transfer hold's lead
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
             proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
             red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
-            self._gate(comm)
+            self._gate(comm, exchanges=exchanges)
+            began = time.monotonic_ns()
             for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before
                 pruned.run(proto, i, {pos[v]: recorded[v] for v in run if v in recorded}, wires[i], red)
             for wire in wires.values():
                 wire.flush()
+            exchanges.append(time.monotonic_ns() - began)
             self._done(comm)
             self.ops += 1
         self.state[name] = "done"
@@ -166,12 +174,15 @@ class EmulationWorker(ReplayServer):
         pg = self.pgs[ch.group][parts[host[virtual]][0]]
         n, src, dst = len(members), members.index(ch.src), members.index(ch.dst)
         tag = emulation.p2p_tag(ch.tag, n, src, dst)
+        exchanges: deque = deque(maxlen=EXCHANGES)
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
             comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
-            self._gate(comm, hold=sending)  # a recv completes at max(its arrival, the send's + transfer)
+            self._gate(comm, sending, exchanges)  # a recv completes at max(its arrival, the send's + transfer)
             if sending:
+                began = time.monotonic_ns()
                 pg.send(list(ts), host[ch.dst], tag).wait()
+                exchanges.append(time.monotonic_ns() - began)
                 with emulation._STATS_LOCK:
                     emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:

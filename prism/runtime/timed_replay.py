@@ -20,10 +20,10 @@ says for the live arrivals, last arrival + the comm's calibrated transfer -- the
 the pruned participants only, and on a gloo host it is much shorter than the whole group's (in the W=8
 fidelity runs the emulated sandbox's iteration was up to 24 % shorter than the prediction for its rank
 without it). The worker releases the virtual members' part at t0 + their last arrival + the transfer
-(`gate(comm, hold=True)`; for p2p only where it sends), and a sandbox member's collective ends no earlier
-than its own arrival + the transfer (`collective_transfers`, published to the sandbox ranks before the
-common start). When a virtual member arrives last the op completes one real exchange after the model's
-completion; when a sandbox member does, at the model's.
+(`gate(comm, hold=True)`; for p2p only where it sends) less the real exchange that follows (the worker
+passes the shortest of the group's or channel's last 8 exchange times), and a sandbox member's collective
+ends no earlier than its own arrival + the transfer (`collective_transfers`, published to the sandbox ranks
+before the common start). So the op completes about at the model's completion whoever arrives last.
 
 The loop is a numba kernel (`_advance`) over arrays; it never sleeps: it runs until every live rank waits
 on a real comm not yet complete, then waits for the next completion. `gate` measures how late the virtual
@@ -239,10 +239,11 @@ class TimedReplay:
         return {f"{g}/{k}": max(0, int(self.xfer[self.index[c]])) for (g, k), c in self.collective_comm.items()
                 if c in self.index}
 
-    def gate(self, comm: int, hold: bool = False) -> None:
+    def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> None:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
-        the last arrival (with `hold`: the last arrival + the comm's calibrated transfer); a comm the loop does
-        not drive, e.g. beyond --steps-limit, passes at once."""
+        the last arrival (with `hold`: the last arrival + the comm's calibrated transfer less `lead_ns`, the
+        real exchange that follows, but not before the last arrival); a comm the loop does not drive, e.g.
+        beyond --steps-limit, passes at once."""
         i = self.index.get(comm, -1) if comm >= 0 else -1
         if i < 0 or not self.driven_mask[i]:
             return
@@ -258,7 +259,7 @@ class TimedReplay:
         # the clock's own delay: the op could go at max(target, reached) but its arrival was known only now
         self.late_ns.append(max(0, now - max(target, reached)))
         if hold:
-            target += max(0, int(self.xfer[i]))
+            target += max(0, int(self.xfer[i]) - lead_ns)
         if target > now:
             time.sleep((target - now) / 1e9)
 

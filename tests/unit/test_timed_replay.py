@@ -214,18 +214,18 @@ def test_a_timeline_without_every_event_is_refused(tmp_path):
 
 def test_transfer_hold_releases_at_last_arrival_plus_transfer(tmp_path):
     """Emulation's transfer hold: the worker releases a real comm at t0 + its last virtual arrival + its
-    calibrated transfer (without the hold: at the last arrival); the sandbox gets each real collective's
-    transfer by "<group>/<group_seq>". SPEC's times in units of 0.1 ms: A's last virtual arrival 10 ms,
-    its transfer 5 ms; B's transfer 15 ms."""
+    calibrated transfer less the real exchange's lead (without the hold: at the last arrival); the sandbox
+    gets each real collective's transfer by "<group>/<group_seq>". SPEC's times in units of 0.1 ms: A's
+    last virtual arrival 10 ms, its transfer 5 ms; B's transfer 15 ms."""
     scaled = [(r, s, k, c, on, a * 100_000, b * 100_000) for r, s, k, c, on, a, b in SPEC]
-    for hold, floor_ms in ((False, 10), (True, 15)):
-        (tmp_path / str(hold)).mkdir()
-        replay = TimedReplay(*_job(tmp_path / str(hold), spec=scaled), sandbox={0})
+    for hold, lead_ms, floor_ms in ((False, 0, 10), (True, 0, 15), (True, 3, 12), (True, 9, 10)):
+        (tmp_path / f"{hold}{lead_ms}").mkdir()
+        replay = TimedReplay(*_job(tmp_path / f"{hold}{lead_ms}", spec=scaled), sandbox={0})
         assert replay.collective_transfers() == {"w/0": 5_000_000, "w/1": 15_000_000}
         t0 = time.monotonic_ns()
         loop = threading.Thread(target=replay.run, args=(t0,))
         loop.start()
-        replay.gate(0, hold=hold)
+        replay.gate(0, hold=hold, lead_ns=lead_ms * 1_000_000)
         waited_ms = (time.monotonic_ns() - t0) / 1e6
         replay.stop()
         loop.join(5)
