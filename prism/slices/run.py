@@ -9,8 +9,16 @@ Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism l
 (pinned, one core each, on the real transport among them; a replay server answers for the other ranks
 from the capture's payloads, so data-dependent behaviour is exact), and writes the slice ranks' events:
 the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
-`event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`device_ns`/`cpu_ns`: the rank's
-own thread CPU time, never across a context switch).
+`event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`cpu_ns`: the rank's own thread
+CPU time, never across a context switch; `device_ns`: the same on CPU, and on CUDA the GPU time between the
+event's boundaries, from CUDA events on the rank's stream).
+
+CUDA (`PRISM_DEVICE=cuda`, the capture's device unless the config says otherwise): the slice ranks run the
+program with CUDA tensors (on one GPU they share it, each rank its own process and stream, as capture's
+slots do), the replay server stays on the host (CPU tensors, no CUDA), and data crosses at the boundary
+through gloo, which copies CUDA tensors to and from host memory. Every slice event must carry its clocks:
+no negative duration, and on CUDA every compute event its GPU time (`check_clocks`); otherwise the run is
+reported and nothing is written.
 
 Timed (`--timed-by TIMELINE`, the second pass of the calibration): the replayed ranks answer at their
 times in that calibrated timeline (`prism.runtime.replay`, on the clock emulation uses), so the slice
@@ -49,7 +57,7 @@ class SliceError(Exception):
 
 
 class MismatchError(Exception):
-    """The slice run did not issue the capture's events (exit 1)."""
+    """The slice run did not issue the capture's events, or recorded broken clocks (exit 1)."""
 
 
 def _capture_dir(job: Path, explicit: Path | None) -> Path:
@@ -144,6 +152,25 @@ def align(rank: int, measured: pa.Table, graph: pa.Table) -> pa.Table:
     return out
 
 
+def check_clocks(rank: int, measured: pa.Table, device: str) -> None:
+    """Every event of the rank's slice run has its durations: none negative (-1: not measured), the wall
+    span not backwards, and on CUDA every compute event's GPU time measured (`device_ns` >= 0), which
+    calibration takes as the event's duration. Raises MismatchError naming the rank and the first event."""
+    seq, kind, op = (measured[c].to_pylist() for c in ("seq", "kind", "op"))
+    cpu, dev = measured["cpu_ns"].to_pylist(), measured["device_ns"].to_pylist()
+    start, end = measured["t_start_ns"].to_pylist(), measured["t_end_ns"].to_pylist()
+    cuda = device.startswith("cuda")
+    for i in range(len(seq)):
+        why = ("a negative CPU time" if cpu[i] < -1 else "a negative device time" if dev[i] < -1 else
+               "an end before its start" if end[i] < start[i] else
+               "no GPU time (device_ns -1: recorded without CUDA events, no GPU here?)" if cuda and kind[i] == schemas.KIND_COMPUTE and dev[i] < 0 else None)
+        if why:
+            raise MismatchError(
+                f"rank {rank}: slice event seq {seq[i]} ({kind[i]} {op[i]}) has {why} (cpu_ns {cpu[i]}, device_ns "
+                f"{dev[i]}, wall {end[i] - start[i]} ns) on {device}: the slice run's recorder is broken; re-run "
+                "the slice (and report it)")
+
+
 TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured
 
 
@@ -182,12 +209,13 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
                   file=sys.stderr)
             return code
         graph = artifacts.read_parquet(graph_path)
+        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
         parts = []
         for r in ranks:
             measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+            check_clocks(r, measured, run_meta.get("device", "cpu"))
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
-        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
         tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
         if timed_by is not None:
             issues = staging / "raw" / "replay" / "issues.arrow"
@@ -202,7 +230,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     print(f"prism slices run: slice {k} ranks {','.join(map(str, ranks))}: {table.num_rows} events in "
           f"{run_meta.get('wall_s', 0):.1f} s; replay server: {replay.get('virtual_members', '?')} virtual members "
           f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
-          f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''} -> "
+          f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
+          f"{run_meta.get('device', 'cpu')} -> "
           f"{folder / f'slice={k}' / 'events.parquet'}")
     return 0
 
