@@ -156,19 +156,24 @@ def check_clocks(rank: int, measured: pa.Table, device: str) -> None:
     """Every event of the rank's slice run has its durations: none negative (-1: not measured), the wall
     span not backwards, and on CUDA every compute event's GPU time measured (`device_ns` >= 0), which
     calibration takes as the event's duration. Raises MismatchError naming the rank and the first event."""
-    seq, kind, op = (measured[c].to_pylist() for c in ("seq", "kind", "op"))
-    cpu, dev = measured["cpu_ns"].to_pylist(), measured["device_ns"].to_pylist()
-    start, end = measured["t_start_ns"].to_pylist(), measured["t_end_ns"].to_pylist()
+    cpu, dev, start, end = (measured[c].to_numpy() for c in ("cpu_ns", "device_ns", "t_start_ns", "t_end_ns"))
+    kinds = measured["kind"]
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    compute = pc.equal(kinds, schemas.KIND_COMPUTE).to_numpy(zero_copy_only=False)
     cuda = device.startswith("cuda")
-    for i in range(len(seq)):
-        why = ("a negative CPU time" if cpu[i] < -1 else "a negative device time" if dev[i] < -1 else
-               "an end before its start" if end[i] < start[i] else
-               "no GPU time (device_ns -1: recorded without CUDA events, no GPU here?)" if cuda and kind[i] == schemas.KIND_COMPUTE and dev[i] < 0 else None)
-        if why:
-            raise MismatchError(
-                f"rank {rank}: slice event seq {seq[i]} ({kind[i]} {op[i]}) has {why} (cpu_ns {cpu[i]}, device_ns "
-                f"{dev[i]}, wall {end[i] - start[i]} ns) on {device}: the slice run's recorder is broken; re-run "
-                "the slice (and report it)")
+    checks = [(cpu < -1, "a negative CPU time"), (dev < -1, "a negative device time"),
+              (end < start, "an end before its start")]
+    if cuda:
+        checks.append((compute & (dev < 0), "no GPU time (device_ns -1: recorded without CUDA events, no GPU here?)"))
+    bad = [(int(mask.argmax()), why) for mask, why in checks if mask.any()]
+    if bad:
+        i, why = min(bad)
+        seq, kind, op = measured["seq"][i].as_py(), kinds[i].as_py(), measured["op"][i].as_py()
+        cpu, dev, start, end = int(cpu[i]), int(dev[i]), int(start[i]), int(end[i])
+        raise MismatchError(
+            f"rank {rank}: slice event seq {seq} ({kind} {op}) has {why} (cpu_ns {cpu}, device_ns {dev}, wall "
+            f"{end - start} ns) on {device}: the slice run's recorder is broken; re-run the slice (and report it)")
 
 
 TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured

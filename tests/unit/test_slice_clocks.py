@@ -35,3 +35,14 @@ def test_measured_clocks_pass_on_cpu_and_cuda():
 def test_broken_clocks_name_the_rank_and_event(edit, device, why):
     with pytest.raises(MismatchError, match=rf"rank 3: slice event seq \d \(\w+ \w+\) has (a |an |no ){why}"):
         check_clocks(3, _events(**edit), device)
+
+
+def test_the_first_broken_event_is_named_on_a_raw_stream_table():
+    """The recorder's raw stream (dictionary-encoded kind/op, several chunks): the earliest event is named."""
+    table = pa.concat_tables([_events(), _events(cpu_ns=(2, -3), device_ns=(0, -1))])
+    table = table.set_column(0, "seq", pa.array(range(6)))
+    for name in ("kind", "op"):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, table[name].dictionary_encode())
+    with pytest.raises(MismatchError, match=r"rank 1: slice event seq 3 \(compute compute\) has no GPU time"):
+        check_clocks(1, table, "cuda")
