@@ -3,12 +3,17 @@
 Until slice runs exist, the durations come from the bare graph itself (`bare_graph`). This is the
 *bare-graph baseline* that slice measurements will replace, event by event:
 
-- compute and marker events: their own ``device_ns`` (the device clock; on CPU the rank's thread CPU
-  time), which capture never measures across a context switch;
+- compute and marker events: their own ``device_ns`` (the device clock: on CPU the rank's thread CPU
+  time, which capture never measures across a context switch; on CUDA the GPU time between the event's
+  boundaries on the rank's stream, from CUDA events -- the host's CPU time of a CUDA compute segment is
+  only the time to launch its kernels);
 - comm ops (collective, send, recv): the op's own issue time ``t_end_ns - t_start_ns`` (issuing does
   not wait for the peers);
-- waits: their own ``device_ns``: what the rank spends in the wait besides waiting (copying results out);
-  the waiting itself is what the sweep adds (a wait ends at max(start + own, comm completion));
+- waits: their own ``cpu_ns``: what the rank's thread spends in the wait besides waiting (copying results
+  out); the waiting itself is what the sweep adds (a wait ends at max(start + own, comm completion)). On
+  CPU ``cpu_ns`` equals ``device_ns``; on CUDA a wait's ``device_ns`` spans the host's blocking (its end
+  event is queued only once the host returns from the wait), so it would count the waiting twice.
+  `own_ns` makes this per-kind choice of clock; the callers pass its result to `bare_graph`.
 - a comm's transfer (the time from its last member's issue to its completion, measured without
   waiting): min over the members that wait on it of (the wait's end - the last member's issue start),
   clipped at 0. A member without a wait event (consumed through a future) counts with the op's
@@ -38,11 +43,17 @@ DURATIONS_COLUMNS = ("event_id", "duration_ns")
 TRANSFERS_COLUMNS = ("comm_id", "transfer_ns")
 
 
+def own_ns(kind: np.ndarray, device_ns: np.ndarray, cpu_ns: np.ndarray) -> np.ndarray:
+    """Each event's own time on the clock the rules take it from: ``cpu_ns`` for waits, ``device_ns`` for
+    every other event (-1 where that clock measured nothing)."""
+    return np.where(np.asarray(kind) == K_WAIT, cpu_ns, device_ns).astype(np.int64)
+
+
 def bare_graph(
     kind: np.ndarray,
     comm: np.ndarray,
     wait_op: np.ndarray,
-    device_ns: np.ndarray,
+    own: np.ndarray,
     t_start_ns: np.ndarray,
     t_end_ns: np.ndarray,
     t_complete_ns: np.ndarray,
@@ -50,10 +61,11 @@ def bare_graph(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(durations int64[n], transfer int64[m]) by the rules in the module docstring.
 
-    `comm` and `wait_op` are dense indices (comm 0..m-1, event position), -1 where none.
+    `comm` and `wait_op` are dense indices (comm 0..m-1, event position), -1 where none; `own` is each
+    event's own time (`own_ns`: compute and markers their device time, waits their CPU time).
     """
     span = np.maximum(t_end_ns - t_start_ns, 0)
-    own = np.where(device_ns >= 0, device_ns, span)
+    own = np.where(own >= 0, own, span)
     is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
     durations = np.where(is_op, span, own)
     plain = (kind == K_COMPUTE) | (kind == K_MARKER) | (kind == K_WAIT)

@@ -10,7 +10,8 @@ transfer, never the wait for a late peer, which the calibration sweep adds from 
 
 Every event takes its duration from the slice run where its rank ran for real (`slices/slice=K/events.parquet`,
 rows aligned with the graph by `event_id`), by the same rules as the bare graph (`durations.bare_graph`):
-compute and markers their own device time, ops their issue time, waits what they spend besides waiting.
+compute and markers their own device time (on CUDA the GPU time from CUDA events), ops their issue time,
+waits what their thread spends besides waiting (its CPU time, `durations.own_ns`).
 A comm's transfer (last member's issue to completion, measured without waiting) comes from the slice
 runs that hold members of it, each on its own clock (one run's times are never compared with another's):
 every measured member gives one delay, from the last issue among its slice's members to the moment it saw
@@ -140,10 +141,10 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     n = len(job.event_ids)
     position = {int(e): i for i, e in enumerate(job.event_ids)}
     plan = artifacts.read_parquet(job_dir / "slices" / "plan.parquet").to_pylist()
-    device = np.full(n, -1, dtype=np.int64)
+    device, cpu = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
     t_start, t_end, t_complete = (np.full(n, -1, dtype=np.int64) for _ in range(3))
     measured = np.zeros(n, dtype=bool)
-    transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"],
+    transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
     total = np.zeros(g.n_comms, dtype=np.int64)
     count = np.zeros(g.n_comms, dtype=np.int64)
@@ -154,8 +155,9 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
             timed = f" --timed-by {job_dir}/calibrated_untimed/timeline.parquet" if slices_dir != "slices" else ""
             raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
                                  f"{job_dir} --slice {k}{timed})")
-        ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"])
-        bad = np.flatnonzero((ev["device_ns"].to_numpy() < -1)
+        ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "cpu_ns", "t_start_ns", "t_end_ns",
+                                                   "t_complete_ns"])
+        bad = np.flatnonzero((ev["device_ns"].to_numpy() < -1) | (ev["cpu_ns"].to_numpy() < -1)
                              | (ev["t_end_ns"].to_numpy() < ev["t_start_ns"].to_numpy()))
         if len(bad):
             i = int(bad[0])
@@ -166,7 +168,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         except KeyError as exc:
             raise CalibrateError(f"{path}: event_id {exc.args[0]} is not in {job_dir / 'graph'}: the slice "
                                  "comes from another capture; re-run the slices") from None
-        for name, dest in (("device_ns", device), ("t_start_ns", t_start), ("t_end_ns", t_end),
+        for name, dest in (("device_ns", device), ("cpu_ns", cpu), ("t_start_ns", t_start), ("t_end_ns", t_end),
                            ("t_complete_ns", t_complete)):
             dest[rows] = ev[name].to_numpy()
         measured[rows] = True
@@ -185,7 +187,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
             raise CalibrateError(f"rank {dst} and rank {src} (class {classes[dst]!r}) have different event "
                                  "counts: the plan's rank classes do not fit this graph; plan again (python -m "
                                  f"prism.slices.plan --job {job_dir} ...) or plan without --representative")
-        for arr in (device, t_start, t_end, t_complete):
+        for arr in (device, cpu, t_start, t_end, t_complete):
             arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]
         source[dst_rows] = src_rows
@@ -193,7 +195,8 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         missing = int(np.flatnonzero(~measured)[0])
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, device, t_start, t_end, t_complete, g.n_comms)
+    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
+                              t_complete, g.n_comms)
     known = count > 0
     transfer[known] = total[known] // count[known]
     transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)

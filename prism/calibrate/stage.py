@@ -31,7 +31,7 @@ from prism.calibrate.sweep import Schedule, Timeline, discover
 from prism.iterations import iteration_times
 
 EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group", "iteration", "comm_id", "op_event_id",
-                 "t_start_ns", "t_end_ns", "device_ns", "t_complete_ns"]
+                 "t_start_ns", "t_end_ns", "device_ns", "cpu_ns", "t_complete_ns"]
 COMM_COLUMNS = ["comm_id", "kind", "n_members", "event_ids"]
 
 
@@ -50,7 +50,9 @@ class JobGraph:
     iteration: np.ndarray  # int32[n]
     iteration_end: np.ndarray  # bool[n]: an iteration_end marker
     comm_ids: np.ndarray  # int64[m], sorted
-    columns: dict[str, np.ndarray]  # device_ns, t_start_ns, t_end_ns, t_complete_ns (event positions)
+    # device_ns, cpu_ns, t_start_ns, t_end_ns, t_complete_ns (event positions), and own_ns: each event's own
+    # time on the clock the duration rules take (`durations.own_ns`: waits cpu_ns, other events device_ns)
+    columns: dict[str, np.ndarray]
 
 
 # ----------------------------------------------------------------------------------------------- input
@@ -177,7 +179,8 @@ def load_graph(job: str | Path) -> JobGraph:
 
     _check_members(graph, comms, position, comm_path)
     columns = {name: _ints(events, name, ev_path)
-               for name in ("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
+               for name in ("device_ns", "cpu_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
+    columns["own_ns"] = dur_rules.own_ns(kind, columns["device_ns"], columns["cpu_ns"])
     ends = (kind == K_MARKER) & (np.array(op_names + [""], dtype=object)[op_code] == "iteration_end")
     return JobGraph(
         graph, event_ids, rank.astype(np.int32), seq, _ints(events, "iteration", ev_path).astype(np.int32),
@@ -292,7 +295,7 @@ def calibrate(
     job_dir = Path(job_dir)
     job = load_graph(job_dir)
     g, c = job.graph, job.columns
-    dur, xfer = dur_rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+    dur, xfer = dur_rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
                                      c["t_complete_ns"], g.n_comms)
     if durations is not None:
         dur = dur_rules.read_durations(durations, np.sort(job.event_ids))[_id_rank(job.event_ids)]

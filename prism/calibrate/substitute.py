@@ -27,7 +27,7 @@ def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, n
     """(durations int64[n] in event order, transfers int64[m], where they came from)."""
     job_dir = Path(job_dir)
     g, c = job.graph, job.columns
-    dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+    dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
                                  c["t_complete_ns"], g.n_comms)
     for folder in ("slices_timed", "slices"):  # what calibrated/ is made of: the timed pass when there is one
         d_path, t_path = job_dir / folder / "durations.parquet", job_dir / folder / "transfers.parquet"
@@ -46,14 +46,17 @@ def substitute_measured(
     t_start_ns: np.ndarray,
     t_end_ns: np.ndarray,
     t_complete_ns: np.ndarray,
+    cpu_ns: np.ndarray | None = None,
 ) -> np.ndarray:
     """`durations` with the events at positions `rows` timed by their measurement (arrays aligned with
-    `rows`, on any one clock per row set), by the bare-graph rules. Returns a new array."""
+    `rows`, on any one clock per row set), by the bare-graph rules. Returns a new array. `cpu_ns`: the
+    waits' own time (`durations.own_ns`); without it, `device_ns` (the same values on CPU)."""
     g = job.graph
     n = g.n_events
     rows = np.asarray(rows, dtype=np.int64)
+    own = device_ns if cpu_ns is None else rules.own_ns(g.kind[rows], device_ns, cpu_ns)
     cols = []
-    for values in (device_ns, t_start_ns, t_end_ns, t_complete_ns):
+    for values in (own, t_start_ns, t_end_ns, t_complete_ns):
         full = np.full(n, -1, dtype=np.int64)
         full[rows] = np.asarray(values, dtype=np.int64)
         cols.append(full)

@@ -149,9 +149,9 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     sb_rows = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
     sb = pa.concat_tables(parts) if parts else None
     col = {name: sb[name].to_numpy().astype(np.int64) for name in
-           ("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
+           ("device_ns", "cpu_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
     dur = substitute.substitute_measured(job, durations, sb_rows, col["device_ns"], col["t_start_ns"],
-                                         col["t_end_ns"], col["t_complete_ns"])
+                                         col["t_end_ns"], col["t_complete_ns"], cpu_ns=col["cpu_ns"])
     computed = substitute.sweep(job, dur, transfers)
 
     n = job.graph.n_events

@@ -9,8 +9,16 @@ Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism l
 (pinned, one core each, on the real transport among them; a replay server answers for the other ranks
 from the capture's payloads, so data-dependent behaviour is exact), and writes the slice ranks' events:
 the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
-`event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`device_ns`/`cpu_ns`: the rank's
-own thread CPU time, never across a context switch).
+`event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`cpu_ns`: the rank's own thread
+CPU time, never across a context switch; `device_ns`: the same on CPU, and on CUDA the GPU time between the
+event's boundaries, from CUDA events on the rank's stream).
+
+CUDA (`PRISM_DEVICE=cuda`, the capture's device unless the config says otherwise): the slice ranks run the
+program with CUDA tensors (on one GPU they share it, each rank its own process and stream, as capture's
+slots do), the replay server stays on the host (CPU tensors, no CUDA), and data crosses at the boundary
+through gloo, which copies CUDA tensors to and from host memory. Every slice event must carry its clocks:
+no negative duration, and on CUDA every compute event its GPU time (`check_clocks`); otherwise the run is
+reported and nothing is written.
 
 Timed (`--timed-by TIMELINE`, the second pass of the calibration): the replayed ranks answer at their
 times in that calibrated timeline (`prism.runtime.replay`, on the clock emulation uses), so the slice
@@ -49,7 +57,7 @@ class SliceError(Exception):
 
 
 class MismatchError(Exception):
-    """The slice run did not issue the capture's events (exit 1)."""
+    """The slice run did not issue the capture's events, or recorded broken clocks (exit 1)."""
 
 
 def _capture_dir(job: Path, explicit: Path | None) -> Path:
@@ -144,6 +152,30 @@ def align(rank: int, measured: pa.Table, graph: pa.Table) -> pa.Table:
     return out
 
 
+def check_clocks(rank: int, measured: pa.Table, device: str) -> None:
+    """Every event of the rank's slice run has its durations: none negative (-1: not measured), the wall
+    span not backwards, and on CUDA every compute event's GPU time measured (`device_ns` >= 0), which
+    calibration takes as the event's duration. Raises MismatchError naming the rank and the first event."""
+    cpu, dev, start, end = (measured[c].to_numpy() for c in ("cpu_ns", "device_ns", "t_start_ns", "t_end_ns"))
+    kinds = measured["kind"]
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    compute = pc.equal(kinds, schemas.KIND_COMPUTE).to_numpy(zero_copy_only=False)
+    cuda = device.startswith("cuda")
+    checks = [(cpu < -1, "a negative CPU time"), (dev < -1, "a negative device time"),
+              (end < start, "an end before its start")]
+    if cuda:
+        checks.append((compute & (dev < 0), "no GPU time (device_ns -1: recorded without CUDA events, no GPU here?)"))
+    bad = [(int(mask.argmax()), why) for mask, why in checks if mask.any()]
+    if bad:
+        i, why = min(bad)
+        seq, kind, op = measured["seq"][i].as_py(), kinds[i].as_py(), measured["op"][i].as_py()
+        cpu, dev, start, end = int(cpu[i]), int(dev[i]), int(start[i]), int(end[i])
+        raise MismatchError(
+            f"rank {rank}: slice event seq {seq} ({kind} {op}) has {why} (cpu_ns {cpu}, device_ns {dev}, wall "
+            f"{end - start} ns) on {device}: the slice run's recorder is broken; re-run the slice (and report it)")
+
+
 TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured
 
 
@@ -182,12 +214,13 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
                   file=sys.stderr)
             return code
         graph = artifacts.read_parquet(graph_path)
+        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
         parts = []
         for r in ranks:
             measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+            check_clocks(r, measured, run_meta.get("device", "cpu"))
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
-        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
         tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
         if timed_by is not None:
             issues = staging / "raw" / "replay" / "issues.arrow"
@@ -202,7 +235,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     print(f"prism slices run: slice {k} ranks {','.join(map(str, ranks))}: {table.num_rows} events in "
           f"{run_meta.get('wall_s', 0):.1f} s; replay server: {replay.get('virtual_members', '?')} virtual members "
           f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
-          f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''} -> "
+          f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
+          f"{run_meta.get('device', 'cpu')} -> "
           f"{folder / f'slice={k}' / 'events.parquet'}")
     return 0
 

@@ -104,15 +104,16 @@ def _write_plan(job: Path, rows: list[tuple[int, int, str, int]]) -> None:
 
 def _write_slice(job: Path, k: int, times) -> None:
     """slices/slice=K/events.parquet for the ranks `times` knows: times(rank, seq, kind, iteration) ->
-    (device_ns, t_start_ns, t_end_ns, t_complete_ns)."""
+    (device_ns, t_start_ns, t_end_ns, t_complete_ns[, cpu_ns]) (cpu_ns: device_ns unless given, as on CPU)."""
     ev = _events(job)
-    rows = {"event_id": [], "device_ns": [], "t_start_ns": [], "t_end_ns": [], "t_complete_ns": []}
+    rows = {"event_id": [], "device_ns": [], "t_start_ns": [], "t_end_ns": [], "t_complete_ns": [], "cpu_ns": []}
     for e in ev.iter_rows(named=True):
         got = times(e["rank"], e["seq"], e["kind"], e["iteration"])
         if got is None:
             continue
         rows["event_id"].append(e["event_id"])
-        for name, value in zip(("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns"), got):
+        for name, value in zip(("device_ns", "t_start_ns", "t_end_ns", "t_complete_ns", "cpu_ns"),
+                               tuple(got) + tuple(got[:1]) * (len(got) == 4)):
             rows[name].append(value)
     folder = job / "slices" / f"slice={k}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -218,3 +219,27 @@ def test_a_plan_whose_slices_are_not_equivalent_is_refused():
             {"slice": 1, "rank": 3, "rank_class": "z", "measured_by": 0}]
     with pytest.raises(CalibrateError, match=r"slice 1 has 1 rank\(s\) of class 'z'.*\(0\) has 0.*not equivalent"):
         representatives(plan)
+
+
+def test_cuda_slices_time_compute_by_the_gpu_clock_not_the_launch_time(tmp_path):
+    """A CUDA slice run: a compute event's cpu_ns is the host's time to launch its kernels, its device_ns
+    the GPU time (CUDA events); the durations take device_ns. A negative cpu_ns is refused."""
+    job = _job(tmp_path, ["mark"] * 4)
+    _write_plan(job, [(0, r, "a", 0) for r in range(4)])
+
+    def cuda(rank, seq, kind, iteration):
+        got = _times({0, 1, 2, 3})(rank, seq, kind, iteration)
+        return got + (40 if kind == "compute" else got[0],)  # 40 ns of CPU time to launch, GPU time 5000+
+
+    _write_slice(job, 0, cuda)
+    by = _by_rank_kind(job, from_slices(job)[0])
+    for r in range(4):
+        assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]
+
+    def broken(rank, seq, kind, iteration):
+        got = _times({0, 1, 2, 3})(rank, seq, kind, iteration)
+        return got + (-7 if (rank, kind) == (2, "compute") else got[0],)
+
+    _write_slice(job, 0, broken)
+    with pytest.raises(CalibrateError, match=r"negative duration"):
+        from_slices(job)
