@@ -45,7 +45,7 @@ class CoordinatorLink:
 
     def on_readable(self, rank: int) -> None:
         from prism.runtime import device_state
-        from prism.runtime.capture_transport import key_name
+        from prism.runtime.capture_client import key_name
         from prism.runtime.coordinator import CaptureError
 
         sock = self.socks[rank]
