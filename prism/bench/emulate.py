@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prism.bench import text_table
 from prism.bench.capture_scale import LAYOUTS, run_sampled, workload_args
 
 
@@ -141,16 +142,20 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
             "modelled_iteration_s": iteration_ns / 1e9, "arrivals_off_calibrated": len(wrong)}
 
 
+SYNTHETIC_COLUMNS: list[text_table.Column] = [
+    ("W", ">5", lambda r: r["W"]), ("layout", "<18", lambda r: r["layout"]), ("events", ">10,", lambda r: r["events"]),
+    ("cone (live/virtual)", ">26", lambda r: _cone(r)), ("real ops", ">8", lambda r: r["real_comms"]),
+    ("set-up s", "8.2f", lambda r: r["setup_s"]), ("(CPU s)", "7.2f", lambda r: r["setup_cpu_s"]),
+    ("kernel ms/iter", "14.2f", lambda r: 1e3 * r["kernel_s_per_iteration"]),
+    ("(CPU ms)", "8.2f", lambda r: 1e3 * r["kernel_cpu_s_per_iteration"]),
+    ("modelled ms/iter", "16.2f", lambda r: 1e3 * r["modelled_iteration_s"]),
+    ("arrivals off", ">12", lambda r: r["arrivals_off_calibrated"]),
+]
+
+
 def synthetic_table(rows: list[dict]) -> str:
-    lines = ["prism bench emulate --synthetic: the timed replay alone (no capture), one sandbox rank",
-             f"{'W':>5} {'layout':<18} {'events':>10} {'cone (live/virtual)':>26} {'real ops':>8} {'set-up s':>8} "
-             f"{'(CPU s)':>7} {'kernel ms/iter':>14} {'(CPU ms)':>8} {'modelled ms/iter':>16} {'arrivals off':>12}"]
-    for r in rows:
-        lines.append(f"{r['W']:>5} {r['layout']:<18} {r['events']:>10,} {_cone(r):>26} {r['real_comms']:>8} "
-                     f"{r['setup_s']:8.2f} {r['setup_cpu_s']:7.2f} {1e3 * r['kernel_s_per_iteration']:14.2f} "
-                     f"{1e3 * r['kernel_cpu_s_per_iteration']:8.2f} {1e3 * r['modelled_iteration_s']:16.2f} "
-                     f"{r['arrivals_off_calibrated']:>12}")
-    return "\n".join(lines)
+    return text_table.render("prism bench emulate --synthetic: the timed replay alone (no capture), one sandbox rank",
+                             SYNTHETIC_COLUMNS, rows)
 
 
 def _fmt(value, spec: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from prism.bench import text_table
 from prism.runtime import semantics
 from prism.runtime.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
 from prism.runtime.semantics import RedOp
@@ -85,16 +86,22 @@ def measure(name: str, w: int, steps: int, work: Path) -> dict:
     return row
 
 
+EMULATION_COLUMNS: list[text_table.Column] = [
+    ("layout", "<22", lambda r: r["layout"]), ("W", ">3", lambda r: r["W"]), ("sandbox", ">7", lambda r: r["sandbox"]),
+    text_table.SEP,
+    ("comms on", ">8", lambda r: r["on_communicators"]), ("comms off", ">9", lambda r: r["off_communicators"]),
+    text_table.SEP,
+    ("bytes on", ">12,", lambda r: r["on_bytes"]), ("bytes off", ">12,", lambda r: r["off_bytes"]),
+    ("on/off", ">6.3f", lambda r: r["on_bytes"] / r["off_bytes"]),
+    text_table.SEP,
+    ("wall on s", ">9.1f", lambda r: r["on_wall_s"]), ("wall off s", ">10.1f", lambda r: r["off_wall_s"]),
+    ("on/off", ">6.2f", lambda r: r["on_wall_s"] / r["off_wall_s"]),
+]
+
+
 def emulation_table(rows: list[dict], steps: int) -> str:
-    lines = [f"prism bench pruning: one sandbox rank, tiny MoE model, {steps} steps, capture on P=2, untimed replay",
-             f"{'layout':<22} {'W':>3} {'sandbox':>7} | {'comms on':>8} {'comms off':>9} | {'bytes on':>12} "
-             f"{'bytes off':>12} {'on/off':>6} | {'wall on s':>9} {'wall off s':>10} {'on/off':>6}"]
-    for r in rows:
-        lines.append(f"{r['layout']:<22} {r['W']:>3} {r['sandbox']:>7} | {r['on_communicators']:>8} "
-                     f"{r['off_communicators']:>9} | {r['on_bytes']:>12,} {r['off_bytes']:>12,} "
-                     f"{r['on_bytes'] / r['off_bytes']:>6.3f} | {r['on_wall_s']:>9.1f} {r['off_wall_s']:>10.1f} "
-                     f"{r['on_wall_s'] / r['off_wall_s']:>6.2f}")
-    return "\n".join(lines)
+    return text_table.render(f"prism bench pruning: one sandbox rank, tiny MoE model, {steps} steps, capture on P=2, "
+                             "untimed replay", EMULATION_COLUMNS, rows)
 
 
 # -- --protocol: one group's all-reduce, from the protocol alone ------------------------------------------------
@@ -118,17 +125,22 @@ def row(n: int, s: int, where: str, sandbox: list[int]) -> dict:
                 gather=individual_all_reduce_bytes(members, set(sandbox), size) // size)
 
 
+PROTOCOL_COLUMNS: list[text_table.Column] = [
+    ("n", ">4", lambda r: r["n"]), ("s", ">2", lambda r: r["s"]), ("placement", ">9", lambda r: r["placement"]),
+    ("participants", ">12", lambda r: r["participants"]), ("ring", ">6", lambda r: r["ring"]),
+    ("chain", ">6", lambda r: r["chain"]), ("gather", ">7", lambda r: r["gather"]),
+    ("chain/ring", ">10.3f", lambda r: r["chain"] / r["ring"]),
+]
+
+
 def protocol_table(sizes: list[int], counts: list[int]) -> None:
-    print(f"{'n':>4} {'s':>2} {'placement':>9} {'participants':>12} {'ring':>6} {'chain':>6} {'gather':>7} "
-          f"{'chain/ring':>10}   (bytes in units of the tensor size S)")
+    print(text_table.header(PROTOCOL_COLUMNS) + "   (bytes in units of the tensor size S)")
     for n in sizes:
         for s in counts:
             if s > n:
                 continue
             for where, sandbox in placements(n, s).items():
-                r = row(n, s, where, sandbox)
-                print(f"{r['n']:>4} {r['s']:>2} {r['placement']:>9} {r['participants']:>12} {r['ring']:>6} "
-                      f"{r['chain']:>6} {r['gather']:>7} {r['chain'] / r['ring']:>10.3f}")
+                print(text_table.line(PROTOCOL_COLUMNS, row(n, s, where, sandbox)))
 
 
 def main(argv: list[str] | None = None) -> int:

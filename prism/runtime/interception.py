@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_transport as capture, markers, modes, oom, progress, watchdog
+from prism.runtime import capture_client as capture, markers, modes, oom, progress, watchdog
 from prism.runtime.backend import PrismProcessGroup
+from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.recorder import Recorder
 from prism.runtime.slicing import SliceRecorder, SliceTransport
 from prism.runtime.transport import RealTransport, job_store, slice_store
@@ -71,7 +72,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     rec = _ensure_recorder()
     kind = modes.get(_state["mode"]).transport
     if kind == "capture":
-        transport = capture.CaptureTransport(name, dist_opts.group_rank, members, desc)
+        transport = CaptureTransport(name, dist_opts.group_rank, members, desc)
     elif kind == "emulate":
         from prism.runtime.emulation import EmulateTransport
 

@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import shm
-from prism.runtime.capture_transport import key_name
+from prism.runtime.capture_client import key_name
 from prism.runtime.transport import slice_store
 
 PREFETCH = 4  # payloads loaded ahead of use, per replay thread

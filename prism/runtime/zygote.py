@@ -16,27 +16,27 @@ Exit code 2 is a usage error by convention (argparse's): a program that checks i
 exits 2 in all of them, and typically only rank 0 says why. So a rank's exit 2 does not stop the others at
 once: they get USAGE_GRACE_S to exit by themselves (rank 0 to print its message), and when every rank exited
 2 one line says so, with no traceback.
+
+What a forked child runs is in `forked_rank`; the ranks' output forwarding in `rank_output`; capture
+mode's link to the coordinator in `coordinator_link`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import gc
 import json
 import os
 import resource
-import selectors
-import shutil
-import pickle
 import signal
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from prism.runtime import limits, oom, watchdog
+from prism.runtime import forked_rank, limits, oom, watchdog
+from prism.runtime.coordinator_link import CoordinatorLink
+from prism.runtime.rank_output import LineForwarder, Tee
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -44,7 +44,6 @@ REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks 
 USAGE_EXIT = 2  # a program's "bad arguments" exit code (argparse)
 USAGE_GRACE_S = 5.0  # after a rank's usage exit, how long the others may take to exit by themselves
 LIMIT_EXIT = 75  # the machine ran out of a resource (memory) while the job ran (EX_TEMPFAIL)
-_PR_SET_PDEATHSIG = 1
 
 
 def warm_imports(compute: bool) -> None:
@@ -97,277 +96,6 @@ def _warm_up(module: str, args: list[str]) -> None:
               file=sys.stderr)
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _run_rank(spec: dict, rank: int) -> int:
-    """In the forked child: become rank `rank` and run the program; returns the exit code."""
-    _die_with_parent()
-    world = spec["nproc"]
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), ROLE_NAME="default",
-        GROUP_WORLD_SIZE="1", MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-        TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
-    )
-    import torch
-
-    if spec.get("pin"):
-        cores = sorted(os.sched_getaffinity(0))
-        index = spec["ranks"].index(rank) if spec.get("ranks") else rank  # slice: one core per slice rank
-        if spec.get("mode") == "emulate":  # the sandbox ranks share --devices slots
-            index %= spec["devices"]
-        os.sched_setaffinity(0, {cores[index % len(cores)]})
-        torch.set_num_threads(1)
-    intercepted = bool(os.environ.get("PRISM_MODE"))
-    if intercepted:
-        from prism.runtime import interception
-
-        interception.start_rank()
-    code = 0
-    try:
-        if spec.get("module"):
-            import runpy
-
-            sys.argv = [spec["module"]] + spec["args"]
-            sys.path.insert(0, os.getcwd())
-            # preloaded (its imports stay warm): runpy runs it anew as __main__ and warns if it is imported
-            sys.modules.pop(spec["module"], None)
-            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
-        else:
-            import runpy
-
-            script = spec["script"]
-            sys.argv = [script] + spec["args"]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException as exc:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
-        code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec["status_dir"]) else 1
-    if intercepted:
-        try:
-            interception.finish(code)
-        except BaseException:
-            text = traceback.format_exc()
-            sys.stderr.write(text)
-            Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
-            code = code or 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
-
-
-def _run_replay(spec: dict) -> int:
-    """In the forked child: become the replay server of a slice (mode `slice`)."""
-    _die_with_parent()
-    os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-                      WORLD_SIZE=str(spec["nproc"]), TORCHELASTIC_RUN_ID=spec["run_id"])
-    os.environ.pop("PRISM_OUT", None)  # the server records nothing
-    if spec.get("pin"):  # keep off the slice ranks' cores where others are free (their timings are measured)
-        cores = sorted(os.sched_getaffinity(0))
-        free = cores[spec.get("devices") or len(spec["ranks"]):] if spec.get("mode") == "emulate" \
-            else cores[len(spec["ranks"]):]
-        if free:
-            os.sched_setaffinity(0, set(free))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    try:
-        if spec.get("mode") == "emulate":
-            from prism.runtime import emulate_worker
-
-            code = emulate_worker.serve(spec)
-        else:
-            from prism.runtime import replay
-
-            code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
-                                float(spec.get("replay_timeout_s") or 600), spec.get("timed"),
-                                spec.get("raw_staging"))
-    except BaseException:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        Path(spec["status_dir"], "replay.traceback").write_text(text)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
-
-
-class _Tee:
-    """A forwarding sink that also appends to a rank's log file (mode emulate: OUT/logs/rank=R.log)."""
-
-    def __init__(self, sink, log) -> None:
-        self.sink, self.log = sink, log
-
-    def write(self, data: bytes) -> None:
-        self.sink.write(data)
-        self.log.write(data)
-
-    def flush(self) -> None:
-        self.sink.flush()
-        self.log.flush()
-
-
-class _LineForwarder:
-    """Forwards the ranks' stdout/stderr whole lines at a time, so lines of different ranks never mix."""
-
-    def __init__(self) -> None:
-        self.sel = selectors.DefaultSelector()
-        self.partial: dict[int, bytes] = {}
-        self.before_write = lambda: None  # e.g. wipe a progress line from the terminal
-
-    def add(self, fd: int, sink) -> None:
-        self.sel.register(fd, selectors.EVENT_READ, sink)
-        self.partial[fd] = b""
-
-    def pump(self, timeout: float) -> None:
-        for key, _ in self.sel.select(timeout):
-            fd, sink = key.fd, key.data
-            if callable(sink):  # a control socket: its handler reads it
-                sink()
-                continue
-            data = os.read(fd, 1 << 16)
-            if not data:
-                self._close(fd, sink)
-                continue
-            buf = self.partial[fd] + data
-            cut = buf.rfind(b"\n") + 1
-            if cut:
-                self.before_write()
-                sink.write(buf[:cut])
-                sink.flush()
-            self.partial[fd] = buf[cut:]
-
-    def _close(self, fd: int, sink) -> None:
-        rest = self.partial.pop(fd, b"")
-        if rest:
-            self.before_write()
-            sink.write(rest + b"\n")
-            sink.flush()
-        self.sel.unregister(fd)
-        os.close(fd)
-
-    def drain(self, timeout: float) -> None:
-        """After the ranks exited: forward what is left (a grandchild may hold a pipe open: stop anyway)."""
-        deadline = time.monotonic() + timeout
-        while any(not callable(k.data) for k in self.sel.get_map().values()) and time.monotonic() < deadline:
-            self.pump(0.05)
-        for key in list(self.sel.get_map().values()):
-            if callable(key.data):
-                self.sel.unregister(key.fd)
-            else:
-                self._close(key.fd, key.data)
-
-
-class _CoordinatorLink:
-    """Capture mode: the coordinator's state machine wired to the ranks' control sockets."""
-
-    def __init__(self, spec: dict, ctl: dict, out: _LineForwarder) -> None:
-        import torch.distributed as dist
-
-        from prism.runtime.coordinator import Coordinator
-
-        from prism.runtime import device_state
-
-        # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
-        capacity = spec.get("device_memory_bytes")
-        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
-        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
-        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
-        self.pids = spec["pids"]
-        self.socks = ctl
-        self.shm_dir = Path(spec["shm_dir"])
-        self.status_dir = Path(spec["status_dir"])
-        self.error: str | None = None
-        self.last_progress = time.monotonic()
-        # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
-        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
-                                   wait_for_workers=False)
-        for rank, sock in ctl.items():
-            out.sel.register(sock.fileno(), selectors.EVENT_READ, lambda r=rank: self.on_readable(r))
-        self.sel = out.sel
-
-    def on_readable(self, rank: int) -> None:
-        from prism.runtime import device_state
-        from prism.runtime.capture_transport import key_name
-        from prism.runtime.coordinator import CaptureError
-
-        sock = self.socks[rank]
-        try:
-            data = sock.recv(1 << 20)
-        except ConnectionResetError:
-            data = b""
-        try:
-            if not data:
-                self.sel.unregister(sock.fileno())
-                self.coord.exited(rank, None)  # no "exit" message first: the rank crashed
-                replies = self.coord.schedule()
-            else:
-                replies = self.coord.handle(rank, pickle.loads(data))
-        except (CaptureError, device_state.SwapError) as exc:
-            self.error = str(exc)
-            return
-        for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
-            try:
-                os.replace(self.shm_dir / key_name(p_key), self.shm_dir / key_name(a_key))
-            except FileNotFoundError:
-                pass
-        self.coord.file_moves.clear()
-        try:
-            for action, victim in self.coord.device_actions:  # device state moves before anyone runs
-                getattr(self.devices, action)(self.pids[victim], self.coord.footprint[victim])
-        except device_state.SwapError as exc:
-            self.error = str(exc)
-            return
-        finally:
-            self.coord.device_actions.clear()
-        for peer, msg in replies:
-            try:
-                self.socks[peer].send(pickle.dumps(msg))
-            except OSError:
-                pass
-        for key in self.coord.finished_keys:
-            stem = key_name(key)
-            if key[0] in ("p", "a"):
-                names = [stem]
-            else:
-                names = [f"{stem}-r{i}" for i in range(self._group_size(key))]
-            for name in names:
-                try:
-                    os.unlink(self.shm_dir / name)
-                except FileNotFoundError:
-                    pass
-        self.coord.finished_keys.clear()
-        if self.error is None and not self.coord.crashed and self.coord.stuck():
-            # (a crashed rank is reported by the supervisor with its traceback instead)
-            self.error = self.coord.diagnose()
-
-    def _group_size(self, key: tuple) -> int:
-        return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
-
-    def close(self) -> None:
-        stats = dict(self.coord.stats(), **self.devices.stats())
-        self.devices.close()
-        (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
-        for sock in self.socks.values():
-            sock.close()
-        shutil.rmtree(self.shm_dir, ignore_errors=True)
-
-
 def _raise_fd_limit(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < needed:
@@ -387,7 +115,7 @@ def supervise(spec: dict) -> int:
     _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off"))
     sys.stdout.flush()
     sys.stderr.flush()
-    out = _LineForwarder()
+    out = LineForwarder()
     read_ends: list[int] = []
     from prism.runtime import modes
 
@@ -422,7 +150,7 @@ def supervise(spec: dict) -> int:
             os.closerange(first_fd, top + 1)
             code = 1
             try:
-                code = _run_replay(spec) if rank == REPLAY else _run_rank(spec, rank)
+                code = forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
             finally:
                 os._exit(code)
         os.close(w_out)
@@ -432,8 +160,8 @@ def supervise(spec: dict) -> int:
         if spec.get("log_dir") and rank != REPLAY:
             log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
             top = max(top, log.fileno())
-            out.add(r_out, _Tee(sys.stdout.buffer, log))
-            out.add(r_err, _Tee(sys.stderr.buffer, log))
+            out.add(r_out, Tee(sys.stdout.buffer, log))
+            out.add(r_err, Tee(sys.stderr.buffer, log))
         else:
             out.add(r_out, sys.stdout.buffer)
             out.add(r_err, sys.stderr.buffer)
@@ -443,7 +171,7 @@ def supervise(spec: dict) -> int:
         children[pid] = rank
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
-    link = _CoordinatorLink(spec, ctl, out) if capture else None
+    link = CoordinatorLink(spec, ctl, out) if capture else None
     progress = progress_state = None
     if spec.get("progress"):
         from prism.runtime.progress import CaptureProgress, IterationProgress
@@ -613,7 +341,7 @@ def _check_cuda_uninitialised(spec: dict) -> None:
 
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    _die_with_parent()
+    forked_rank.die_with_parent()
     _keep_cuda_for_the_ranks()
     if spec.get("pin"):
         os.environ["OMP_NUM_THREADS"] = "1"

@@ -1,0 +1,110 @@
+"""Capture mode, in the zygote: the coordinator's state machine (`coordinator.Coordinator`, no I/O) wired to
+the ranks' control sockets. It reads their messages, sends the replies, moves device state, renames and
+deletes the shared-memory files of finished operations, and hosts the job's rendezvous store."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import selectors
+import shutil
+import time
+from pathlib import Path
+
+from prism.runtime.rank_output import LineForwarder
+
+
+class CoordinatorLink:
+    """Capture mode: the coordinator's state machine wired to the ranks' control sockets."""
+
+    def __init__(self, spec: dict, ctl: dict, out: LineForwarder) -> None:
+        import torch.distributed as dist
+
+        from prism.runtime.coordinator import Coordinator
+
+        from prism.runtime import device_state
+
+        # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
+        capacity = spec.get("device_memory_bytes")
+        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
+        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
+        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
+        self.pids = spec["pids"]
+        self.socks = ctl
+        self.shm_dir = Path(spec["shm_dir"])
+        self.status_dir = Path(spec["status_dir"])
+        self.error: str | None = None
+        self.last_progress = time.monotonic()
+        # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
+        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
+                                   wait_for_workers=False)
+        for rank, sock in ctl.items():
+            out.sel.register(sock.fileno(), selectors.EVENT_READ, lambda r=rank: self.on_readable(r))
+        self.sel = out.sel
+
+    def on_readable(self, rank: int) -> None:
+        from prism.runtime import device_state
+        from prism.runtime.capture_client import key_name
+        from prism.runtime.coordinator import CaptureError
+
+        sock = self.socks[rank]
+        try:
+            data = sock.recv(1 << 20)
+        except ConnectionResetError:
+            data = b""
+        try:
+            if not data:
+                self.sel.unregister(sock.fileno())
+                self.coord.exited(rank, None)  # no "exit" message first: the rank crashed
+                replies = self.coord.schedule()
+            else:
+                replies = self.coord.handle(rank, pickle.loads(data))
+        except (CaptureError, device_state.SwapError) as exc:
+            self.error = str(exc)
+            return
+        for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
+            try:
+                os.replace(self.shm_dir / key_name(p_key), self.shm_dir / key_name(a_key))
+            except FileNotFoundError:
+                pass
+        self.coord.file_moves.clear()
+        try:
+            for action, victim in self.coord.device_actions:  # device state moves before anyone runs
+                getattr(self.devices, action)(self.pids[victim], self.coord.footprint[victim])
+        except device_state.SwapError as exc:
+            self.error = str(exc)
+            return
+        finally:
+            self.coord.device_actions.clear()
+        for peer, msg in replies:
+            try:
+                self.socks[peer].send(pickle.dumps(msg))
+            except OSError:
+                pass
+        for key in self.coord.finished_keys:
+            stem = key_name(key)
+            if key[0] in ("p", "a"):
+                names = [stem]
+            else:
+                names = [f"{stem}-r{i}" for i in range(self._group_size(key))]
+            for name in names:
+                try:
+                    os.unlink(self.shm_dir / name)
+                except FileNotFoundError:
+                    pass
+        self.coord.finished_keys.clear()
+        if self.error is None and not self.coord.crashed and self.coord.stuck():
+            # (a crashed rank is reported by the supervisor with its traceback instead)
+            self.error = self.coord.diagnose()
+
+    def _group_size(self, key: tuple) -> int:
+        return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
+
+    def close(self) -> None:
+        stats = dict(self.coord.stats(), **self.devices.stats())
+        self.devices.close()
+        (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
+        for sock in self.socks.values():
+            sock.close()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
