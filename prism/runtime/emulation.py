@@ -17,7 +17,8 @@ substitutes); data movement sends each sandbox member only what it reads. Comple
 outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
 stay async. A collective completes no earlier than the member's arrival (its call) + the op's calibrated
-transfer, when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`). Point-to-point messages go straight over the participants' gloo pair, with a tag that names
+transfer, when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`).
+Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
 
