@@ -95,8 +95,8 @@ def sandbox_event_errors(truth: dict, sandbox: dict, pred: dict, compute: set[in
 
 # ----------------------------------------------------------------------------------------------- table
 
-HEADER = ("| config | prism ms (timed) | error % | in spread | first pass ms (untimed) | error % | in spread "
-          "| sandbox rank | truth rank ms | truth rank spread ms | sandbox ms | error % | predicted rank ms "
+HEADER = ("| config | prism ms (final) | error % | in spread | first pass ms (untimed; with --passes 2) | error % "
+          "| in spread | sandbox rank (of the sandbox) | truth rank ms | truth rank spread ms | sandbox ms | error % | predicted rank ms "
           "| error % | emulated job ms | error % | ev dur err ms sandbox med/p95 | ev dur err ms prism med/p95 "
           "| compute sum err % sandbox / prism |")
 RULE = "|" + "---|" * 19
@@ -131,7 +131,8 @@ def row(r) -> str:
     tr = truth_rank(r, rank)
     t_med = statistics.median(tr) if tr else 0.0
     ev = em.get("events") or {}
-    cells += [str(rank), _ms(t_med if tr else None), f"{min(tr):.2f}-{max(tr):.2f}" if tr else "-",
+    of = em.get("sandbox_ranks") or [rank]
+    cells += [str(rank) if of == [rank] else f"{rank} (of {','.join(map(str, of))})", _ms(t_med if tr else None), f"{min(tr):.2f}-{max(tr):.2f}" if tr else "-",
               _ms(em.get("sandbox_ms")), _err(em.get("sandbox_ms"), t_med),
               _ms(em.get("pred_rank_ms")), _err(em.get("pred_rank_ms"), t_med),
               _ms(em.get("job_ms")), _err(em.get("job_ms"), r.truth),

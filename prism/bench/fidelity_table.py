@@ -196,7 +196,7 @@ def summarize(paths: list[Path], known: dict[str, Config] | None = None) -> str:
         out += [stage_ranges(results), ""]
         extra = fidelity_sandbox.table(results)
         if extra:
-            out += ["### calibration iterated once (first pass vs final) and the emulated sandbox", ""] + extra + [""]
+            out += ["### the emulated sandbox (and the first pass, where calibration was iterated once)", ""] + extra + [""]
     if len(paths) > 1:
         out += [f"## all {len(paths)} files together ({len(every)} configs)", ""] + totals(every)
         out += [stage_ranges(every)] + fidelity_sandbox.totals(every) + [""]
