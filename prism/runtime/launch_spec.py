@@ -168,10 +168,28 @@ def parse(argv: list[str]) -> LaunchSpec:
     return spec
 
 
+def cuda_missing() -> str | None:
+    """Why this machine cannot run CUDA ranks, or None. Imports torch in the launcher only (the zygote is
+    its own process, started afterwards, so no CUDA state reaches the ranks through a fork)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no GPU visible, or no working driver; CUDA_VISIBLE_DEVICES=" \
+               f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})"
+    return None
+
+
 def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
+    if os.environ.get("PRISM_DEVICE", "cpu") == "cuda":
+        why = cuda_missing()
+        if why:
+            raise LaunchError(f"PRISM_DEVICE=cuda, but {why}: run on a GPU host, or set PRISM_DEVICE=cpu "
+                              "(config: device: cpu) and run the program on CPU tensors")
     mode = modes.get(spec.mode)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")

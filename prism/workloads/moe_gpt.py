@@ -255,6 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
     use_cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        if int(os.environ.get("RANK", "0")) == 0:
+            log(f"error: --device cuda, but no CUDA device is usable here (torch {torch.__version__}, "
+                f"torch.cuda.is_available() is False): run on a GPU host or use --device cpu")
+        sys.exit(2)
     if use_cuda:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cuBLAS
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
