@@ -130,7 +130,7 @@ def self_sweep(tj, transfer: np.ndarray) -> str:
     from prism.iterations import iteration_times
 
     g, c = tj.graph, tj.columns
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["device_ns"], c["t_start_ns"], c["t_end_ns"],
+    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
                               c["t_complete_ns"], g.n_comms)
     _, timeline = discover(g, dur, transfer.astype(np.int64))
     it = iterations_table(tj, timeline)
