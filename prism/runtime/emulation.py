@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
-from prism.runtime import pruned, semantics, shm
+from prism.runtime import native_group, pruned, semantics, shm
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
@@ -271,6 +271,7 @@ class EmulateTransport(CaptureTransport):
             self.pg = ProcessGroupGloo(PrefixStore("gloo/", emu_store(group_name, store)), self.index,
                                        len(self.parts), timeout or timedelta(minutes=30))
             _STATS["communicators"] += 1
+        self.native = self.pg is not None and native_group.all_sandbox(self.parts, sandbox_ranks())
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
@@ -284,6 +285,11 @@ class EmulateTransport(CaptureTransport):
         return [got[i] for i in (range(self.n) if members is None else members)]
 
     def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
+        if self.native:
+            arrival = time.monotonic_ns()
+            issued = native_group.issue(self.pg, self.n, self.me, method, args)
+            if issued is not None:
+                return self._native(arrival, issued, _native_result(method, args))
         opts = args[-1] if args else None
         self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
         return super().call(method, device, *args, work_id=work_id, op=op)
@@ -319,6 +325,39 @@ class EmulateTransport(CaptureTransport):
             future.set_result(result)
 
         self._thread.submit(run)
+        return _EmuWork(future, result)
+
+    def _native(self, arrival: int, issued: native_group.Issued, result) -> "_EmuWork":
+        """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
+        when its works do (the completion runs in gloo's callback), and no earlier than the transfer hold."""
+        works, finish, sent = issued
+        floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+        self.seq += 1
+        with _STATS_LOCK:
+            _STATS["bytes_sent"] += sent
+        future = torch.futures.Future()
+
+        def done(_f=None) -> None:
+            try:
+                for w in works:
+                    w.get_future().value()  # raises the op's error
+                with torch.no_grad():
+                    finish()
+                with _STATS_LOCK:
+                    _STATS["collectives"] += 1
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(exc)
+                return
+            if floor > time.monotonic_ns():  # the hold sleeps on the group's thread, not gloo's
+                self._thread.submit(lambda: (hold_until(floor), future.set_result(result)))
+            else:
+                future.set_result(result)
+
+        if not works:
+            done()
+        else:
+            futs = [w.get_future() for w in works]
+            (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
         return _EmuWork(future, result)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
@@ -420,6 +459,17 @@ class EmulateTransport(CaptureTransport):
                                  "capture; capture again with the same program")
         src = self.members.index(peers[k])
         return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
+
+
+def _native_result(method: str, args: tuple):
+    """What a native collective's work answers as its result (the outputs, as `CaptureTransport` gives)."""
+    if method in ("allreduce", "allreduce_coalesced", "broadcast"):
+        return list(args[0])
+    if method == "barrier":
+        return []
+    if method == "allgather":
+        return args[0]
+    return [args[0]]  # alltoall_base, all_gather_single, reduce_scatter_single: the output
 
 
 _ANYSOURCE: dict[int, dict] = {}
