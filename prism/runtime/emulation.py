@@ -165,6 +165,17 @@ class GlooWire:
         self.pg.recv([buf], src, COLL_TAG + 1).wait()
         return decode_parts(bytearray(buf.numpy()))
 
+    def recv_many(self, srcs: list[int]) -> list[dict]:
+        """`recv` from each of `srcs`, the receives posted together (sizes, then blobs): two waits in all,
+        not two per sender."""
+        sizes = [torch.empty(1, dtype=torch.int64) for _ in srcs]
+        for w in [self.pg.recv([size], src, COLL_TAG) for size, src in zip(sizes, srcs)]:
+            w.wait()
+        bufs = [torch.empty(int(size.item()), dtype=torch.uint8) for size in sizes]
+        for w in [self.pg.recv([buf], src, COLL_TAG + 1) for buf, src in zip(bufs, srcs)]:
+            w.wait()
+        return [decode_parts(bytearray(buf.numpy())) for buf in bufs]
+
     def flush(self) -> None:
         """Wait for the sends; add what was sent to this process's numbers."""
         for w in self.works:

@@ -165,6 +165,8 @@ class Transport(_Interface):
 
     def recv(self, src: int) -> dict[int, Part]: ...
 
+    # optional: `recv_many(srcs)` -> [recv(src) for src in srcs], the receives posted together
+
     def send_tensors(self, dst: int, tensors: list[torch.Tensor]) -> None: ...
 
     def recv_tensors(self, src: int, like: list[torch.Tensor]) -> list[torch.Tensor]: ...
@@ -222,38 +224,50 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         return result
 
     width = len(views[0]) if views else 0  # tensors per member in a reduction
-    for link in p.links:
+
+    def send(link: Link) -> None:
+        dst_pos = p.runs[link.dst][0]
+        if link.what == "acc":
+            wire.send_tensors(link.dst, _fold_into(acc, op, views))
+            return
+        if link.what == "result":
+            wire.send_tensors(link.dst, p.chunk(finished(), dst_pos))
+            return
+        if link.what == "parts" and reduction:
+            wire.send_tensors(link.dst, [t for v in views for t in v])
+            return
+        if link.what == "parts":
+            out = [(pos, *own[pos]) for pos in mine]
+        elif link.what == "root":
+            meta, ts = own[p.root]
+            out = [(p.root, meta, list(ts) if p.kind == "broadcast" else [ts[dst_pos]])]
+        elif link.what == "slices":
+            out = [(pos, own[pos][0], p.slice_for(own[pos], dst_pos)) for pos in mine]
+        else:
+            out = []
+        wire.send(link.dst, out)
+
+    if not reduction:
+        # data movement: a participant sends only its own contributions, so every send goes out first
+        # (asynchronous) and the receives wait together: one round, whatever the plan's order
+        for link in p.links:
+            if link.src == me:
+                send(link)
+        srcs = [link.src for link in p.links if link.dst == me]
+        many = getattr(wire, "recv_many", None)
+        for parts in (many(srcs) if many else [wire.recv(src) for src in srcs]):
+            got.update(parts)
+    for link in p.links if reduction else ():
         if link.src == me:
-            dst_pos = p.runs[link.dst][0]
-            if link.what == "acc":
-                wire.send_tensors(link.dst, _fold_into(acc, op, views))
-                continue
-            if link.what == "result":
-                wire.send_tensors(link.dst, p.chunk(finished(), dst_pos))
-                continue
-            if link.what == "parts" and reduction:
-                wire.send_tensors(link.dst, [t for v in views for t in v])
-                continue
-            if link.what == "parts":
-                out = [(pos, *own[pos]) for pos in mine]
-            elif link.what == "root":
-                meta, ts = own[p.root]
-                out = [(p.root, meta, list(ts) if p.kind == "broadcast" else [ts[dst_pos]])]
-            elif link.what == "slices":
-                out = [(pos, own[pos][0], p.slice_for(own[pos], dst_pos)) for pos in mine]
-            else:
-                out = []
-            wire.send(link.dst, out)
+            send(link)
         elif link.dst == me:
             if link.what == "acc":
                 acc = here(wire.recv_tensors(link.src, views[0]))
             elif link.what == "result":
                 result = wire.recv_tensors(link.src, p.chunk(views[0], p.runs[me][0]))
-            elif link.what == "parts" and reduction:
+            else:  # a trailing participant's parts
                 flat = here(wire.recv_tensors(link.src, views[0] * len(p.runs[link.src])))
                 trailing += [flat[k:k + width] for k in range(0, len(flat), width)]
-            else:
-                got.update(wire.recv(link.src))
     position = p.runs[me][0]
     if position not in p.need or p.parts[me][1] != [p.parts[me][0]] or p.parts[me][0] not in p.sandbox:
         return None
