@@ -165,6 +165,15 @@ class GlooWire:
         self.pg.recv([buf], src, COLL_TAG + 1).wait()
         return decode_parts(bytearray(buf.numpy()))
 
+    def recv_tensors_many(self, srcs: list[int], likes: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """`recv_tensors` from each of `srcs`, every receive posted before the first wait."""
+        bufs = [[torch.empty(t.shape, dtype=t.dtype) for t in like] for like in likes]
+        works = [self.pg.recv([b], src, COLL_TAG + 2 + j) for src, bs in zip(srcs, bufs)
+                 for j, b in enumerate(bs) if b.numel()]
+        for w in works:
+            w.wait()
+        return bufs
+
     def recv_many(self, srcs: list[int]) -> list[dict]:
         """`recv` from each of `srcs`, the receives posted together (sizes, then blobs): two waits in all,
         not two per sender."""
@@ -422,7 +431,8 @@ class EmulateTransport(CaptureTransport):
             output.copy_(torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
-                                meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
+                                meta={"splits": list(input_split_sizes),
+                                      "out_splits": list(output_split_sizes) or [output.shape[0] // self.n] * self.n})
 
     def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
         def complete(key):

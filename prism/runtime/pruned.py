@@ -155,6 +155,15 @@ class Protocol:
         splits = list(meta.get("splits") or ()) or [t.shape[0] // self.n] * self.n
         return [t.narrow(0, sum(splits[:dst]), splits[dst])]
 
+    def slices_like(self, part: Part, positions: Sequence[int]) -> list[torch.Tensor]:
+        """all_to_all_single: empty tensors shaped as the slices that the member of contribution `part`
+        receives from the members at `positions` (its "out_splits" rows; equal splits of its input's rows
+        without them): the receiver knows them, so slices travel bare (`Transport.send_tensors`)."""
+        meta, ts = part
+        t = ts[0]
+        outs = list(meta.get("out_splits") or ()) or [t.shape[0] // self.n] * self.n
+        return [torch.empty((outs[pos], *t.shape[1:]), dtype=t.dtype) for pos in positions]
+
 
 class Transport(_Interface):
     """What `run` needs from the wire: sends may be asynchronous, receives block. `send`/`recv` carry
@@ -224,6 +233,7 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         return result
 
     width = len(views[0]) if views else 0  # tensors per member in a reduction
+    bare = p.op == "all_to_all_single"  # slices without a header: the receiver knows their shapes
 
     def send(link: Link) -> None:
         dst_pos = p.runs[link.dst][0]
@@ -241,6 +251,9 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         elif link.what == "root":
             meta, ts = own[p.root]
             out = [(p.root, meta, list(ts) if p.kind == "broadcast" else [ts[dst_pos]])]
+        elif link.what == "slices" and bare:
+            wire.send_tensors(link.dst, [t for pos in mine for t in p.slice_for(own[pos], dst_pos)])
+            return
         elif link.what == "slices":
             out = [(pos, own[pos][0], p.slice_for(own[pos], dst_pos)) for pos in mine]
         else:
@@ -254,9 +267,16 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
             if link.src == me:
                 send(link)
         srcs = [link.src for link in p.links if link.dst == me]
-        many = getattr(wire, "recv_many", None)
-        for parts in (many(srcs) if many else [wire.recv(src) for src in srcs]):
-            got.update(parts)
+        if bare:
+            mine_part = own[p.runs[me][0]]
+            likes = [p.slices_like(mine_part, p.runs[src]) for src in srcs]
+            many = getattr(wire, "recv_tensors_many", None)
+            for src, ts in zip(srcs, many(srcs, likes) if many else map(wire.recv_tensors, srcs, likes)):
+                got.update({pos: ({}, [t]) for pos, t in zip(p.runs[src], ts)})
+        else:
+            many = getattr(wire, "recv_many", None)
+            for parts in (many(srcs) if many else [wire.recv(src) for src in srcs]):
+                got.update(parts)
     for link in p.links if reduction else ():
         if link.src == me:
             send(link)
@@ -413,7 +433,12 @@ class PrunedGroup:
 
     def all_to_all_single(self, in_splits: Mapping[int, Sequence[int]], live, recorded) -> dict[int, torch.Tensor]:
         """`in_splits[m]`: member m's input split sizes along dim 0 (empty: equal splits)."""
-        meta = {m: {"splits": list(in_splits.get(m, ()))} for m in self.members}
+        def rows(m: int) -> list[int]:  # member m's input split sizes, explicit
+            t = live[m] if m in self.sandbox else recorded[m]
+            return list(in_splits.get(m, ())) or [t.shape[0] // self.n] * self.n
+
+        meta = {m: {"splits": list(in_splits.get(m, ())), "out_splits": [rows(s)[i] for s in self.members]}
+                for i, m in enumerate(self.members)}
         out = self._moved("all_to_all_single", live, recorded, meta=meta)
         return {r: torch.cat([o["got"][i][1][0] for i in range(self.n)]) for r, o in out.items()}
 
