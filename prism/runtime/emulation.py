@@ -5,7 +5,9 @@ its *participants*: each sandbox member, and one compensator per maximal run of 
 (`compensation.pruned_members`; with `--no-pruning` every virtual member is its own participant). Only
 groups holding a sandbox rank exist as communicators (the sandbox rank creates only its own groups; the
 worker only groups with a sandbox rank and a virtual one): one gloo instance per participant over the key
-space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves.
+space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves:
+their collectives are native gloo ops of that instance (`native_group`; reductions keep prism's left
+fold), the kinds it does not cover run the protocol below.
 
 A collective runs the pruned protocol (`prism.runtime.pruned`, its one definition): `pruned.Protocol` plans
 the messages between participants, `pruned.run` is one participant's part, over its gloo instance

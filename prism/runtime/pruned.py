@@ -26,7 +26,10 @@ queues in `PrunedGroup`). A participant's own contribution moves nowhere. The pl
 - all_to_all[_single]: each participant sends a sandbox participant only its members' slices addressed
   to that sandbox member; slices addressed to virtual members are sent nowhere (no peer exists for them).
 - barrier: an empty message from every participant to each sandbox participant.
-The bytes a plan moves are the tensor bytes of its messages (`PrunedGroup.messages`, the runtime's
+Data-movement kinds send first and then post their receives together (a participant sends only its own
+contributions: one round, whatever the plan's order); all_to_all_single slices and all_gather_into_tensor
+parts travel bare (`send_tensors`: the receiver knows their shapes from its own contribution), the other
+kinds as parts with their metadata. The bytes a plan moves are the tensor bytes of its messages (`PrunedGroup.messages`, the runtime's
 `bytes_sent`).
 """
 
@@ -233,7 +236,8 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         return result
 
     width = len(views[0]) if views else 0  # tensors per member in a reduction
-    bare = p.op == "all_to_all_single"  # slices without a header: the receiver knows their shapes
+    # without a header: the receiver knows the shapes (its out_splits; all_gather_into_tensor: its own)
+    bare = p.op in ("all_to_all_single", "all_gather_into_tensor")
 
     def send(link: Link) -> None:
         dst_pos = p.runs[link.dst][0]
@@ -245,6 +249,9 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
             return
         if link.what == "parts" and reduction:
             wire.send_tensors(link.dst, [t for v in views for t in v])
+            return
+        if link.what == "parts" and bare:
+            wire.send_tensors(link.dst, [t for pos in mine for t in own[pos][1]])
             return
         if link.what == "parts":
             out = [(pos, *own[pos]) for pos in mine]
@@ -269,10 +276,15 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         srcs = [link.src for link in p.links if link.dst == me]
         if bare:
             mine_part = own[p.runs[me][0]]
-            likes = [p.slices_like(mine_part, p.runs[src]) for src in srcs]
+            if p.op == "all_to_all_single":
+                likes = [p.slices_like(mine_part, p.runs[src]) for src in srcs]
+            else:  # all_gather_into_tensor: every member's contribution is shaped as this one's
+                likes = [[torch.empty_like(t, device="cpu") for _ in p.runs[src] for t in mine_part[1]]
+                         for src in srcs]
             many = getattr(wire, "recv_tensors_many", None)
+            k = len(mine_part[1]) if p.op != "all_to_all_single" else 1  # tensors per member
             for src, ts in zip(srcs, many(srcs, likes) if many else map(wire.recv_tensors, srcs, likes)):
-                got.update({pos: ({}, [t]) for pos, t in zip(p.runs[src], ts)})
+                got.update({pos: ({}, ts[i * k:(i + 1) * k]) for i, pos in enumerate(p.runs[src])})
         else:
             many = getattr(wire, "recv_many", None)
             for parts in (many(srcs) if many else [wire.recv(src) for src in srcs]):
