@@ -240,6 +240,83 @@ class _EmuWork(Work):
         self.wait()
 
 
+class _NativeWork(Work):
+    """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
+    for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
+    holds until `floor`; `get_future` does the same from gloo's callback (the hold on the group's thread,
+    never on gloo's). The completion runs once, whoever gets there first."""
+
+    def __init__(self, works: list[Work], finish, floor: int, result, thread: ThreadPoolExecutor) -> None:
+        super().__init__()
+        self.works, self.finish, self.floor, self._result, self.thread = works, finish, floor, result, thread
+        self.lock = threading.Lock()
+        self.done = False
+        self.future: torch.futures.Future | None = None
+
+    def _complete(self, in_callback: bool = False) -> None:
+        if self.done:
+            return
+        # the op's error raises here; never under the lock: gloo runs the future's callbacks (which
+        # complete too) before it wakes `wait`, and a callback must not wait on its own work
+        for w in self.works:
+            w.get_future().value() if in_callback else w.wait()
+        with self.lock:
+            if self.done:
+                return
+            with torch.no_grad():
+                self.finish()
+            self.done = True
+            with _STATS_LOCK:
+                _STATS["collectives"] += 1
+
+    def wait(self, timeout=None) -> bool:
+        self._complete()
+        hold_until(self.floor)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self.future is None:
+            future = self.future = torch.futures.Future()
+
+            def done(_f=None) -> None:
+                try:
+                    self._complete(in_callback=True)
+                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                    future.set_exception(exc)
+                    return
+                if self.floor > time.monotonic_ns():
+                    self.thread.submit(lambda: (hold_until(self.floor), future.set_result(self._result)))
+                else:
+                    future.set_result(self._result)
+
+            futs = [w.get_future() for w in self.works]
+            if not futs:
+                done()
+            else:
+                (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
+        return self.future
+
+    def is_completed(self) -> bool:
+        if not self.done and not all(w.is_completed() for w in self.works):
+            return False
+        if time.monotonic_ns() < self.floor:
+            return False
+        self._complete()
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
 class _SourceWork(Work):
     """A recv's work that also says who sent (what `recv_anysource` answers)."""
 
@@ -349,38 +426,15 @@ class EmulateTransport(CaptureTransport):
         self._thread.submit(run)
         return _EmuWork(future, result)
 
-    def _native(self, arrival: int, issued: native_group.Issued, result) -> "_EmuWork":
+    def _native(self, arrival: int, issued: native_group.Issued, result) -> "_NativeWork":
         """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
-        when its works do (the completion runs in gloo's callback), and no earlier than the transfer hold."""
+        when its works do, and no earlier than the transfer hold (`_NativeWork`)."""
         works, finish, sent = issued
         floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
         self.seq += 1
         with _STATS_LOCK:
             _STATS["bytes_sent"] += sent
-        future = torch.futures.Future()
-
-        def done(_f=None) -> None:
-            try:
-                for w in works:
-                    w.get_future().value()  # raises the op's error
-                with torch.no_grad():
-                    finish()
-                with _STATS_LOCK:
-                    _STATS["collectives"] += 1
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(exc)
-                return
-            if floor > time.monotonic_ns():  # the hold sleeps on the group's thread, not gloo's
-                self._thread.submit(lambda: (hold_until(floor), future.set_result(result)))
-            else:
-                future.set_result(result)
-
-        if not works:
-            done()
-        else:
-            futs = [w.get_future() for w in works]
-            (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
-        return _EmuWork(future, result)
+        return _NativeWork(works, finish, floor, result, self._thread)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
     def _result(self, key: tuple) -> list[torch.Tensor]:
