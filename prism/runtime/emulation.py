@@ -540,7 +540,7 @@ class EmulateTransport(CaptureTransport):
 
 def _native_result(method: str, args: tuple):
     """What a native collective's work answers as its result (the outputs, as `CaptureTransport` gives)."""
-    if method in ("allreduce", "allreduce_coalesced", "broadcast"):
+    if method == "broadcast":
         return list(args[0])
     if method == "barrier":
         return []

@@ -6,12 +6,12 @@ compensator to talk to: the participants' own `ProcessGroupGloo` moves the same 
 `issue` starts that op on the caller's thread and returns its gloo works and what completes it:
 - data movement (all_to_all_single, all_gather[_into_tensor], broadcast, barrier): the gloo op itself;
   every member's output holds the other members' input bytes, as the protocol's `got` does;
-- reductions keep prism's left fold (`semantics.reduce`, bitwise what the protocol's chain gives):
-  all_reduce gathers every member's tensor (`_allgather_base`) and each member folds them in group order
-  (`compensation.fold`); reduce_scatter_tensor sends each member its chunks (`alltoall_base`, equal
-  splits) and the member folds them. Gloo's own reductions (ring order) are never used.
-The other kinds (reduce, list reduce_scatter / all_to_all, gather, scatter, all_gather_coalesced) answer
-None: `EmulateTransport` runs the protocol for them. CUDA tensors go through host copies (gloo here
+- reduce_scatter_tensor keeps prism's left fold (`semantics.reduce`, bitwise what the protocol's chain
+  gives): each member receives its chunk of every member's input (`alltoall_base`, equal splits) and folds
+  them in group order (`compensation.fold`). Gloo's own reductions (ring order) are never used.
+The other kinds answer None and `EmulateTransport` runs the protocol for them: all_reduce (gathering every
+member's tensor to fold it locally measured no faster than the protocol's chain: `prism bench
+emulate-ops`), reduce, list reduce_scatter / all_to_all, gather, scatter, all_gather_coalesced. CUDA tensors go through host copies (gloo here
 reads and writes host memory; nothing is allocated on the sandbox's device); CPU contiguous tensors are
 read and written in place. `sent` is the tensor bytes this member sends (the protocol's accounting).
 """
@@ -97,24 +97,6 @@ def _barrier(pg, n, me, opts) -> Issued:
     return [pg.barrier()], lambda: None, 0
 
 
-def _allreduce(pg, n, me, tensors, opts) -> Issued:
-    red = semantics.red_op(opts)
-    works, gathered = [], []
-    for t in tensors:
-        src = _host(t).reshape(-1)
-        buf = torch.empty((n, src.numel()), dtype=src.dtype)
-        gathered.append(buf)
-        if src.numel():
-            works.append(pg._allgather_base(buf.view(-1), src, AllgatherOptions()))
-
-    def finish() -> None:
-        for t, buf in zip(tensors, gathered):
-            if t.numel():
-                t.copy_(comp.fold(red, list(buf.unbind(0))).view(t.shape))
-
-    return works, finish, (n - 1) * sum(map(_nbytes, tensors))
-
-
 def _reduce_scatter_single(pg, n, me, output, input, opts) -> Issued:
     red = semantics.red_op(opts)
     src = _host(input).reshape(-1)
@@ -130,5 +112,4 @@ def _reduce_scatter_single(pg, n, me, output, input, opts) -> Issued:
 
 
 _METHODS = {"alltoall_base": _alltoall_base, "all_gather_single": _all_gather_single, "allgather": _allgather,
-            "broadcast": _broadcast, "barrier": _barrier, "allreduce": _allreduce,
-            "allreduce_coalesced": _allreduce, "reduce_scatter_single": _reduce_scatter_single}
+            "broadcast": _broadcast, "barrier": _barrier, "reduce_scatter_single": _reduce_scatter_single}
