@@ -12,6 +12,7 @@ BENCHES = {
     "fidelity": "prism.bench.fidelity",
     "emulate": "prism.bench.emulate",
     "pruning": "prism.bench.pruning",
+    "emulate-ops": "prism.bench.emulate_ops",
 }
 
 

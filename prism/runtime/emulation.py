@@ -5,7 +5,9 @@ its *participants*: each sandbox member, and one compensator per maximal run of 
 (`compensation.pruned_members`; with `--no-pruning` every virtual member is its own participant). Only
 groups holding a sandbox rank exist as communicators (the sandbox rank creates only its own groups; the
 worker only groups with a sandbox rank and a virtual one): one gloo instance per participant over the key
-space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves.
+space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone compute among themselves:
+their collectives are native gloo ops of that instance (`native_group`; reductions keep prism's left
+fold), the kinds it does not cover run the protocol below.
 
 A collective runs the pruned protocol (`prism.runtime.pruned`, its one definition): `pruned.Protocol` plans
 the messages between participants, `pruned.run` is one participant's part, over its gloo instance
@@ -43,7 +45,7 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
-from prism.runtime import pruned, semantics, shm
+from prism.runtime import native_group, pruned, semantics, shm
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
@@ -165,6 +167,26 @@ class GlooWire:
         self.pg.recv([buf], src, COLL_TAG + 1).wait()
         return decode_parts(bytearray(buf.numpy()))
 
+    def recv_tensors_many(self, srcs: list[int], likes: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """`recv_tensors` from each of `srcs`, every receive posted before the first wait."""
+        bufs = [[torch.empty(t.shape, dtype=t.dtype) for t in like] for like in likes]
+        works = [self.pg.recv([b], src, COLL_TAG + 2 + j) for src, bs in zip(srcs, bufs)
+                 for j, b in enumerate(bs) if b.numel()]
+        for w in works:
+            w.wait()
+        return bufs
+
+    def recv_many(self, srcs: list[int]) -> list[dict]:
+        """`recv` from each of `srcs`, the receives posted together (sizes, then blobs): two waits in all,
+        not two per sender."""
+        sizes = [torch.empty(1, dtype=torch.int64) for _ in srcs]
+        for w in [self.pg.recv([size], src, COLL_TAG) for size, src in zip(sizes, srcs)]:
+            w.wait()
+        bufs = [torch.empty(int(size.item()), dtype=torch.uint8) for size in sizes]
+        for w in [self.pg.recv([buf], src, COLL_TAG + 1) for buf, src in zip(bufs, srcs)]:
+            w.wait()
+        return [decode_parts(bytearray(buf.numpy())) for buf in bufs]
+
     def flush(self) -> None:
         """Wait for the sends; add what was sent to this process's numbers."""
         for w in self.works:
@@ -207,6 +229,83 @@ class _EmuWork(Work):
 
     def is_success(self) -> bool:
         return self.future.done()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class _NativeWork(Work):
+    """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
+    for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
+    holds until `floor`; `get_future` does the same from gloo's callback (the hold on the group's thread,
+    never on gloo's). The completion runs once, whoever gets there first."""
+
+    def __init__(self, works: list[Work], finish, floor: int, result, thread: ThreadPoolExecutor) -> None:
+        super().__init__()
+        self.works, self.finish, self.floor, self._result, self.thread = works, finish, floor, result, thread
+        self.lock = threading.Lock()
+        self.done = False
+        self.future: torch.futures.Future | None = None
+
+    def _complete(self, in_callback: bool = False) -> None:
+        if self.done:
+            return
+        # the op's error raises here; never under the lock: gloo runs the future's callbacks (which
+        # complete too) before it wakes `wait`, and a callback must not wait on its own work
+        for w in self.works:
+            w.get_future().value() if in_callback else w.wait()
+        with self.lock:
+            if self.done:
+                return
+            with torch.no_grad():
+                self.finish()
+            self.done = True
+            with _STATS_LOCK:
+                _STATS["collectives"] += 1
+
+    def wait(self, timeout=None) -> bool:
+        self._complete()
+        hold_until(self.floor)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self.future is None:
+            future = self.future = torch.futures.Future()
+
+            def done(_f=None) -> None:
+                try:
+                    self._complete(in_callback=True)
+                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                    future.set_exception(exc)
+                    return
+                if self.floor > time.monotonic_ns():
+                    self.thread.submit(lambda: (hold_until(self.floor), future.set_result(self._result)))
+                else:
+                    future.set_result(self._result)
+
+            futs = [w.get_future() for w in self.works]
+            if not futs:
+                done()
+            else:
+                (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
+        return self.future
+
+    def is_completed(self) -> bool:
+        if not self.done and not all(w.is_completed() for w in self.works):
+            return False
+        if time.monotonic_ns() < self.floor:
+            return False
+        self._complete()
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed()
 
     def exception(self):
         return None
@@ -271,6 +370,7 @@ class EmulateTransport(CaptureTransport):
             self.pg = ProcessGroupGloo(PrefixStore("gloo/", emu_store(group_name, store)), self.index,
                                        len(self.parts), timeout or timedelta(minutes=30))
             _STATS["communicators"] += 1
+        self.native = self.pg is not None and native_group.all_sandbox(self.parts, sandbox_ranks())
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
@@ -284,6 +384,11 @@ class EmulateTransport(CaptureTransport):
         return [got[i] for i in (range(self.n) if members is None else members)]
 
     def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
+        if self.native:
+            arrival = time.monotonic_ns()
+            issued = native_group.issue(self.pg, self.n, self.me, method, args)
+            if issued is not None:
+                return self._native(arrival, issued, _native_result(method, args))
         opts = args[-1] if args else None
         self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
         return super().call(method, device, *args, work_id=work_id, op=op)
@@ -320,6 +425,16 @@ class EmulateTransport(CaptureTransport):
 
         self._thread.submit(run)
         return _EmuWork(future, result)
+
+    def _native(self, arrival: int, issued: native_group.Issued, result) -> "_NativeWork":
+        """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
+        when its works do, and no earlier than the transfer hold (`_NativeWork`)."""
+        works, finish, sent = issued
+        floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+        self.seq += 1
+        with _STATS_LOCK:
+            _STATS["bytes_sent"] += sent
+        return _NativeWork(works, finish, floor, result, self._thread)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
     def _result(self, key: tuple) -> list[torch.Tensor]:
@@ -372,7 +487,8 @@ class EmulateTransport(CaptureTransport):
             output.copy_(torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
-                                meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
+                                meta={"splits": list(input_split_sizes),
+                                      "out_splits": list(output_split_sizes) or [output.shape[0] // self.n] * self.n})
 
     def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
         def complete(key):
@@ -420,6 +536,17 @@ class EmulateTransport(CaptureTransport):
                                  "capture; capture again with the same program")
         src = self.members.index(peers[k])
         return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
+
+
+def _native_result(method: str, args: tuple):
+    """What a native collective's work answers as its result (the outputs, as `CaptureTransport` gives)."""
+    if method == "broadcast":
+        return list(args[0])
+    if method == "barrier":
+        return []
+    if method == "allgather":
+        return args[0]
+    return [args[0]]  # alltoall_base, all_gather_single, reduce_scatter_single: the output
 
 
 _ANYSOURCE: dict[int, dict] = {}

@@ -26,7 +26,10 @@ queues in `PrunedGroup`). A participant's own contribution moves nowhere. The pl
 - all_to_all[_single]: each participant sends a sandbox participant only its members' slices addressed
   to that sandbox member; slices addressed to virtual members are sent nowhere (no peer exists for them).
 - barrier: an empty message from every participant to each sandbox participant.
-The bytes a plan moves are the tensor bytes of its messages (`PrunedGroup.messages`, the runtime's
+Data-movement kinds send first and then post their receives together (a participant sends only its own
+contributions: one round, whatever the plan's order); all_to_all_single slices and all_gather_into_tensor
+parts travel bare (`send_tensors`: the receiver knows their shapes from its own contribution), the other
+kinds as parts with their metadata. The bytes a plan moves are the tensor bytes of its messages (`PrunedGroup.messages`, the runtime's
 `bytes_sent`).
 """
 
@@ -155,6 +158,15 @@ class Protocol:
         splits = list(meta.get("splits") or ()) or [t.shape[0] // self.n] * self.n
         return [t.narrow(0, sum(splits[:dst]), splits[dst])]
 
+    def slices_like(self, part: Part, positions: Sequence[int]) -> list[torch.Tensor]:
+        """all_to_all_single: empty tensors shaped as the slices that the member of contribution `part`
+        receives from the members at `positions` (its "out_splits" rows; equal splits of its input's rows
+        without them): the receiver knows them, so slices travel bare (`Transport.send_tensors`)."""
+        meta, ts = part
+        t = ts[0]
+        outs = list(meta.get("out_splits") or ()) or [t.shape[0] // self.n] * self.n
+        return [torch.empty((outs[pos], *t.shape[1:]), dtype=t.dtype) for pos in positions]
+
 
 class Transport(_Interface):
     """What `run` needs from the wire: sends may be asynchronous, receives block. `send`/`recv` carry
@@ -164,6 +176,8 @@ class Transport(_Interface):
     def send(self, dst: int, parts: list[tuple[int, dict, list[torch.Tensor]]]) -> None: ...
 
     def recv(self, src: int) -> dict[int, Part]: ...
+
+    # optional: `recv_many(srcs)` -> [recv(src) for src in srcs], the receives posted together
 
     def send_tensors(self, dst: int, tensors: list[torch.Tensor]) -> None: ...
 
@@ -222,38 +236,70 @@ def run(p: Protocol, me: int, own: Mapping[int, Part], wire: Transport, op: RedO
         return result
 
     width = len(views[0]) if views else 0  # tensors per member in a reduction
-    for link in p.links:
+    # without a header: the receiver knows the shapes (its out_splits; all_gather_into_tensor: its own)
+    bare = p.op in ("all_to_all_single", "all_gather_into_tensor")
+
+    def send(link: Link) -> None:
+        dst_pos = p.runs[link.dst][0]
+        if link.what == "acc":
+            wire.send_tensors(link.dst, _fold_into(acc, op, views))
+            return
+        if link.what == "result":
+            wire.send_tensors(link.dst, p.chunk(finished(), dst_pos))
+            return
+        if link.what == "parts" and reduction:
+            wire.send_tensors(link.dst, [t for v in views for t in v])
+            return
+        if link.what == "parts" and bare:
+            wire.send_tensors(link.dst, [t for pos in mine for t in own[pos][1]])
+            return
+        if link.what == "parts":
+            out = [(pos, *own[pos]) for pos in mine]
+        elif link.what == "root":
+            meta, ts = own[p.root]
+            out = [(p.root, meta, list(ts) if p.kind == "broadcast" else [ts[dst_pos]])]
+        elif link.what == "slices" and bare:
+            wire.send_tensors(link.dst, [t for pos in mine for t in p.slice_for(own[pos], dst_pos)])
+            return
+        elif link.what == "slices":
+            out = [(pos, own[pos][0], p.slice_for(own[pos], dst_pos)) for pos in mine]
+        else:
+            out = []
+        wire.send(link.dst, out)
+
+    if not reduction:
+        # data movement: a participant sends only its own contributions, so every send goes out first
+        # (asynchronous) and the receives wait together: one round, whatever the plan's order
+        for link in p.links:
+            if link.src == me:
+                send(link)
+        srcs = [link.src for link in p.links if link.dst == me]
+        if bare:
+            mine_part = own[p.runs[me][0]]
+            if p.op == "all_to_all_single":
+                likes = [p.slices_like(mine_part, p.runs[src]) for src in srcs]
+            else:  # all_gather_into_tensor: every member's contribution is shaped as this one's
+                likes = [[torch.empty_like(t, device="cpu") for _ in p.runs[src] for t in mine_part[1]]
+                         for src in srcs]
+            many = getattr(wire, "recv_tensors_many", None)
+            k = len(mine_part[1]) if p.op != "all_to_all_single" else 1  # tensors per member
+            for src, ts in zip(srcs, many(srcs, likes) if many else map(wire.recv_tensors, srcs, likes)):
+                got.update({pos: ({}, ts[i * k:(i + 1) * k]) for i, pos in enumerate(p.runs[src])})
+        else:
+            many = getattr(wire, "recv_many", None)
+            for parts in (many(srcs) if many else [wire.recv(src) for src in srcs]):
+                got.update(parts)
+    for link in p.links if reduction else ():
         if link.src == me:
-            dst_pos = p.runs[link.dst][0]
-            if link.what == "acc":
-                wire.send_tensors(link.dst, _fold_into(acc, op, views))
-                continue
-            if link.what == "result":
-                wire.send_tensors(link.dst, p.chunk(finished(), dst_pos))
-                continue
-            if link.what == "parts" and reduction:
-                wire.send_tensors(link.dst, [t for v in views for t in v])
-                continue
-            if link.what == "parts":
-                out = [(pos, *own[pos]) for pos in mine]
-            elif link.what == "root":
-                meta, ts = own[p.root]
-                out = [(p.root, meta, list(ts) if p.kind == "broadcast" else [ts[dst_pos]])]
-            elif link.what == "slices":
-                out = [(pos, own[pos][0], p.slice_for(own[pos], dst_pos)) for pos in mine]
-            else:
-                out = []
-            wire.send(link.dst, out)
+            send(link)
         elif link.dst == me:
             if link.what == "acc":
                 acc = here(wire.recv_tensors(link.src, views[0]))
             elif link.what == "result":
                 result = wire.recv_tensors(link.src, p.chunk(views[0], p.runs[me][0]))
-            elif link.what == "parts" and reduction:
+            else:  # a trailing participant's parts
                 flat = here(wire.recv_tensors(link.src, views[0] * len(p.runs[link.src])))
                 trailing += [flat[k:k + width] for k in range(0, len(flat), width)]
-            else:
-                got.update(wire.recv(link.src))
     position = p.runs[me][0]
     if position not in p.need or p.parts[me][1] != [p.parts[me][0]] or p.parts[me][0] not in p.sandbox:
         return None
@@ -399,7 +445,12 @@ class PrunedGroup:
 
     def all_to_all_single(self, in_splits: Mapping[int, Sequence[int]], live, recorded) -> dict[int, torch.Tensor]:
         """`in_splits[m]`: member m's input split sizes along dim 0 (empty: equal splits)."""
-        meta = {m: {"splits": list(in_splits.get(m, ()))} for m in self.members}
+        def rows(m: int) -> list[int]:  # member m's input split sizes, explicit
+            t = live[m] if m in self.sandbox else recorded[m]
+            return list(in_splits.get(m, ())) or [t.shape[0] // self.n] * self.n
+
+        meta = {m: {"splits": list(in_splits.get(m, ())), "out_splits": [rows(s)[i] for s in self.members]}
+                for i, m in enumerate(self.members)}
         out = self._moved("all_to_all_single", live, recorded, meta=meta)
         return {r: torch.cat([o["got"][i][1][0] for i in range(self.n)]) for r, o in out.items()}
 

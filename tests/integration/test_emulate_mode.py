@@ -189,10 +189,12 @@ def _steps(text: str) -> list[tuple[int, str, float]]:
 LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss are tp 0 on the last stage)
     (4, ["--tp", "2", "--dp", "2", "--ep", "2"], "0"),
     (4, ["--pp", "2", "--dp", "2", "--microbatches", "4", "--var-seq"], "2"),
+    (4, ["--tp", "2", "--dp", "2", "--ep", "2"], "0,1"),  # the TP group all sandbox: native ops (native_group)
 ]
 
 
-@pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS, ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq"])
+@pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS,
+                         ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq", "tp2-dp2-ep2-sandbox01"])
 def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandbox):
     job = tmp_path / "job"
     prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]

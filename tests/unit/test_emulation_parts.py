@@ -40,3 +40,29 @@ def test_blob_round_trip_keeps_members_metas_and_bits():
     assert got[2][0] == {"op": "all_reduce"} and torch.equal(got[2][1][0], a)
     assert got[3][0] == {"splits": [1, 2]} and torch.equal(got[3][1][0], b) and torch.equal(got[3][1][1], c)
     assert emulation.decode_parts(emulation.encode_parts([])) == {}
+
+
+def test_native_work_completes_once_after_the_hold_through_wait_and_future():
+    """An all-sandbox group's native op (`_NativeWork`): the future (DDP's path) and `wait` both complete
+    it, its completion runs once, and neither answers before the transfer hold's floor."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
+
+    from prism.runtime.emulation import _NativeWork
+
+    pg = ProcessGroupGloo(HashStore(), 0, 1, timedelta(seconds=30))
+    out = torch.zeros(3)
+    calls = []
+    start = time.monotonic_ns()
+    work = _NativeWork([pg.allreduce([torch.ones(3)])], lambda: calls.append(out.add_(1)), start + 150_000_000,
+                       [out], ThreadPoolExecutor(1))
+    future = work.get_future()
+    assert work.wait() and time.monotonic_ns() - start >= 150_000_000
+    assert future.wait() == [out] and work.is_completed()
+    assert len(calls) == 1 and torch.equal(out, torch.ones(3))
+    early = _NativeWork([pg.barrier()], lambda: None, time.monotonic_ns() + 10**10, [], ThreadPoolExecutor(1))
+    early.works[0].wait()
+    assert not early.is_completed()  # done by gloo, but its floor is 10 s away
