@@ -229,7 +229,7 @@ def test_docs_fidelity_figures_are_what_the_committed_json_gives():
         for inside, n in re.findall(r"(\d+) of (\d+) inside", text):
             assert f"inside the truth's spread: {inside} of {n}" in out, (files, inside, n)
         checked += 1
-    assert checked == 9
+    assert checked == 10
 
 
 def test_readme_fidelity_figures_are_what_the_committed_json_gives():
