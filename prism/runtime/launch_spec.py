@@ -185,11 +185,6 @@ def validate(spec: LaunchSpec) -> None:
     """Raise LaunchError naming the cause and the fix."""
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
-    if os.environ.get("PRISM_DEVICE", "cpu") == "cuda":
-        why = cuda_missing()
-        if why:
-            raise LaunchError(f"PRISM_DEVICE=cuda, but {why}: run on a GPU host, or set PRISM_DEVICE=cpu "
-                              "(config: device: cpu) and run the program on CPU tensors")
     mode = modes.get(spec.mode)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
@@ -258,6 +253,12 @@ def validate(spec: LaunchSpec) -> None:
             raise LaunchError(f"--preload: module not found: {name}")
     if spec.force and spec.out is None:
         raise LaunchError("--force clears the --out folder: it needs --out")
+    # last: the options' own errors name their cause more precisely (and this one imports torch)
+    if os.environ.get("PRISM_DEVICE", "cpu") == "cuda":
+        why = cuda_missing()
+        if why:
+            raise LaunchError(f"PRISM_DEVICE=cuda, but {why}: run on a GPU host, or set PRISM_DEVICE=cpu "
+                              "(config: device: cpu) and run the program on CPU tensors")
     if spec.out is not None and spec.out.exists() and not spec.out.is_dir():
         raise LaunchError(f"--out {spec.out} is a file, not a folder; choose another path")
 
