@@ -88,8 +88,8 @@ def test_rank_memory_limit_needs_cuda(tmp_path: Path) -> None:
     script.write_text("import torch\n")
     proc = run_prism(["launch", "--nproc", "1", "--rank-memory-gb", "1", str(script)], PRISM_DEVICE="cpu")
     assert proc.returncode == 2 and "set PRISM_DEVICE=cuda" in proc.stderr, proc.stderr[-2000:]
-    # told CUDA, but the rank sees none: the rank says so, no traceback
+    # told CUDA, but none is usable here: the launcher says so before any rank starts, no traceback
     proc = run_prism(["launch", "--nproc", "1", "--rank-memory-gb", "1", str(script)], PRISM_DEVICE="cuda",
                      CUDA_VISIBLE_DEVICES="")
-    assert proc.returncode != 0 and "sees no CUDA device" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "PRISM_DEVICE=cuda, but" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
