@@ -38,8 +38,9 @@ def test_ctrl_c_during_capture_leaves_nothing_half_written_and_resumes(tiny_refe
     proc = subprocess.Popen([*SNAKEMAKE, *args], cwd=REPO, env=snakemake_env(), stdout=log_file,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # the capture's ranks are past their first training step: mid-stage
-        _wait_for(lambda: log.is_file() and "step=1" in log.read_text(), proc, "capture step", out_log)
+        # the capture's ranks have started (their first line): mid-stage. (Waiting for "step=1" raced with
+        # the 3-step capture's end on a loaded box: its lines can reach the log together.)
+        _wait_for(lambda: log.is_file() and "moe_gpt: rank" in log.read_text(), proc, "capture ranks", out_log)
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
     finally:
