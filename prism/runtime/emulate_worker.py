@@ -27,6 +27,7 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism.runtime import compensation as comp
 from prism.runtime import emulation, pruned, shm, timed_replay
 from prism.runtime.common_start import common_start
 from prism.runtime.cone import ConeError
@@ -35,7 +36,7 @@ from prism.runtime.prefetch import PayloadPool
 from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
-EXCHANGES = 8  # the transfer hold's lead: the shortest of a group's (channel's) last 8 real exchanges
+EXCHANGES = 8  # a p2p transfer hold's lead: the shortest of a channel's last 8 real exchanges
 
 
 class EmulationWorker(ReplayServer):
@@ -49,15 +50,17 @@ class EmulationWorker(ReplayServer):
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
-    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> None:
-        """The timed replay's gate with the transfer hold (`timed_replay`'s module doc), released one real
-        exchange early: the shortest of the last `exchanges` (ns) of this group or channel."""
-        if self.timed is not None:
-            self.timed.gate(comm, hold, min(exchanges) if exchanges else 0)
+    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> int:
+        """The timed replay's gate (`timed_replay`'s module doc); with `hold` (a p2p message it sends), the
+        transfer hold released one real exchange early: the shortest of the last `exchanges` (ns) of this
+        channel. Returns the comm's virtual floor (0: none)."""
+        if self.timed is None:
+            return 0
+        return self.timed.gate(comm, hold, min(exchanges) if exchanges else 0)
 
-    def _done(self, comm: int) -> None:
+    def _done(self, comm: int, floor: int = 0) -> None:
         if self.timed is not None:
-            self.timed.complete(comm)
+            self.timed.complete(comm, floor)
 
     # -- payloads: through the prefetch pool, in the order of use -------------------------------------------
     def _path(self, digest: str) -> str:
@@ -142,20 +145,25 @@ class EmulationWorker(ReplayServer):
         wires = {i: emulation.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
         sandbox = set(self.plan.slice_ranks)
         pos = {m: k for k, m in enumerate(members)}
-        exchanges: deque = deque(maxlen=EXCHANGES)  # real exchange times (ns), the transfer hold's lead
+        # each collective's virtual floor goes to every sandbox participant (the sandbox's transfer hold)
+        sender = emulation.floor_sender(self.parts[group], sandbox)
+        floor_pg = self.pgs[group][self.parts[group][sender][0]] if self.timed and sender is not None else None
+        to = [i for i, p in enumerate(self.parts[group]) if comp.is_sandbox(p, sandbox)]
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
             self.state[name] = f"{c.op} #{c.seq}"
             proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
             red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
-            self._gate(comm, exchanges=exchanges)
-            began = time.monotonic_ns()
+            floor = self._gate(comm, hold=False)  # the data moves at the last virtual arrival, the hold is apart
+            floor_msg = torch.tensor([floor], dtype=torch.int64)
+            sent = [floor_pg.send([floor_msg], i, emulation.FLOOR_TAG) for i in to] if floor_pg is not None else []
             for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before
                 pruned.run(proto, i, {pos[v]: recorded[v] for v in run if v in recorded}, wires[i], red)
             for wire in wires.values():
                 wire.flush()
-            exchanges.append(time.monotonic_ns() - began)
-            self._done(comm)
+            for w in sent:
+                w.wait()
+            self._done(comm, floor)
             self.ops += 1
         self.state[name] = "done"
 

@@ -19,7 +19,9 @@ substitutes); data movement sends each sandbox member only what it reads. Comple
 outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
 stay async. A collective completes no earlier than the member's arrival (its call) + the op's calibrated
-transfer, when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`).
+transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is calibrated (the
+transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold is the work's (`emulated_works`),
+never the group thread's, so a group's next collective is exchanged while the previous one is held.
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
@@ -36,45 +38,51 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import torch
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism.runtime import compensation as comp
 from prism.runtime import native_group, pruned, semantics, shm
+from prism.runtime.emulated_works import _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
 TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
-_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
-          "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
-_STATS_LOCK = threading.Lock()
 _TRANSFERS: dict[str, int] | None = None
+_TIMED = False
 
 
 def transfers(store) -> dict[str, int]:
     """The calibrated transfers of the real collectives (ns by "<group>/<seq>"), read once from the job's
     store after the common start; empty when the worker published none (an uncalibrated job)."""
-    global _TRANSFERS
+    global _TRANSFERS, _TIMED
     if _TRANSFERS is None:
         base = job_store(store)
-        _TRANSFERS = json.loads(base.get(TRANSFERS_KEY)) if base.check([TRANSFERS_KEY]) else {}
+        _TIMED = bool(base.check([TRANSFERS_KEY]))
+        _TRANSFERS = json.loads(base.get(TRANSFERS_KEY)) if _TIMED else {}
     return _TRANSFERS
 
 
-def hold_until(floor_ns: int) -> None:
-    """Sleep until the host monotonic clock reaches `floor_ns` (the transfer hold), counting it."""
-    delay = floor_ns - time.monotonic_ns()
-    if delay > 0:
-        time.sleep(delay / 1e9)
-        with _STATS_LOCK:
-            _STATS["transfer_holds"] += 1
-            _STATS["transfer_hold_s"] += delay / 1e9
+def timed(store) -> bool:
+    """Whether the worker runs the timed replay (it published the transfers): then it sends each real
+    collective's virtual floor (`floor_sender`)."""
+    transfers(store)
+    return _TIMED
+
+
+def floor_sender(parts: list[tuple[int, list[int]]], sandbox: set[int]) -> int | None:
+    """The participant that sends a group's sandbox participants each collective's virtual floor: the
+    first compensator (None: the group has none). The floor is the host monotonic time at which the
+    calibrated model completes the collective for the virtual members' arrivals (t0 + their last arrival
+    + its transfer, `TimedReplay.gate`); a sandbox member's collective completes no earlier (with its
+    own arrival + the transfer: the transfer hold)."""
+    return next((i for i, p in enumerate(parts) if not comp.is_sandbox(p, sandbox)), None)
 
 
 class EmulationError(RuntimeError):
@@ -120,6 +128,7 @@ def decode_parts(data: bytes) -> dict[int, tuple[dict, list[torch.Tensor]]]:
 
 
 COLL_TAG = 1 << 30  # gloo tags of the collectives' messages (p2p tags stay far below: p2p_tag)
+FLOOR_TAG = COLL_TAG - 1  # a collective's virtual floor (int64 ns), from `floor_sender` to each sandbox participant
 
 
 class GlooWire:
@@ -210,145 +219,6 @@ class _Reader:
         return self.owner.got[key][int(suffix.removeprefix("-r"))]
 
 
-class _EmuWork(Work):
-    """An emulated collective in flight: its exchange and completion run on the group's thread."""
-
-    def __init__(self, future: torch.futures.Future, result) -> None:
-        super().__init__()
-        self.future, self._result = future, result
-
-    def wait(self, timeout=None) -> bool:
-        self.future.wait()
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        return self.future
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-    def is_success(self) -> bool:
-        return self.future.done()
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-
-class _NativeWork(Work):
-    """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
-    for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
-    holds until `floor`; `get_future` does the same from gloo's callback (the hold on the group's thread,
-    never on gloo's). The completion runs once, whoever gets there first."""
-
-    def __init__(self, works: list[Work], finish, floor: int, result, thread: ThreadPoolExecutor) -> None:
-        super().__init__()
-        self.works, self.finish, self.floor, self._result, self.thread = works, finish, floor, result, thread
-        self.lock = threading.Lock()
-        self.done = False
-        self.future: torch.futures.Future | None = None
-
-    def _complete(self, in_callback: bool = False) -> None:
-        if self.done:
-            return
-        # the op's error raises here; never under the lock: gloo runs the future's callbacks (which
-        # complete too) before it wakes `wait`, and a callback must not wait on its own work
-        for w in self.works:
-            w.get_future().value() if in_callback else w.wait()
-        with self.lock:
-            if self.done:
-                return
-            with torch.no_grad():
-                self.finish()
-            self.done = True
-            with _STATS_LOCK:
-                _STATS["collectives"] += 1
-
-    def wait(self, timeout=None) -> bool:
-        self._complete()
-        hold_until(self.floor)
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        if self.future is None:
-            future = self.future = torch.futures.Future()
-
-            def done(_f=None) -> None:
-                try:
-                    self._complete(in_callback=True)
-                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                    future.set_exception(exc)
-                    return
-                if self.floor > time.monotonic_ns():
-                    self.thread.submit(lambda: (hold_until(self.floor), future.set_result(self._result)))
-                else:
-                    future.set_result(self._result)
-
-            futs = [w.get_future() for w in self.works]
-            if not futs:
-                done()
-            else:
-                (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
-        return self.future
-
-    def is_completed(self) -> bool:
-        if not self.done and not all(w.is_completed() for w in self.works):
-            return False
-        if time.monotonic_ns() < self.floor:
-            return False
-        self._complete()
-        return True
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-
-class _SourceWork(Work):
-    """A recv's work that also says who sent (what `recv_anysource` answers)."""
-
-    def __init__(self, inner: Work, src: int) -> None:
-        super().__init__()
-        self._inner, self._src = inner, src
-
-    def wait(self, timeout=None) -> bool:
-        return self._inner.wait()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._inner.get_future()
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def result(self):
-        return self._inner.result()
-
-    def synchronize(self) -> None:
-        self._inner.synchronize()
-
-    def _source_rank(self) -> int:
-        return self._src
-
-
 class EmulateTransport(CaptureTransport):
     """The transport of one group of a sandbox rank (see the module doc)."""
 
@@ -371,6 +241,7 @@ class EmulateTransport(CaptureTransport):
                                        len(self.parts), timeout or timedelta(minutes=30))
             _STATS["communicators"] += 1
         self.native = self.pg is not None and native_group.all_sandbox(self.parts, sandbox_ranks())
+        self.floor_src = floor_sender(self.parts, sandbox_ranks())
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
@@ -401,30 +272,34 @@ class EmulateTransport(CaptureTransport):
         arrival = time.monotonic_ns()
         key = ("c", self.group, self.seq)
         floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+        floor_src = self.floor_src if timed(self.store) else None
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
-        future = torch.futures.Future()
+        work = _EmuWork(result)
 
-        def run() -> None:
+        def run() -> None:  # the exchange; the hold is the work's (`emulated_works`), never this thread's
             try:
                 wire = GlooWire(self.pg)
+                virtual = torch.zeros(1, dtype=torch.int64)
+                got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
                 outcome = pruned.run(proto, self.index, own, wire, red)
                 wire.flush()
-                hold_until(floor)
+                if got_floor is not None:
+                    got_floor.wait()
                 self.got[key] = (outcome or {}).get("got", outcome)
                 with torch.no_grad():
                     complete(key)
                 del self.got[key]
                 _STATS["collectives"] += 1
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(exc)
+                work.fail(exc)
                 return
-            future.set_result(result)
+            work.finish(max(floor, int(virtual[0])))
 
         self._thread.submit(run)
-        return _EmuWork(future, result)
+        return work
 
     def _native(self, arrival: int, issued: native_group.Issued, result) -> "_NativeWork":
         """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
@@ -434,7 +309,7 @@ class EmulateTransport(CaptureTransport):
         self.seq += 1
         with _STATS_LOCK:
             _STATS["bytes_sent"] += sent
-        return _NativeWork(works, finish, floor, result, self._thread)
+        return _NativeWork(works, finish, floor, result)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
     def _result(self, key: tuple) -> list[torch.Tensor]:

@@ -19,11 +19,17 @@ The transfer hold (emulation, not slice runs): a real comm completes no earlier 
 says for the live arrivals, last arrival + the comm's calibrated transfer -- the real operation runs among
 the pruned participants only, and on a gloo host it is much shorter than the whole group's (in the W=8
 fidelity runs the emulated sandbox's iteration was up to 24 % shorter than the prediction for its rank
-without it). The worker releases the virtual members' part at t0 + their last arrival + the transfer
-(`gate(comm, hold=True)`; for p2p only where it sends) less the real exchange that follows (the worker
-passes the shortest of the group's or channel's last 8 exchange times), and a sandbox member's collective
-ends no earlier than its own arrival + the transfer (`collective_transfers`, published to the sandbox ranks
-before the common start). So the op completes about at the model's completion whoever arrives last.
+without it). A collective's data moves as soon as its participants arrive; its *completion* is held: the
+worker exchanges at t0 + the virtual members' last arrival (`gate(comm)`), sends the sandbox members the
+comm's virtual floor, t0 + that arrival + the transfer (what `gate` returns; `emulation.FLOOR_TAG`), and
+completes the comm for the virtual ranks no earlier (`complete(comm, floor)`); a sandbox member's
+collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
+published to the sandbox ranks before the common start), held off the thread that exchanges
+(`emulated_works`). So the op completes about at the model's completion whoever arrives last, and a burst
+of collectives whose completions bunch (async all-reduces waited at the end of the backward pass) completes
+together, not one exchange apart after the floor (device-10, `docs/fidelity.md`). A p2p message from a
+virtual rank has no floor message: the worker still releases it at t0 + the send's arrival + the transfer
+(`gate(comm, hold=True)`) less the real exchange that follows (the shortest of the channel's last 8).
 
 The loop is a numba kernel (`_advance`) over arrays; it never sleeps: it runs until every live rank waits
 on a real comm not yet complete, then waits for the next completion. `gate` measures how late the virtual
@@ -239,14 +245,15 @@ class TimedReplay:
         return {f"{g}/{k}": max(0, int(self.xfer[self.index[c]])) for (g, k), c in self.collective_comm.items()
                 if c in self.index}
 
-    def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> None:
+    def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> int:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
         the last arrival (with `hold`: the last arrival + the comm's calibrated transfer less `lead_ns`, the
         real exchange that follows, but not before the last arrival); a comm the loop does not drive, e.g.
-        beyond --steps-limit, passes at once."""
+        beyond --steps-limit, passes at once. Returns the comm's virtual floor: t0 + the last virtual
+        arrival + the calibrated transfer (host monotonic ns; 0 for a comm not driven)."""
         i = self.index.get(comm, -1) if comm >= 0 else -1
         if i < 0 or not self.driven_mask[i]:
-            return
+            return 0
         while not self.stopped and not self.running.wait(0.5):
             pass
         reached = time.monotonic_ns()
@@ -258,17 +265,20 @@ class TimedReplay:
         target = self.t0_ns + last
         # the clock's own delay: the op could go at max(target, reached) but its arrival was known only now
         self.late_ns.append(max(0, now - max(target, reached)))
+        floor = target + max(0, int(self.xfer[i]))
         if hold:
             target += max(0, int(self.xfer[i]) - lead_ns)
         if target > now:
             time.sleep((target - now) / 1e9)
+        return floor
 
-    def complete(self, comm: int) -> None:
-        """The real communication `comm` completed now."""
+    def complete(self, comm: int, not_before: int = 0) -> None:
+        """The real communication `comm` completed now; for the virtual ranks, no earlier than `not_before`
+        (host monotonic ns: its virtual floor, `gate`)."""
         i = self.index.get(comm, -1) if comm >= 0 else -1
         if i < 0:
             return
-        self.feed(comm, time.monotonic_ns() - self.t0_ns)
+        self.feed(comm, max(time.monotonic_ns(), not_before) - self.t0_ns)
 
     def feed(self, comm: int, t_ns: int) -> None:
         """Real comm `comm` completed at `t_ns` (ns from t0): the loop goes on from there."""

@@ -46,7 +46,6 @@ def test_native_work_completes_once_after_the_hold_through_wait_and_future():
     """An all-sandbox group's native op (`_NativeWork`): the future (DDP's path) and `wait` both complete
     it, its completion runs once, and neither answers before the transfer hold's floor."""
     import time
-    from concurrent.futures import ThreadPoolExecutor
     from datetime import timedelta
 
     from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
@@ -58,11 +57,47 @@ def test_native_work_completes_once_after_the_hold_through_wait_and_future():
     calls = []
     start = time.monotonic_ns()
     work = _NativeWork([pg.allreduce([torch.ones(3)])], lambda: calls.append(out.add_(1)), start + 150_000_000,
-                       [out], ThreadPoolExecutor(1))
+                       [out])
     future = work.get_future()
     assert work.wait() and time.monotonic_ns() - start >= 150_000_000
     assert future.wait() == [out] and work.is_completed()
     assert len(calls) == 1 and torch.equal(out, torch.ones(3))
-    early = _NativeWork([pg.barrier()], lambda: None, time.monotonic_ns() + 10**10, [], ThreadPoolExecutor(1))
+    early = _NativeWork([pg.barrier()], lambda: None, time.monotonic_ns() + 10**10, [])
     early.works[0].wait()
     assert not early.is_completed()  # done by gloo, but its floor is 10 s away
+
+
+def test_emulated_work_is_held_to_its_floor_but_not_its_group_thread():
+    """A protocol collective's work (`_EmuWork`): the group's thread completes it and goes on at once (the
+    next collective's exchange must not wait for this one's hold); `wait`, `is_completed` and the future
+    answer only once the floor passed, each future at its own floor (a later op with an earlier floor
+    first); an error reaches whoever waits."""
+    import time
+
+    from prism.runtime.emulated_works import _EmuWork
+
+    start = time.monotonic_ns()
+    slow, quick = _EmuWork(["slow"]), _EmuWork(["quick"])
+    slow_future, quick_future = slow.get_future(), quick.get_future()
+    done = []
+    slow_future.add_done_callback(lambda f: done.append(("slow", time.monotonic_ns() - start)))
+    quick_future.add_done_callback(lambda f: done.append(("quick", time.monotonic_ns() - start)))
+    slow.finish(start + 400_000_000)  # what the group thread does, one op after the other, without sleeping
+    quick.finish(start + 100_000_000)
+    assert time.monotonic_ns() - start < 100_000_000
+    assert not slow.is_completed() and not quick.is_completed()
+    assert quick.wait() and time.monotonic_ns() - start >= 100_000_000 and quick.is_completed()
+    assert quick_future.wait() == ["quick"] and not slow.is_completed()
+    assert slow_future.wait() == ["slow"] and time.monotonic_ns() - start >= 400_000_000 and slow.is_completed()
+    deadline = time.monotonic() + 5
+    while len(done) < 2 and time.monotonic() < deadline:  # (a callback runs just after its future's waiters wake)
+        time.sleep(0.001)
+    assert [name for name, _ in done] == ["quick", "slow"]
+    assert done[0][1] >= 100_000_000 and done[1][1] >= 400_000_000
+    failed = _EmuWork([])
+    future = failed.get_future()
+    failed.fail(RuntimeError("gloo says no"))
+    with pytest.raises(RuntimeError, match="gloo says no"):
+        failed.wait()
+    with pytest.raises(RuntimeError, match="gloo says no"):
+        future.wait()

@@ -1,0 +1,258 @@
+"""Mode `emulate`, rank side: the works a sandbox rank's emulated collectives answer, and the transfer hold.
+
+The transfer hold (`timed_replay`'s module doc): a real collective completes, for the program, no earlier
+than its *floor* (host monotonic ns): its calibrated completion for the arrivals known. The hold delays
+only what the program sees (`wait`, `is_completed`, the future); it never holds the thread that runs the
+group's exchanges: a group's collectives are exchanged one after the other on that thread as soon as
+their participants arrive, and each is then held to its own floor apart. Holding the thread (as before)
+put every later collective of the group behind the earlier one's hold: a burst of async all-reduces whose
+calibrated completions bunch at the end of the backward pass (DDP's buckets, their waits all there)
+completed one exchange apart after that time instead of together (+10 to +20 ms an iteration in the
+W=8 fidelity runs' sandbox, `docs/fidelity.md`).
+
+- `_EmuWork`: a collective run by the pruned protocol on the group's thread; the thread sets its floor
+  and completes its inner future; `wait` holds on the caller's thread, the future (DDP's path) is
+  completed at the floor by `TIMER`.
+- `_NativeWork`: a native gloo op of an all-sandbox group (`native_group`), held the same way.
+- `_SourceWork`: a recv's work that says who sent.
+`_STATS` are the rank's numbers (`emulation.write_rank_stats`), shared with `emulation`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from typing import Callable
+
+import torch
+from torch._C._distributed_c10d import Work
+
+_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
+          "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
+_STATS_LOCK = threading.Lock()
+
+
+def _count_hold(delay_ns: int) -> None:
+    with _STATS_LOCK:
+        _STATS["transfer_holds"] += 1
+        _STATS["transfer_hold_s"] += delay_ns / 1e9
+
+
+def hold_until(floor_ns: int) -> None:
+    """Sleep until the host monotonic clock reaches `floor_ns` (the transfer hold), counting it."""
+    delay = floor_ns - time.monotonic_ns()
+    if delay > 0:
+        time.sleep(delay / 1e9)
+        _count_hold(delay)
+
+
+class HoldTimer:
+    """Runs callbacks at given host monotonic times, on one daemon thread of its own (started on first
+    use): what completes a held future without holding the thread that completed the operation."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._cv = threading.Condition()
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def at(self, deadline_ns: int, fn: Callable[[], None]) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (deadline_ns, next(self._order), fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="prism-emu-hold", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                deadline = self._heap[0][0]
+                now = time.monotonic_ns()
+                if deadline > now:
+                    self._cv.wait((deadline - now) / 1e9)
+                    continue
+                _, _, fn = heapq.heappop(self._heap)
+            fn()  # (outside the lock: a callback may schedule another)
+
+
+TIMER = HoldTimer()
+
+
+def held_future(source: torch.futures.Future, floor: Callable[[], int], result) -> torch.futures.Future:
+    """A future that completes with `result` once `source` did and the clock reached `floor()` (read when
+    `source` completes), or with `source`'s error at once."""
+    future = torch.futures.Future()
+
+    def done(f: torch.futures.Future) -> None:
+        try:
+            f.value()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+            return
+        at, now = floor(), time.monotonic_ns()
+        if at > now:
+            _count_hold(at - now)
+            TIMER.at(at, lambda: future.set_result(result))
+        else:
+            future.set_result(result)
+
+    source.add_done_callback(done)
+    return future
+
+
+class _EmuWork(Work):
+    """An emulated collective in flight: its exchange and completion run on the group's thread, which then
+    calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor."""
+
+    def __init__(self, result) -> None:
+        super().__init__()
+        self.inner = torch.futures.Future()
+        self.floor = 0
+        self._result = result
+        self.future: torch.futures.Future | None = None
+        self.lock = threading.Lock()
+
+    def finish(self, floor: int) -> None:
+        self.floor = floor
+        self.inner.set_result(self._result)
+
+    def fail(self, exc: BaseException) -> None:
+        self.inner.set_exception(exc)
+
+    def wait(self, timeout=None) -> bool:
+        self.inner.wait()
+        hold_until(self.floor)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        with self.lock:
+            if self.future is None:
+                self.future = held_future(self.inner, lambda: self.floor, self._result)
+        return self.future
+
+    def is_completed(self) -> bool:
+        return self.inner.done() and time.monotonic_ns() >= self.floor
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class _NativeWork(Work):
+    """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
+    for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
+    holds until `floor`; `get_future` does the same from gloo's callback (the hold by `TIMER`, never on
+    gloo's thread). The completion runs once, whoever gets there first."""
+
+    def __init__(self, works: list[Work], finish, floor: int, result) -> None:
+        super().__init__()
+        self.works, self.finish, self.floor, self._result = works, finish, floor, result
+        self.lock = threading.Lock()
+        self.done = False
+        self.future: torch.futures.Future | None = None
+
+    def _complete(self, in_callback: bool = False) -> None:
+        if self.done:
+            return
+        # the op's error raises here; never under the lock: gloo runs the future's callbacks (which
+        # complete too) before it wakes `wait`, and a callback must not wait on its own work
+        for w in self.works:
+            w.get_future().value() if in_callback else w.wait()
+        with self.lock:
+            if self.done:
+                return
+            with torch.no_grad():
+                self.finish()
+            self.done = True
+            with _STATS_LOCK:
+                _STATS["collectives"] += 1
+
+    def wait(self, timeout=None) -> bool:
+        self._complete()
+        hold_until(self.floor)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self.future is None:
+            completed = torch.futures.Future()
+
+            def done(_f=None) -> None:
+                try:
+                    self._complete(in_callback=True)
+                except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                    completed.set_exception(exc)
+                    return
+                completed.set_result(self._result)
+
+            self.future = held_future(completed, lambda: self.floor, self._result)
+            futs = [w.get_future() for w in self.works]
+            if not futs:
+                done()
+            else:
+                (futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)).add_done_callback(done)
+        return self.future
+
+    def is_completed(self) -> bool:
+        if not self.done and not all(w.is_completed() for w in self.works):
+            return False
+        if time.monotonic_ns() < self.floor:
+            return False
+        self._complete()
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class _SourceWork(Work):
+    """A recv's work that also says who sent (what `recv_anysource` answers)."""
+
+    def __init__(self, inner: Work, src: int) -> None:
+        super().__init__()
+        self._inner, self._src = inner, src
+
+    def wait(self, timeout=None) -> bool:
+        return self._inner.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._inner.get_future()
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def _source_rank(self) -> int:
+        return self._src
