@@ -1,0 +1,179 @@
+"""The emulated sandbox against its prediction, two prisms on one calibrated job (A/B), and where it differs.
+
+    python -m prism.bench.fidelity_hold --config NAME --work DIR --base TREE [--steps 8] [--timeout S]
+
+Runs the fidelity bench's prism pipeline for one config (`fidelity.run_prism`: capture, graph, plan,
+slices, calibrate; no truth runs), then `prism emulate` on that job with the bench's sandbox (the default
+rank's slice) twice: first with the prism of TREE (a checkout of another commit: "before"), then with this
+one ("after"), each into its own folder (DIR/<config>/emulation_<variant>). Paired on one job, the two
+differ only by the emulation; `sandbox - predicted` (points of the prediction for the default rank) is what
+the emulation adds. Prints and writes DIR/<config>/hold.json: per variant the bench's numbers
+(`fidelity.emulated_sandbox`) and `breakdown`: per (kind, op, group) of the default rank, the ms per
+iteration the sandbox spent against the calibrated timeline (compute together), and per real collective
+group the ms per iteration its waits ended past the model's completion for the emulation's own arrivals
+(`late_ms`: the last arrival of any member, sandbox or replayed, + the calibrated transfer).
+`--rescore DIR/<config>` recomputes hold.json from the saved job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prism.bench import fidelity, fidelity_sandbox
+
+VARIANTS = ("before", "after")
+
+
+def _strings(col) -> np.ndarray:
+    return fidelity._strings(col)
+
+
+def breakdown(job: Path, folder: str, rank: int) -> dict:
+    """Where rank `rank`'s emulated iterations (1 .. last-1) differ from the calibrated timeline's."""
+    from prism.calibrate import durations as rules
+
+    em = pq.read_table(job / folder / "events.parquet")
+    em = em.filter(pa.array(_strings(em.column("source")) != "computed"))
+    src = _strings(em.column("source"))
+    kind, op, grp = (_strings(em.column(c)) for c in ("kind", "op", "group"))
+    rk, it, cid, st, en, opev, evid, seq = (em.column(c).to_numpy() for c in
+                                            ("rank", "iteration", "comm_id", "start_ns", "end_ns", "op_event_id",
+                                             "event_id", "seq"))
+    tl = pq.read_table(job / "calibrated" / "timeline.parquet")
+    pred = {(int(r), int(q)): int(e) - int(s) for r, q, s, e in zip(*(tl.column(c).to_numpy() for c in
+                                                                       ("rank", "seq", "start_ns", "end_ns")))}
+    mine = (rk == rank) & (src == "sandbox")
+    last = int(it[mine].max())
+    keep = mine & (it >= 1) & (it < last)
+    iterations = max(len(set(it[keep].tolist())), 1)
+    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for i in np.flatnonzero(keep):
+        name = "compute" if kind[i] == "compute" else f"{kind[i]} {op[i]} group {grp[i]}"
+        v = acc[name]
+        v[0] += 1
+        v[1] += (en[i] - st[i]) / 1e6
+        v[2] += pred[(int(rk[i]), int(seq[i]))] / 1e6
+    spent = {k: {"n": v[0] / iterations, "sandbox_ms": v[1] / iterations, "pred_ms": v[2] / iterations,
+                 "excess_ms": (v[1] - v[2]) / iterations} for k, v in sorted(acc.items(), key=lambda kv: kv[1][2] - kv[1][1])}
+    comms = pq.read_table(job / "graph" / "comms.parquet", columns=["comm_id"]).column("comm_id").to_numpy()
+    tdir = "slices_timed" if (job / "slices_timed" / "transfers.parquet").is_file() else "slices"
+    xfer = dict(zip(comms.tolist(), rules.read_transfers(job / tdir / "transfers.parquet", comms).tolist()))
+    arrive: dict[int, int] = {}
+    for i in np.flatnonzero(kind == "collective"):
+        arrive[int(cid[i])] = max(arrive.get(int(cid[i]), 0), int(st[i]))
+    wait_of = {int(opev[i]): i for i in np.flatnonzero((kind == "wait") & mine)}  # (the last wait on each op)
+    late: dict[str, list[float]] = defaultdict(list)
+    for i in np.flatnonzero(keep & (kind == "collective")):
+        w = wait_of.get(int(evid[i]))
+        if w is None:
+            continue
+        model = arrive[int(cid[i])] + xfer[int(cid[i])]
+        late[f"{op[i]} group {grp[i]}"].append((int(en[w]) - max(model, int(st[w]))) / 1e6)
+    late_ms = {k: {"n": len(v) / iterations, "sum_ms": float(np.sum(v)) / iterations,
+                   "median_ms": float(np.median(v)), "p90_ms": float(np.percentile(v, 90))} for k, v in late.items()}
+    return {"iterations": iterations, "spent": spent, "late_ms": late_ms}
+
+
+def score(job: Path, variant: str) -> dict:
+    """The bench's numbers of one saved emulation of `job` (its folder `emulation_<variant>`)."""
+    folder = job / f"emulation_{variant}"
+    if (job / f"emulate_{variant}.failed").is_file():
+        return {"error": (job / f"emulate_{variant}.failed").read_text()[:500]}
+    shutil.rmtree(job / "emulation", ignore_errors=True)
+    os.symlink(folder.name, job / "emulation")
+    try:
+        timeline, _ = fidelity.calibrated(job, slices=True)
+        out = fidelity.emulated_sandbox(job, timeline, None)
+    finally:
+        (job / "emulation").unlink()
+    if out.get("sandbox_ms") and out.get("pred_rank_ms"):
+        out["sandbox_minus_pred_pct"] = 100.0 * (out["sandbox_ms"] - out["pred_rank_ms"]) / out["pred_rank_ms"]
+    meta = json.loads((folder / "meta.json").read_text()).get("emulation", {})
+    out["transfer_holds"], out["transfer_hold_s"] = meta.get("transfer_holds"), meta.get("transfer_hold_s")
+    out["breakdown"] = breakdown(job, folder.name, int(out["rank"]))
+    return out
+
+
+def run(cfg, work: Path, base: Path, steps: int, timeout: float) -> dict:
+    job = work / cfg.name
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    log = job / "log.txt"
+    times = fidelity.run_prism(cfg, cfg.args(steps, fidelity.MODEL), cfg.devices, job, log, timeout, emulate=False)
+    ranks = fidelity_sandbox.sandbox_ranks(job, whole_slice=True)
+    for variant in VARIANTS:
+        cmd = [sys.executable, "-m", "prism.cli", "emulate", "--job", str(job.resolve()), "--sandbox",
+               ",".join(map(str, ranks)), "--devices", str(len(ranks)), "--force"]
+        tree = base if variant == "before" else Path(__file__).resolve().parents[2]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree.resolve())] + [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        with open(log, "ab") as f:
+            f.write(f"$ ({variant}: {tree}) {' '.join(cmd)}\n".encode())
+            f.flush()
+            code = subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        if code != 0:
+            (job / f"emulate_{variant}.failed").write_text(f"exit {code}: see {log}")
+        elif (job / "emulation").is_dir():
+            (job / "emulation").rename(job / f"emulation_{variant}")
+    return {"config": cfg.name, "sandbox": ranks, "stage_s": {k: round(v, 1) for k, v in times.items()},
+            **{variant: score(job, variant) for variant in VARIANTS}}
+
+
+def report(res: dict) -> str:
+    lines = [f"== {res['config']} (sandbox {res['sandbox']})"]
+    for variant in VARIANTS:
+        r = res[variant]
+        if r.get("error"):
+            lines.append(f"{variant}: FAILED {r['error']}")
+            continue
+        lines.append(f"{variant}: sandbox {r['sandbox_ms']:.2f} ms, predicted {r['pred_rank_ms']:.2f} ms, "
+                     f"sandbox - predicted {r.get('sandbox_minus_pred_pct', float('nan')):+.1f} %, "
+                     f"emulated job {r['job_ms']:.2f} ms, holds {r['transfer_holds']} ({r['transfer_hold_s']} s)")
+        b = r["breakdown"]
+        for k, v in b["spent"].items():
+            if abs(v["excess_ms"]) >= 0.5:
+                lines.append(f"  {k:42} {v['n']:6.1f}/it  sandbox {v['sandbox_ms']:8.2f}  pred {v['pred_ms']:8.2f}  "
+                             f"excess {v['excess_ms']:+8.2f} ms/it")
+        for k, v in b["late_ms"].items():
+            lines.append(f"  late past the model: {k:30} {v['sum_ms']:7.2f} ms/it  median {v['median_ms']:.3f}  "
+                         f"p90 {v['p90_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_hold", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help=f"a config name (any of {', '.join(fidelity.BY_NAME)})")
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--base", type=Path, help="the other prism's tree (the 'before' variant)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--rescore", type=Path, metavar="DIR/CONFIG")
+    args = parser.parse_args(argv)
+    if args.rescore:
+        old = json.loads((args.rescore / "hold.json").read_text())
+        res = dict(old, **{v: score(args.rescore, v) for v in VARIANTS})
+    else:
+        if args.config not in fidelity.BY_NAME or args.work is None or args.base is None:
+            parser.error("--config NAME, --work DIR and --base TREE are needed (or --rescore DIR/CONFIG)")
+        if not (args.base / "prism" / "cli.py").is_file():
+            parser.error(f"--base {args.base}: not a prism tree (no prism/cli.py)")
+        res = run(fidelity.BY_NAME[args.config], args.work, args.base, args.steps, args.timeout)
+    out = (args.rescore or args.work / res["config"]) / "hold.json"
+    out.write_text(json.dumps(res, indent=1))
+    print(report(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
