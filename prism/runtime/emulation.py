@@ -18,10 +18,11 @@ live values and the virtual ranks' recorded ones — not the capture's result (w
 substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
 outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
-stay async. A collective completes no earlier than the member's arrival (its call) + the op's calibrated
-transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is calibrated (the
-transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold is the work's (`emulated_works`),
-never the group thread's, so a group's next collective is exchanged while the previous one is held.
+stay async. A collective of a group with a virtual member completes no earlier than the member's arrival
+(its call) + the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`),
+when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold
+is the work's (`emulated_works`), never the group thread's, so a group's next collective is exchanged while
+the previous one is held. A group of sandbox ranks only is not held: its real operation is the op itself.
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
@@ -271,7 +272,7 @@ class EmulateTransport(CaptureTransport):
         slices or pieces received, by group position, which `_inputs` / `c.read` return)."""
         arrival = time.monotonic_ns()
         key = ("c", self.group, self.seq)
-        floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+        floor = self._own_floor(arrival)
         floor_src = self.floor_src if timed(self.store) else None
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
@@ -301,11 +302,22 @@ class EmulateTransport(CaptureTransport):
         self._thread.submit(run)
         return work
 
+    def _own_floor(self, arrival: int) -> int:
+        """The transfer hold from this member's own arrival at the group's next collective: its arrival + the
+        calibrated transfer where the group has a virtual member (the pruned exchange moves less than the
+        whole group's); 0 where every member is a sandbox rank: the real operation is then the whole
+        group's own, and holding it to the calibrated transfer too made each op last the longer of two noisy
+        times (the slice run's and this one's: +10 to +17 ms an iteration over dp8-ep4's 40 all-to-alls,
+        device-10 in `docs/fidelity.md`)."""
+        if self.floor_src is None:
+            return 0
+        return arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+
     def _native(self, arrival: int, issued: native_group.Issued, result) -> "_NativeWork":
         """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
         when its works do, and no earlier than the transfer hold (`_NativeWork`)."""
         works, finish, sent = issued
-        floor = arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
+        floor = self._own_floor(arrival)
         self.seq += 1
         with _STATS_LOCK:
             _STATS["bytes_sent"] += sent

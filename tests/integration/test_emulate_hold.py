@@ -1,9 +1,10 @@
-"""Mode emulate's transfer hold holds a collective's completion, not the exchanges after it.
+"""Mode emulate's transfer hold holds a collective's completion, not the exchanges after it, and only where
+the group has a virtual member (`prism/runtime/emulated_works.py`, `EmulateTransport._own_floor`).
 
 A burst of async all-reduces whose calibrated completions differ (the first long, the second short, the
-second waited first: DDP's buckets) must complete each at its own calibrated time: before the hold left
-the group's thread (and the worker's), the second was exchanged only after the first's hold ended, so every
-op of a burst completed one exchange after the one before (`prism/runtime/emulated_works.py`).
+second waited first: DDP's buckets) must complete each at its own calibrated time: while the hold was the
+group thread's (and the worker's), the second was exchanged only after the first's hold ended. A collective
+of sandbox ranks only is its own real operation: it is not held to the calibrated transfer.
 """
 
 from __future__ import annotations
@@ -18,33 +19,44 @@ from tests.integration.test_emulate_mode import _capture, _emulate, _meta, _resu
 
 pytestmark = pytest.mark.slow
 
-LONG_S = 1.5  # the first all-reduce's calibrated transfer
-# each rank's calibrated events (ms): compute, issue A, compute, issue B, compute, wait B (B's transfer 8 ms),
-# compute, wait A (ends LONG_S after A's arrival)
-TIMES_MS = [(0, 10), (10, 11), (11, 12), (12, 13), (13, 14), (14, 20), (20, 21), (21, 10 + LONG_S * 1000)]
+LONG_S = 1.5  # the calibrated transfer of the first all-reduce and of the pair's
 
 
-def test_a_collective_is_not_held_behind_the_one_before(tmp_path):
+def _timeline(events: list[dict]) -> list[dict]:
+    """Each rank's events back to back from 0, 1 ms each, but the waits on the first all-reduce (group_seq 0
+    of the default group) and on the pair's last LONG_S: their transfers are LONG_S, the second's ~3 ms."""
+    by_id = {r["event_id"]: r for r in events}
+    rows, clock = [], {}
+    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
+        op = by_id.get(r["op_event_id"]) if r["kind"] == "wait" else None
+        long = op is not None and (op["group"] != "0" or op["group_seq"] == 0)
+        start = clock.get(r["rank"], 0)
+        end = start + (int(LONG_S * 1e9) if long else 1_000_000)
+        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
+        clock[r["rank"]] = end
+    return rows
+
+
+def test_a_collective_is_held_alone_and_only_with_a_virtual_member(tmp_path):
     job = tmp_path / "job"
     program = [str(PROGRAMS / "held_burst.py")]
-    cap = _capture(job, 2, program)
+    cap = _capture(job, 4, program)
     graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
     assert graph.returncode == 0, graph.stderr[-3000:]
-    events = sorted(pq.read_table(job / "graph" / "events.parquet").to_pylist(), key=lambda r: (r["rank"], r["seq"]))
-    assert [(r["kind"], r["group_seq"]) for r in events if r["rank"] == 0 and r["kind"] == "collective"] == \
-        [("collective", 0), ("collective", 1)]
-    waits = [r["op_event_id"] for r in events if r["rank"] == 0 and r["kind"] == "wait"]
-    ids = {r["event_id"]: r["group_seq"] for r in events}
-    assert [ids[w] for w in waits] == [1, 0] and len(events) == 2 * len(TIMES_MS)  # B waited first, then A
-    rows = [dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=int(a * 1e6), end_ns=int(b * 1e6))
-            for r, (a, b) in zip(events, TIMES_MS * 2)]
+    events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
+    mine = sorted((r for r in events if r["rank"] == 0 and r["kind"] == "collective"), key=lambda r: r["seq"])
+    assert [(r["group"] == "0", r["group_seq"]) for r in mine] == [(True, 0), (True, 1), (False, 0)]
     (job / "calibrated").mkdir()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.TIMELINE), job / "calibrated" / "timeline.parquet")
-    proc = _emulate(job, 2, "0", program)
+    pq.write_table(pa.Table.from_pylist(_timeline(events), schema=schemas.TIMELINE),
+                   job / "calibrated" / "timeline.parquet")
+    # sandbox 0 and 1: the default group has virtual members 2 and 3 (one compensator), the pair has none
+    proc = _emulate(job, 4, "0,1", program, "--devices", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _results(proc.stdout) == _results(cap.stdout, {0})  # the values do not depend on the timing
-    second_s, first_s = next(map(float, line.split()[2:]) for line in proc.stdout.splitlines()
-                             if line.startswith("timing 0 "))
-    assert first_s >= LONG_S - 0.05, (second_s, first_s)  # A is held to its calibrated completion
-    assert second_s < LONG_S - 0.5, (second_s, first_s)  # B is not held behind A
+    assert _results(proc.stdout) == _results(cap.stdout, {0, 1})  # the values do not depend on the timing
+    for rank in (0, 1):
+        second_s, first_s, pair_s = next(map(float, line.split()[2:]) for line in proc.stdout.splitlines()
+                                         if line.startswith(f"timing {rank} "))
+        assert first_s >= LONG_S - 0.05, (rank, second_s, first_s)  # held to its calibrated completion
+        assert second_s < LONG_S - 0.5, (rank, second_s, first_s)  # not held behind the first
+        assert pair_s - first_s < LONG_S - 0.5, (rank, first_s, pair_s)  # all sandbox: not held at all
     assert _meta(job)["emulation"]["transfer_holds"] > 0

@@ -1,9 +1,11 @@
-"""Two async all-reduces issued back to back, the second waited first: what a burst of gradient buckets does.
+"""A burst of async all-reduces, the second waited first (what gradient buckets do), then one all-reduce of
+the group of ranks 0 and 1.
 
-Run: torchrun --nproc-per-node 2 tests/programs/held_burst.py
-Prints `timing <rank> <s to the second's wait end> <s to the first's wait end>` (both from just before the
-first is issued) and `result <name> <rank> <sha256>` lines. The emulation's test calibrates the first
-all-reduce to a long transfer and the second to a short one: the second must not wait for the first's hold.
+Run: torchrun --nproc-per-node 4 tests/programs/held_burst.py
+Prints `timing <rank> <s to the second's wait end> <s to the first's wait end> [<s to the pair's op end>]`
+(from just before the first is issued; the pair's op on ranks 0 and 1 only) and `result <name> <rank>
+<sha256>` lines. The emulation's test calibrates the first and the pair's all-reduce to long transfers and
+the second to a short one.
 """
 
 import hashlib
@@ -22,16 +24,22 @@ def emit(name: str, rank: int, tensor: torch.Tensor) -> None:
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    pair = dist.new_group([0, 1])
     first = torch.arange(4096, dtype=torch.float32) * (rank + 1)
     second = torch.full((4096,), 0.5) * (rank + 1)
     began = time.monotonic()
     a = dist.all_reduce(first, async_op=True)
     b = dist.all_reduce(second, async_op=True)
     b.wait()
-    second_s = time.monotonic() - began
+    times = [time.monotonic() - began]
     a.wait()
-    first_s = time.monotonic() - began
-    os.write(1, f"timing {rank} {second_s:.4f} {first_s:.4f}\n".encode())
+    times.append(time.monotonic() - began)
+    if rank in (0, 1):
+        third = torch.full((64,), 2.0) * (rank + 1)
+        dist.all_reduce(third, group=pair)
+        times.append(time.monotonic() - began)
+        emit("pair", rank, third)
+    os.write(1, f"timing {rank} {' '.join(f'{t:.4f}' for t in times)}\n".encode())
     emit("first", rank, first)
     emit("second", rank, second)
     dist.destroy_process_group()
