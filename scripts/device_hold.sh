@@ -34,8 +34,7 @@ else
     stream a "${CORES:-0-15}" "$2"
 fi
 cat "$out"/*.log
-cd "$work" && tar -czf "$out/jobs.tgz" --ignore-failed-read */*/hold.json */*/log.txt */*/graph/events.parquet \
-    */*/graph/comms.parquet */*/graph/ranks.parquet */*/slices/plan.parquet */*/slices/transfers.parquet \
-    */*/slices/durations.parquet */*/calibrated */*/emulation_*/events.parquet */*/emulation_*/iterations.parquet \
-    */*/emulation_*/meta.json 2>&1 | tail -3
+cd "$work" && tar -czf "$out/jobs.tgz" --ignore-failed-read */*/hold.json */*/log.txt */*/graph/comms.parquet \
+    */*/graph/ranks.parquet */*/slices/plan.parquet */*/slices/transfers.parquet */*/calibrated \
+    */*/emulation_*/events.parquet */*/emulation_*/iterations.parquet */*/emulation_*/meta.json 2>&1 | tail -3
 ls -la "$out"

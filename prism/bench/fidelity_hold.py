@@ -12,7 +12,8 @@ the emulation adds. Prints and writes DIR/<config>/hold.json: per variant the be
 iteration the sandbox spent against the calibrated timeline (compute together), and per real collective
 group the ms per iteration its waits ended past the model's completion for the emulation's own arrivals
 (`late_ms`: the last arrival of any member, sandbox or replayed, + the calibrated transfer).
-`--rescore DIR/<config>` recomputes hold.json from the saved job.
+`--rescore DIR/<config>` recomputes hold.json from the saved job (the files scripts/device_hold.sh tars);
+`--show JSON...` prints saved ones.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ def score(job: Path, variant: str) -> dict:
     shutil.rmtree(job / "emulation", ignore_errors=True)
     os.symlink(folder.name, job / "emulation")
     try:
-        timeline, _ = fidelity.calibrated(job, slices=True)
-        out = fidelity.emulated_sandbox(job, timeline, None)
+        out = fidelity.emulated_sandbox(job, pq.read_table(job / "calibrated" / "timeline.parquet"), None)
     finally:
         (job / "emulation").unlink()
     if out.get("sandbox_ms") and out.get("pred_rank_ms"):
@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--rescore", type=Path, metavar="DIR/CONFIG")
+    parser.add_argument("--show", type=Path, nargs="+", metavar="JSON", help="print saved hold.json files")
     args = parser.parse_args(argv)
+    if args.show:
+        for path in args.show:
+            print(report(json.loads(path.read_text())), flush=True)
+        return 0
     if args.rescore:
         old = json.loads((args.rescore / "hold.json").read_text())
         res = dict(old, **{v: score(args.rescore, v) for v in VARIANTS})
