@@ -13,7 +13,8 @@ W=8 fidelity runs' sandbox, `docs/fidelity.md`).
 - `_EmuWork`: a collective run by the pruned protocol on the group's thread; the thread sets its floor
   and completes its inner future; `wait` holds on the caller's thread, the future (DDP's path) is
   completed at the floor by `TIMER`.
-- `_NativeWork`: a native gloo op of an all-sandbox group (`native_group`), held the same way.
+- `_NativeWork`: a native gloo op of an all-sandbox group (`native_group`); it can be held the same way,
+  but `EmulateTransport` gives it no floor (the job's own op is not held: `EmulateTransport._native`).
 - `_SourceWork`: a recv's work that says who sent.
 `_STATS` are the rank's numbers (`emulation.write_rank_stats`), shared with `emulation`.
 """

@@ -18,11 +18,11 @@ live values and the virtual ranks' recorded ones — not the capture's result (w
 substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
 outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
-stay async. A collective of a group with a virtual member completes no earlier than the member's arrival
-(its call) + the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`),
-when the job is calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold
-is the work's (`emulated_works`), never the group thread's, so a group's next collective is exchanged while
-the previous one is held. A group of sandbox ranks only is not held: its real operation is the op itself.
+stay async. A collective run by the protocol completes no earlier than the member's arrival (its call) +
+the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is
+calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold is the work's
+(`emulated_works`), never the group thread's, so a group's next collective is exchanged while the previous
+one is held. A native op of an all-sandbox group is not held: it is the job's own op (`_native`).
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
@@ -257,10 +257,9 @@ class EmulateTransport(CaptureTransport):
 
     def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
         if self.native:
-            arrival = time.monotonic_ns()
             issued = native_group.issue(self.pg, self.n, self.me, method, args)
             if issued is not None:
-                return self._native(arrival, issued, _native_result(method, args))
+                return self._native(issued, _native_result(method, args))
         opts = args[-1] if args else None
         self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
         return super().call(method, device, *args, work_id=work_id, op=op)
@@ -303,25 +302,22 @@ class EmulateTransport(CaptureTransport):
         return work
 
     def _own_floor(self, arrival: int) -> int:
-        """The transfer hold from this member's own arrival at the group's next collective: its arrival + the
-        calibrated transfer where the group has a virtual member (the pruned exchange moves less than the
-        whole group's); 0 where every member is a sandbox rank: the real operation is then the whole
-        group's own, and holding it to the calibrated transfer too made each op last the longer of two noisy
-        times (the slice run's and this one's: +10 to +17 ms an iteration over dp8-ep4's 40 all-to-alls,
-        device-10 in `docs/fidelity.md`)."""
-        if self.floor_src is None:
-            return 0
+        """The transfer hold from this member's own arrival at the group's next collective run by the
+        protocol: its arrival + the calibrated transfer (the protocol is prism's stand-in for the job's op:
+        pruned, or a chain where the job runs gloo's own reduction)."""
         return arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
 
-    def _native(self, arrival: int, issued: native_group.Issued, result) -> "_NativeWork":
+    def _native(self, issued: native_group.Issued, result) -> "_NativeWork":
         """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
-        when its works do, and no earlier than the transfer hold (`_NativeWork`)."""
+        when its works do. It is not held to the calibrated transfer: it is the job's own op among the
+        job's own ranks, and holding it made each op last the longer of two noisy times, the slice run's
+        and this one's (dp8-ep4's 40 all-to-alls: +29 ms an iteration held, +7 not; device-10b in
+        `docs/fidelity.md`)."""
         works, finish, sent = issued
-        floor = self._own_floor(arrival)
         self.seq += 1
         with _STATS_LOCK:
             _STATS["bytes_sent"] += sent
-        return _NativeWork(works, finish, floor, result)
+        return _NativeWork(works, finish, 0, result)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
     def _result(self, key: tuple) -> list[torch.Tensor]:

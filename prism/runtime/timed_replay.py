@@ -25,7 +25,8 @@ comm's virtual floor, t0 + that arrival + the transfer (what `gate` returns; `em
 completes the comm for the virtual ranks no earlier (`complete(comm, floor)`); a sandbox member's
 collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
 published to the sandbox ranks before the common start), held off the thread that exchanges
-(`emulated_works`). A collective of sandbox ranks only is not held (nothing of it is pruned). So the op completes about at the model's completion whoever arrives last, and a burst
+(`emulated_works`). A native op of a group of sandbox ranks only (`native_group`) is not held: it is the
+job's own gloo op among the job's own ranks. So the op completes about at the model's completion whoever arrives last, and a burst
 of collectives whose completions bunch (async all-reduces waited at the end of the backward pass) completes
 together, not one exchange apart after the floor (device-10, `docs/fidelity.md`). A p2p message from a
 virtual rank has no floor message: the worker still releases it at t0 + the send's arrival + the transfer

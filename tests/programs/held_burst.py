@@ -1,11 +1,11 @@
-"""A burst of async all-reduces, the second waited first (what gradient buckets do), then one all-reduce of
-the group of ranks 0 and 1.
+"""A burst of async all-reduces, the second waited first (what gradient buckets do), then, on the group of
+ranks 0 and 1, an all_gather_into_tensor (a native op when both are sandbox ranks) and an all-reduce.
 
 Run: torchrun --nproc-per-node 4 tests/programs/held_burst.py
-Prints `timing <rank> <s to the second's wait end> <s to the first's wait end> [<s to the pair's op end>]`
-(from just before the first is issued; the pair's op on ranks 0 and 1 only) and `result <name> <rank>
-<sha256>` lines. The emulation's test calibrates the first and the pair's all-reduce to long transfers and
-the second to a short one.
+Prints `timing <rank> <second> <first> [<pair gather> <pair all-reduce>]`: seconds from just before the
+first is issued to the end of each wait (the pair's ops on ranks 0 and 1 only), and `result <name> <rank>
+<sha256>` lines. The emulation's test calibrates the first all-reduce, the pair's all-gather and the pair's
+all-reduce to long transfers and the second to a short one.
 """
 
 import hashlib
@@ -35,10 +35,14 @@ def main() -> None:
     a.wait()
     times.append(time.monotonic() - began)
     if rank in (0, 1):
+        gathered = torch.empty(128)
+        dist.all_gather_into_tensor(gathered, torch.full((64,), float(rank)), group=pair)
+        times.append(time.monotonic() - began)
         third = torch.full((64,), 2.0) * (rank + 1)
         dist.all_reduce(third, group=pair)
         times.append(time.monotonic() - began)
-        emit("pair", rank, third)
+        emit("pair.gather", rank, gathered)
+        emit("pair.all_reduce", rank, third)
     os.write(1, f"timing {rank} {' '.join(f'{t:.4f}' for t in times)}\n".encode())
     emit("first", rank, first)
     emit("second", rank, second)
