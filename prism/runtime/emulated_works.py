@@ -7,8 +7,8 @@ group's exchanges: a group's collectives are exchanged one after the other on th
 their participants arrive, and each is then held to its own floor apart. Holding the thread (as before)
 put every later collective of the group behind the earlier one's hold: a burst of async all-reduces whose
 calibrated completions bunch at the end of the backward pass (DDP's buckets, their waits all there)
-completed one exchange apart after that time instead of together (+10 to +20 ms an iteration in the
-W=8 fidelity runs' sandbox, `docs/fidelity.md`).
+completed one exchange apart after that time instead of together (dp8-ep4's DP and EDP all-reduces: 11 ms
+an iteration past the model, device-10a in `docs/fidelity.md`).
 
 - `_EmuWork`: a collective run by the pruned protocol on the group's thread; the thread sets its floor
   and completes its inner future; `wait` holds on the caller's thread, the future (DDP's path) is
