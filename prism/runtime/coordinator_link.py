@@ -31,6 +31,7 @@ class CoordinatorLink:
         policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
         self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
         self.pids = spec["pids"]
+        self.immortal = spec.get("immortal")
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
         self.status_dir = Path(spec["status_dir"])
@@ -103,6 +104,8 @@ class CoordinatorLink:
 
     def close(self) -> None:
         stats = dict(self.coord.stats(), **self.devices.stats())
+        if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.immortal)
+            stats["immortal"] = self.immortal
         self.devices.close()
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from prism.runtime import forked_rank, limits, oom, watchdog
+from prism.runtime import forked_rank, immortal, limits, memory, oom, watchdog
 from prism.runtime.coordinator_link import CoordinatorLink
 from prism.runtime.rank_output import LineForwarder, Tee
 
@@ -357,8 +357,13 @@ def main() -> int:
             _warm_up(name, spec.get("args") or [])
     _check_cuda_uninitialised(spec)
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
-    # collections touch (and so copy) every page of the zygote's heap.
+    # collections touch (and so copy) every page of the zygote's heap. In capture mode (thousands of ranks)
+    # the objects also become immortal first (CPython 3.12+): the ranks then stop writing their reference
+    # counts, and the pages those sit on stay shared; the C heap's free pages go back to the kernel.
     gc.collect()
+    if spec.get("mode") == "capture":
+        spec["immortal"] = immortal.immortalise()
+        memory.trim()
     gc.freeze()
     return supervise(spec)
 

@@ -28,6 +28,9 @@ def test_unused_groups_cost_nothing(tmp_path):
     assert growth < 1 << 20, f"2000 groups rank 0 is not in grew its private memory by {growth} bytes"
     meta = json.loads((job / "raw" / "meta.json").read_text())
     assert meta["capture"]["groups"] == 1  # only the world group ever reached the coordinator
+    # the zygote's objects were made immortal before the fork (3.12+), or it says why not
+    done = meta["capture"]["immortal"]
+    assert done.get("objects", 0) > 10000 if sys.version_info >= (3, 12) else "PEP 683" in done["skipped"], done
     for r in range(4):
         stats = json.loads((job / "raw" / f"rank={r}" / "capture_stats.json").read_text())
         assert stats["groups_used"] == 1
