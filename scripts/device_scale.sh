@@ -10,12 +10,15 @@
 # left: `prism bench emulate --sizes EMULATE_SIZES` (captured on P=2, issue 8 item 3), else a line saying why not.
 # Writes OUT/host.txt, OUT/scale.log (the tables), OUT/scale.json (every row), OUT/captures.log (the
 # launcher's progress lines of each capture) and OUT/emulate.json + OUT/emulate.log.
-# The wheels the host lacks (polars, polars-runtime) are installed from $WHL (default ../whl) if present.
+# The packages the host lacks (polars and its runtime, duckdb) are installed from $PKGS (default ../whl) if
+# present: wheels (*.whl) and unpacked wheels packed as *.tar.xz (see scripts/device_fidelity.sh).
 set -uo pipefail
-out=$1 budget=$2 sizes=$3 whl=${WHL:-../whl} py=${PYTHON:-python3}
+out=$1 budget=$2 sizes=$3 whl=${PKGS:-${WHL:-../whl}} py=${PYTHON:-python3}
+mkdir -p /tmp/site
 if compgen -G "$whl/*.whl" > /dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl || exit
 fi
+for t in "$whl"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
 export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
 ulimit -n "$(ulimit -Hn)"
 { date -u; nproc; free -g | head -2; echo "ulimit -n $(ulimit -n) -u $(ulimit -u)"; df -h /dev/shm | tail -1

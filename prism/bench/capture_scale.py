@@ -38,7 +38,11 @@ WARMUP = "prism.workloads.moe_gpt"  # preloaded: its `prism_warmup` runs once in
 
 
 def workload_args(w: int, steps: int) -> list[str]:
-    tp, pp, dp, ep = LAYOUTS[w]
+    return layout_args(*LAYOUTS[w], steps)
+
+
+def layout_args(tp: int, pp: int, dp: int, ep: int, steps: int) -> list[str]:
+    """The reference workload's arguments for a TP·PP·DP·EP layout (pp layers, pp microbatches, ep experts)."""
     heads = max(2, tp)  # divisible by tp; hidden 32 / heads stays an even head size up to tp 8
     return ["-m", "prism.workloads.moe_gpt", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--ep", str(ep),
             "--steps", str(steps), "--microbatches", str(pp), "--micro-batch-size", "1", "--seq-len", "16",
@@ -212,6 +216,10 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
         "warmup": warmup, "graph_s": graph_s, "graph_rss": graph_rss,
+        # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
+        "requests": cap.get("requests"), "coordinator_cpu_s": cap.get("coordinator_cpu_s"),
+        "coordinator_wall_s": cap.get("coordinator_wall_s"), "fork_s": cap.get("fork_s"),
+        "immortal": cap.get("immortal"),
     }
     if pipeline:
         row["plan_s"], row["plan_rss"] = _stage([sys.executable, "-m", "prism.slices.plan", "--job", str(job),

@@ -43,6 +43,7 @@ REPLAY = -1  # mode slice: the replay server's id among the supervised children
 REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
 USAGE_EXIT = 2  # a program's "bad arguments" exit code (argparse)
 USAGE_GRACE_S = 5.0  # after a rank's usage exit, how long the others may take to exit by themselves
+REAP_PERIOD_S = 0.5  # the supervisor looks for exited children at least this often
 LIMIT_EXIT = 75  # the machine ran out of a resource (memory) while the job ran (EX_TEMPFAIL)
 
 
@@ -110,8 +111,17 @@ def supervise(spec: dict) -> int:
     def on_signal(signum, _frame):
         stopping["signal"] = signum
 
+    # waitpid(-1) walks every child in the kernel (O(W) a call): it is called when a child changed state
+    # (SIGCHLD) and, in case a signal is missed, at least every REAP_PERIOD_S, not after every message
+    reap = {"due": True, "at": 0.0}
+
+    def on_child(_signum, _frame):
+        reap["due"] = True
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGCHLD, on_child)
+    forks_began = time.monotonic()
     _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off"))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -137,6 +147,7 @@ def supervise(spec: dict) -> int:
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.dup2(w_out, 1)
             os.dup2(w_err, 2)
             top = max(top, w_out, w_err, r_out, r_err)
@@ -171,6 +182,10 @@ def supervise(spec: dict) -> int:
         children[pid] = rank
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
+    spec["fork_s"] = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
+    # the threads made from here on (the store's, the coordinator's unlinker) keep SIGCHLD blocked: it is
+    # the main thread's, and no system call of theirs is interrupted by one of W exits
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     link = CoordinatorLink(spec, ctl, out) if capture else None
     progress = progress_state = None
     if spec.get("progress"):
@@ -190,6 +205,7 @@ def supervise(spec: dict) -> int:
 
         store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
                               wait_for_workers=False)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
     usage_exits = 0
@@ -224,7 +240,11 @@ def supervise(spec: dict) -> int:
         out.pump(0.01)
         if progress is not None:
             progress.maybe_show(progress_state)
-        while children:
+        now = time.monotonic()
+        due = reap["due"] or now - reap["at"] >= REAP_PERIOD_S
+        if due:
+            reap["due"], reap["at"] = False, now
+        while children and due:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
