@@ -19,7 +19,10 @@ if compgen -G "$whl/*.whl" > /dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl || exit
 fi
 for t in "$whl"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
-export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
+# The host's Python packages have no byte-code cache it may write: every process that imports torch compiled
+# torch._dynamo & co. again (~8.5 s of each capture's zygote start at W=1024, docs/scale/s7/probe). One
+# writable cache: the first process compiles, the later stages load.
+export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/prism-pycache
 ulimit -n "$(ulimit -Hn)"
 { date -u; nproc; free -g | head -2; echo "ulimit -n $(ulimit -n) -u $(ulimit -u)"; df -h /dev/shm | tail -1
   cat /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max

@@ -25,7 +25,6 @@ from prism.runtime import memory, shm
 
 
 _client: "CaptureClient | None" = None
-OUTBOX_MAX = 256  # queued messages (`CaptureClient.later`) sent once this many wait (a bounded packet)
 
 
 def key_name(key: tuple) -> str:
@@ -63,8 +62,6 @@ class CaptureClient:
         self.blocked_ns = 0
         self.switches = 0  # blocks whose results were ready: the round trip is the context-switch cost
         self.switch_ns = 0
-        self.outbox: list[tuple] = []  # messages that go with the next one sent (`later`)
-        self.batch = os.environ.get("PRISM_CAPTURE_BATCH", "1") != "0"
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
@@ -77,18 +74,7 @@ class CaptureClient:
 
     # -- control -------------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
-        """Send `msg` now, after what `later` queued (all in one packet: the coordinator handles them in order)."""
-        if self.outbox:
-            msg, self.outbox = ("batch", self.outbox + [msg]), []
         self.sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def later(self, msg: tuple) -> None:
-        """Queue a message nobody waits for ("done": an op's files may go; "group": a group's description,
-        needed before its first arrival) to go with the next one `send` sends: the coordinator then reads and
-        handles one packet a switch instead of one a message (PRISM_CAPTURE_BATCH=0: sent at once)."""
-        self.outbox.append(msg)
-        if not self.batch or len(self.outbox) >= OUTBOX_MAX:
-            self.send(self.outbox.pop())
 
     def _await_go(self) -> bool:
         """Wait for a slot; returns whether the coordinator granted it at once (a pure context switch)."""
@@ -303,7 +289,7 @@ class CaptureWork:
                 self._complete()
             self._complete = None
         if self.keys:
-            self.client.later(("done", self.keys))
+            self.client.send(("done", self.keys))
         if self._future is not None:
             self._future.set_result(self._result)
             self._future._work = None

@@ -48,7 +48,7 @@ class CaptureTransport:
     def c(self) -> CaptureClient:
         if self._c is None:  # first use: now the coordinator needs the group's description
             self._c = client()
-            self._c.later(("group", self.group, self.desc, self.members))  # goes with its first arrival
+            self._c.send(("group", self.group, self.desc, self.members))
             CaptureTransport.linked += 1
         return self._c
 

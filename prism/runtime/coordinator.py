@@ -17,8 +17,6 @@ Messages (tuples, rank -> coordinator):
     ("wait", keys, logical_ns[, device_bytes])      blocks until every key completed and a slot is free
     ("done", keys)                                  finished reading the inputs of these keys
     ("exit", code)                                  the rank finished
-    ("batch", [message, ...])                       several of the above, handled in order ("done" and
-                                                    "group" wait in the rank for the next message it sends)
 Replies (coordinator -> rank): ("go", slot, immediate).
 """
 
@@ -105,8 +103,7 @@ class Coordinator:
         self.groups: dict[str, tuple[str | None, tuple[int, ...]]] = {}
         self.runnable: list[tuple[int, int]] = []  # heap of (logical_ns, rank)
         self.context_switches = 0
-        self.messages = 0  # packets read from the ranks
-        self.requests = 0  # messages in them (a "batch" packet holds several)
+        self.messages = 0
         self.completed_keys = 0
         self.finished_keys: list[tuple] = []  # keys whose files can be deleted (all members done)
 
@@ -114,15 +111,6 @@ class Coordinator:
     def handle(self, rank: int, msg: tuple) -> list[tuple[int, tuple]]:
         self.messages += 1
         self._current = rank
-        if msg[0] == "batch":  # messages a rank queued, then the one it sent them with: in order
-            for one in msg[1]:
-                self._handle_one(rank, one)
-        else:
-            self._handle_one(rank, msg)
-        return self.schedule()
-
-    def _handle_one(self, rank: int, msg: tuple) -> None:
-        self.requests += 1
         kind = msg[0]
         rs = self.ranks[rank]
         if kind == "hello":
@@ -166,6 +154,7 @@ class Coordinator:
             self.exited(rank, msg[1])
         else:
             raise ValueError(f"unknown message from rank {rank}: {msg!r}")
+        return self.schedule()
 
     def exited(self, rank: int, code: int) -> None:
         rs = self.ranks[rank]
@@ -370,7 +359,6 @@ class Coordinator:
         return {
             "context_switches": self.context_switches,
             "messages": self.messages,
-            "requests": self.requests,
             "completed_comms": self.completed_keys,
             "groups": len(self.groups),  # the groups ranks used (an unused group never reaches the coordinator)
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
