@@ -36,7 +36,7 @@ from pathlib import Path
 
 from prism.runtime import forked_rank, immortal, limits, memory, oom, watchdog
 from prism.runtime.coordinator_link import CoordinatorLink
-from prism.runtime.rank_output import LineForwarder, Tee
+from prism.runtime.rank_output import FileOutput, LineForwarder, Tee
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -122,10 +122,12 @@ def supervise(spec: dict) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGCHLD, on_child)
     forks_began = time.monotonic()
-    _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off"))
+    _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off", spec.get("rank_output", "pipes")))
     sys.stdout.flush()
     sys.stderr.flush()
     out = LineForwarder()
+    # the ranks' output in files (capture beyond the open-file limit's pipes: `limits.rank_output`), else pipes
+    files = FileOutput(str(Path(spec["status_dir"], "output"))) if spec.get("rank_output") == "files" else None
     read_ends: list[int] = []
     from prism.runtime import modes
 
@@ -139,8 +141,9 @@ def supervise(spec: dict) -> int:
     first_fd = max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
     top = first_fd  # the largest fd the loop opened so far
     for rank in ids:
-        r_out, w_out = os.pipe()
-        r_err, w_err = os.pipe()
+        if files is None:
+            r_out, w_out = os.pipe()
+            r_err, w_err = os.pipe()
         if capture:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -148,9 +151,12 @@ def supervise(spec: dict) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.dup2(w_out, 1)
-            os.dup2(w_err, 2)
-            top = max(top, w_out, w_err, r_out, r_err)
+            if files is None:
+                os.dup2(w_out, 1)
+                os.dup2(w_err, 2)
+                top = max(top, w_out, w_err, r_out, r_err)
+            else:
+                files.attach(rank)
             if capture:  # the control socket moves above every supervisor fd, which are then closed
                 top = max(top, parent_end.fileno(), child_end.fileno())
                 keep = fcntl.fcntl(child_end.detach(), fcntl.F_DUPFD, top + 1)
@@ -164,18 +170,21 @@ def supervise(spec: dict) -> int:
                 code = forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
             finally:
                 os._exit(code)
-        os.close(w_out)
-        os.close(w_err)
-        read_ends += [r_out, r_err]
-        top = max(top, w_out, w_err, r_out, r_err, parent_end.fileno() if capture else 0)
-        if spec.get("log_dir") and rank != REPLAY:
-            log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
-            top = max(top, log.fileno())
-            out.add(r_out, Tee(sys.stdout.buffer, log))
-            out.add(r_err, Tee(sys.stderr.buffer, log))
-        else:
-            out.add(r_out, sys.stdout.buffer)
-            out.add(r_err, sys.stderr.buffer)
+        if capture:
+            top = max(top, parent_end.fileno())
+        if files is None:
+            os.close(w_out)
+            os.close(w_err)
+            read_ends += [r_out, r_err]
+            top = max(top, w_out, w_err, r_out, r_err)
+            if spec.get("log_dir") and rank != REPLAY:
+                log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
+                top = max(top, log.fileno())
+                out.add(r_out, Tee(sys.stdout.buffer, log))
+                out.add(r_err, Tee(sys.stderr.buffer, log))
+            else:
+                out.add(r_out, sys.stdout.buffer)
+                out.add(r_err, sys.stderr.buffer)
         if capture:
             child_end.close()
             ctl[rank] = parent_end
@@ -253,6 +262,8 @@ def supervise(spec: dict) -> int:
             if pid == 0:
                 break
             rank = children.pop(pid)
+            if files is not None:
+                files.forward(rank, out.before_write, sys.stdout.buffer, sys.stderr.buffer)
             code = os.waitstatus_to_exitcode(status)
             usage_exits += code == USAGE_EXIT
             if code != 0 and failed is None and deadline is None:
@@ -268,6 +279,8 @@ def supervise(spec: dict) -> int:
     if progress is not None:
         progress.clear()
     out.drain(2.0)
+    if files is not None:  # ranks stopped before they were reaped one by one (there are none otherwise)
+        files.forward_rest(out.before_write, sys.stdout.buffer, sys.stderr.buffer)
     del store
     if limit_error:
         if link is not None:
