@@ -23,6 +23,9 @@ for t in "$whl"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit
 # torch._dynamo & co. again (~8.5 s of each capture's zygote start at W=1024, docs/scale/s7/probe). One
 # writable cache: the first process compiles, the later stages load.
 export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/prism-pycache
+# W=8192 needs 32,832 open files with pipes for the ranks' output (prism falls back to files, 16,448, where
+# the hard limit is lower: prism.runtime.limits.rank_output); try to raise the hard limit first (root only)
+ulimit -Hn 65536 2>/dev/null
 ulimit -n "$(ulimit -Hn)"
 { date -u; nproc; free -g | head -2; echo "ulimit -n $(ulimit -n) -u $(ulimit -u)"; df -h /dev/shm | tail -1
   cat /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max
