@@ -19,10 +19,12 @@ if compgen -G "$whl/*.whl" > /dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl || exit
 fi
 for t in "$whl"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
-# The host's Python packages have no byte-code cache it may write: every process that imports torch compiled
-# torch._dynamo & co. again (~8.5 s of each capture's zygote start at W=1024, docs/scale/s7/probe). One
-# writable cache: the first process compiles, the later stages load.
-export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/prism-pycache
+export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
+# The host's Python packages have no byte-code cache it may write: every process that imports torch compiles
+# torch._dynamo & co. again (~8.5 s of each capture's zygote start, docs/scale/s7/probe). PYCACHE=1: one
+# writable cache (the first process compiles, the later ones load). Off by default: with it, W=1024's ranks
+# had 14.7 MiB private each instead of 10.8 (docs/scale/s7/call2, not understood yet).
+[ "${PYCACHE:-0}" = 1 ] && export PYTHONPYCACHEPREFIX=/tmp/prism-pycache
 # W=8192 needs 32,832 open files with pipes for the ranks' output (prism falls back to files, 16,448, where
 # the hard limit is lower: prism.runtime.limits.rank_output); try to raise the hard limit first (root only)
 ulimit -Hn 65536 2>/dev/null
@@ -46,6 +48,18 @@ if [ -n "${EMULATE_SIZES:-}" ]; then
     else
         echo "== prism bench emulate --sizes $EMULATE_SIZES: not run, $left s of the budget left < ${EMULATE_NEED_S:-150} s"
     fi 2>&1 | tee "$out/emulate.log"
+fi
+if [ -n "${PYCACHE_PAIR:-}" ]; then  # the byte-code cache's effect on a rank's private memory (W=PYCACHE_PAIR)
+    left=$((budget - (SECONDS - began)))
+    if [ "$left" -ge 70 ]; then
+        for run in compiles cached; do
+            echo "== W=$PYCACHE_PAIR, PYTHONPYCACHEPREFIX=/tmp/pycache-pair ($run)"
+            PYTHONPYCACHEPREFIX=/tmp/pycache-pair timeout 60 $py -m prism.bench.capture_scale --sizes "$PYCACHE_PAIR" \
+                --devices "${DEVICES:-16}" --json "$work/pair-$run.json" --out "$work/pair" 2>&1 | grep -E "^ +[0-9]+ " | tail -1
+        done
+    else
+        echo "== byte-code cache pair: not run, $left s of the budget left"
+    fi 2>&1 | tee "$out/pycache-pair.log"
 fi
 for f in "$work"/w*-capture.log; do
     [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: " "$f" | tail -40; }
