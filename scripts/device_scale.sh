@@ -35,8 +35,19 @@ ulimit -n "$(ulimit -Hn)"
 } 2>&1 | tee "$out/host.txt"
 work=/tmp/prism-scale-work
 began=$SECONDS
+# the launcher's progress lines of each capture go to OUT/captures.log however this script ends (an outer
+# `timeout` included: give it BUDGET_S + 60 at least, the bench stops a late stage itself)
+collect() {
+    for f in "$work"/w*-capture.log; do
+        [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: " "$f" | tail -40; }
+    done > "$out/captures.log" 2>&1
+}
+trap collect EXIT
+trap 'kill -TERM "$bench" 2>/dev/null; echo "device_scale.sh: stopped by a signal"; exit 143' TERM INT
 $py -m prism.bench.capture_scale --sizes "$sizes" --devices "${DEVICES:-16}" --pipeline --emulate \
-    --budget "$budget" --json "$out/scale.json" --out "$work" 2>&1 | tee "$out/scale.log"
+    --budget "$budget" --json "$out/scale.json" --out "$work" > >(tee "$out/scale.log") 2>&1 &
+bench=$!
+wait "$bench"
 code=$?
 if [ -n "${EMULATE_SIZES:-}" ]; then
     left=$((budget - (SECONDS - began)))
@@ -61,8 +72,5 @@ if [ -n "${PYCACHE_PAIR:-}" ]; then  # the byte-code cache's effect on a rank's 
         echo "== byte-code cache pair: not run, $left s of the budget left"
     fi 2>&1 | tee "$out/pycache-pair.log"
 fi
-for f in "$work"/w*-capture.log; do
-    [ -f "$f" ] && { echo "== $f"; grep -v "^moe_gpt: " "$f" | tail -40; }
-done > "$out/captures.log" 2>&1
 ls -la "$out"
 exit $code
