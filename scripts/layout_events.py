@@ -9,6 +9,7 @@ microbatches) and EP, hardly on DP, so the events of the full-size job are about
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,9 @@ def count(layout: tuple[int, int, int, int], devices: int, steps: int, work: Pat
     import pyarrow.parquet as pq
 
     events = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
-    return {"layout": f"tp{tp}·pp{pp}·dp{dp}·ep{ep}", "W": w, "events": events, "per_rank": events / w, "wall_s": wall}
+    cap = json.loads((job / "raw" / "meta.json").read_text())["capture"]
+    return {"layout": f"tp{tp}·pp{pp}·dp{dp}·ep{ep}", "W": w, "events": events, "per_rank": events / w, "wall_s": wall,
+            "ranks_cpu_s": cap["logical_s_median"] * w}
 
 
 def main() -> int:
@@ -45,12 +48,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="prism-layout-events-") as tmp:
-        print(f"{'layout':<20} {'W':>5} {'events':>9} {'events/rank':>12} {'capture s':>10}")
+        print(f"{'layout':<20} {'W':>5} {'events':>9} {'events/rank':>12} {'capture s':>10} {'ranks CPU s':>12}")
         for text in args.layouts:
             layout = tuple(int(x) for x in text.split(","))
             row = count(layout, args.devices, args.steps, Path(tmp))
-            print(f"{row['layout']:<20} {row['W']:>5} {row['events']:>9,} {row['per_rank']:>12.1f} {row['wall_s']:>10.1f}",
-                  flush=True)
+            print(f"{row['layout']:<20} {row['W']:>5} {row['events']:>9,} {row['per_rank']:>12.1f} {row['wall_s']:>10.1f} "
+                  f"{row['ranks_cpu_s']:>12.1f}", flush=True)
     return 0
 
 
