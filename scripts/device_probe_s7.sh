@@ -9,6 +9,7 @@
 # 4. W=1024 capture (bench, P=16) with py-spy recording the zygote (its coordinator) if PYSPY holds the
 #    py-spy wheel (OUT/zygote-w1024.txt: collapsed stacks), then the same with PRISM_CAPTURE_BATCH=0.
 #    Each row has the coordinator's CPU seconds and wall, the fork loop's seconds, packets and messages.
+# (Ran at 33f18d4; PRISM_CAPTURE_BATCH, the batching it turned off, and the rows' "requests" were removed after.)
 set -uo pipefail
 out=$1 py=${PYTHON:-python3} pkgs=${PKGS:-}
 mkdir -p /tmp/site

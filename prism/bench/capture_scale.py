@@ -32,8 +32,8 @@ LAYOUTS = {  # W -> (tp, pp, dp, ep)
     2048: (4, 4, 128, 8),
     4096: (4, 8, 128, 8),
     # pp4, not pp8 (the example tp8·pp8·dp128·ep8): a rank's events grow with pp (pp layers, pp
-    # microbatches: 594 a rank at pp4, 1,105 at pp8), and at the ~20k events/s of 16 slots (docs/benchmarks.md,
-    # "Session 7") 8192 ranks of pp8 (~9 M events) need ~450 s of capture alone, pp4 (~4.9 M) ~250 s
+    # microbatches: 594 a rank at pp4, 1,105 at pp8), and at the ~23k events/s of 16 slots (docs/benchmarks.md,
+    # "Session 7") 8192 ranks of pp8 (~9 M events) need ~390 s for their steps alone, pp4 (~4.9 M) ~210 s
     8192: (8, 4, 256, 8),
 }
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
