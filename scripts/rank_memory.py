@@ -38,7 +38,7 @@ def profile(w: int, devices: int, steps: int, work: Path) -> dict:
                 kinds[kind][key] += value / len(ranks) / 2**20
     cap = json.loads((job / "raw" / "meta.json").read_text())["capture"]
     return {"W": w, "ranks": len(ranks), "kinds": kinds, "median": cap.get("rank_private_mib_median"),
-            "max": cap.get("rank_private_mib_max")}
+            "max": cap.get("rank_private_mib_max"), "zygote": cap.get("immortal")}
 
 
 def main() -> int:
@@ -58,6 +58,7 @@ def main() -> int:
                     print(f"  {kind:<8} {v.get('private', 0):8.2f} {v.get('copied', 0):8.2f} {v.get('new', 0):8.2f}")
             total = {k: sum(v.get(k, 0) for v in row["kinds"].values()) for k in ("private", "copied", "new")}
             print(f"  {'all':<8} {total['private']:8.2f} {total['copied']:8.2f} {total['new']:8.2f}")
+            print(f"  the zygote's immortal objects: {row['zygote']}")
     return 0
 
 

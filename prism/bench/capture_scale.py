@@ -31,14 +31,21 @@ LAYOUTS = {  # W -> (tp, pp, dp, ep)
     1024: (2, 4, 128, 8),
     2048: (4, 4, 128, 8),
     4096: (4, 8, 128, 8),
-    8192: (8, 8, 128, 8),
+    # pp4, not pp8 (the issue's example tp8·pp8·dp128·ep8): a rank's events grow with pp (pp layers, pp
+    # microbatches: 594 a rank at pp4, 1,105 at pp8), and at the ~23k events/s of 16 slots (docs/benchmarks.md,
+    # "Session 7") 8192 ranks of pp8 (~9 M events) need ~390 s for their steps alone, pp4 (~4.9 M) ~210 s
+    8192: (8, 4, 256, 8),
 }
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 WARMUP = "prism.workloads.moe_gpt"  # preloaded: its `prism_warmup` runs once in the zygote
 
 
 def workload_args(w: int, steps: int) -> list[str]:
-    tp, pp, dp, ep = LAYOUTS[w]
+    return layout_args(*LAYOUTS[w], steps)
+
+
+def layout_args(tp: int, pp: int, dp: int, ep: int, steps: int) -> list[str]:
+    """The reference workload's arguments for a TP·PP·DP·EP layout (pp layers, pp microbatches, ep experts)."""
     heads = max(2, tp)  # divisible by tp; hidden 32 / heads stays an even head size up to tp 8
     return ["-m", "prism.workloads.moe_gpt", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--ep", str(ep),
             "--steps", str(steps), "--microbatches", str(pp), "--micro-batch-size", "1", "--seq-len", "16",
@@ -212,6 +219,12 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
         "warmup": warmup, "graph_s": graph_s, "graph_rss": graph_rss,
+        # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
+        "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),
+        "fork_s": cap.get("fork_s"), "immortal": cap.get("immortal"),
+        # the ranks' own CPU seconds (their logical time) against P x the coordinator's wall: the slots' use
+        "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
+        "switch_cost_us": cap.get("switch_cost_us"),
     }
     if pipeline:
         row["plan_s"], row["plan_rss"] = _stage([sys.executable, "-m", "prism.slices.plan", "--job", str(job),

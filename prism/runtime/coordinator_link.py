@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import queue
 import selectors
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -31,23 +33,34 @@ class CoordinatorLink:
         policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
         self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
         self.pids = spec["pids"]
+        self.immortal = spec.get("immortal")
+        self.fork_s = spec.get("fork_s")
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
         self.status_dir = Path(spec["status_dir"])
         self.error: str | None = None
         self.last_progress = time.monotonic()
+        self.started = (time.monotonic(), time.process_time())  # the coordinator's wall and CPU from here
         # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
         self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
                                    wait_for_workers=False)
+        from prism.runtime.capture_client import key_name
+        from prism.runtime.coordinator import CaptureError
+
+        self._key_name, self._errors = key_name, (CaptureError, device_state.SwapError)
+        # the finished operations' files are deleted by a thread (an unlink releases the GIL): the
+        # coordinator's one thread goes on with the next message meanwhile
+        self._doomed: queue.SimpleQueue = queue.SimpleQueue()
+        self._unlinker = threading.Thread(target=_unlink_all, args=(self._doomed,), daemon=True,
+                                          name="prism-shm-unlink")
+        self._unlinker.start()
+        self._shm = str(self.shm_dir)
         for rank, sock in ctl.items():
             out.sel.register(sock.fileno(), selectors.EVENT_READ, lambda r=rank: self.on_readable(r))
         self.sel = out.sel
 
     def on_readable(self, rank: int) -> None:
-        from prism.runtime import device_state
-        from prism.runtime.capture_client import key_name
-        from prism.runtime.coordinator import CaptureError
-
+        key_name = self._key_name
         sock = self.socks[rank]
         try:
             data = sock.recv(1 << 20)
@@ -60,7 +73,7 @@ class CoordinatorLink:
                 replies = self.coord.schedule()
             else:
                 replies = self.coord.handle(rank, pickle.loads(data))
-        except (CaptureError, device_state.SwapError) as exc:
+        except self._errors as exc:
             self.error = str(exc)
             return
         for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
@@ -72,7 +85,7 @@ class CoordinatorLink:
         try:
             for action, victim in self.coord.device_actions:  # device state moves before anyone runs
                 getattr(self.devices, action)(self.pids[victim], self.coord.footprint[victim])
-        except device_state.SwapError as exc:
+        except self._errors as exc:
             self.error = str(exc)
             return
         finally:
@@ -82,18 +95,16 @@ class CoordinatorLink:
                 self.socks[peer].send(pickle.dumps(msg))
             except OSError:
                 pass
-        for key in self.coord.finished_keys:
-            stem = key_name(key)
-            if key[0] in ("p", "a"):
-                names = [stem]
-            else:
-                names = [f"{stem}-r{i}" for i in range(self._group_size(key))]
-            for name in names:
-                try:
-                    os.unlink(self.shm_dir / name)
-                except FileNotFoundError:
-                    pass
-        self.coord.finished_keys.clear()
+        if self.coord.finished_keys:
+            paths = []
+            for key in self.coord.finished_keys:
+                stem = f"{self._shm}/{key_name(key)}"
+                if key[0] in ("p", "a"):
+                    paths.append(stem)
+                else:
+                    paths += [f"{stem}-r{i}" for i in range(self._group_size(key))]
+            self._doomed.put(paths)
+            self.coord.finished_keys.clear()
         if self.error is None and not self.coord.crashed and self.coord.stuck():
             # (a crashed rank is reported by the supervisor with its traceback instead)
             self.error = self.coord.diagnose()
@@ -103,8 +114,27 @@ class CoordinatorLink:
 
     def close(self) -> None:
         stats = dict(self.coord.stats(), **self.devices.stats())
+        # the coordinator's (this process's) CPU seconds against the wall from the forks to the end: near 1,
+        # the single coordinator thread is what bounds the capture
+        stats["coordinator_wall_s"] = round(time.monotonic() - self.started[0], 3)
+        stats["coordinator_cpu_s"] = round(time.process_time() - self.started[1], 3)
+        stats["fork_s"] = self.fork_s
+        if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.immortal)
+            stats["immortal"] = self.immortal
         self.devices.close()
+        self._doomed.put(None)
+        self._unlinker.join(timeout=30)
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():
             sock.close()
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+
+
+def _unlink_all(doomed: queue.SimpleQueue) -> None:
+    """The unlinking thread: delete each list of files put on `doomed` (None: stop)."""
+    while (paths := doomed.get()) is not None:
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

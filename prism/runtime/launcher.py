@@ -117,6 +117,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "progress": _progress_style(spec),
             "iterations": _iterations_expected(spec),
             "device": os.environ.get("PRISM_DEVICE", "cpu"),
+            "rank_output": limits.rank_output(spec.nproc, spec.mode),
             "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
         }
         if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs

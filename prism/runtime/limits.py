@@ -2,7 +2,9 @@
 watched while it runs: each message names the limit, what the job needs, and the fix.
 
 - open files (`ulimit -n`): prism's supervisor holds, per rank, two output pipes, and in capture the
-  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK).
+  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK). A capture whose pipes
+  would not fit the hard limit (W=8192 with 4 a rank needs 32,832; a host may allow 20,000) writes each
+  rank's output to two files instead, forwarded when the rank ends (`rank_output`): 2 a rank.
 - processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
 - memory: capture forks W ranks of RANK_MIB_ESTIMATE private MiB each (measured: `prism bench capture`,
   17-19 MiB with the reference workload) plus the zygote; while the capture runs, `MemoryWatch` stops it
@@ -21,6 +23,8 @@ import resource
 from pathlib import Path
 
 FDS_PER_RANK = {"capture": 4, "default": 2}
+FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
+OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
 RANK_MIB_ESTIMATE = 12  # below the measured 17-19 MiB: refuse only what surely cannot fit
@@ -100,17 +104,36 @@ def shm_free_bytes(folder: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def fds_needed(world: int, mode: str) -> int:
-    return FDS_PER_RANK.get(mode, FDS_PER_RANK["default"]) * world + FDS_SPARE
+def fds_needed(world: int, mode: str, output: str = "pipes") -> int:
+    per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, FDS_PER_RANK["default"])
+    return per * world + FDS_SPARE
+
+
+def rank_output(world: int, mode: str, hard: int | None = None) -> str:
+    """How the ranks' stdout and stderr reach the launcher: "pipes" (forwarded as they write) or, in capture
+    when a pipe pair a rank would not fit the hard open-file limit, "files" (each rank's, forwarded when it
+    ends). PRISM_RANK_OUTPUT=files|pipes chooses (files: capture only)."""
+    forced = os.environ.get(OUTPUT_ENV)
+    if mode != "capture":
+        return "pipes"
+    if forced in ("files", "pipes"):
+        return forced
+    if hard is None:
+        hard = nofile_limits()[1]
+    if hard == resource.RLIM_INFINITY or hard >= fds_needed(world, mode):
+        return "pipes"
+    return "files"
 
 
 def check_start(world: int, mode: str, shm_root: str | None) -> None:
     """Before any rank starts: raise LimitError if this machine cannot hold `world` ranks in `mode`."""
-    need = fds_needed(world, mode)
     soft, hard = nofile_limits()
+    output = rank_output(world, mode, hard)
+    need = fds_needed(world, mode, output)
     if hard != resource.RLIM_INFINITY and hard < need:
+        per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, 2)
         raise LimitError(
-            f"{world} ranks need about {need} open files in prism's supervisor ({FDS_PER_RANK.get(mode, 2)} a "
+            f"{world} ranks need about {need} open files in prism's supervisor ({per} a "
             f"rank), but this shell allows at most {hard} (`ulimit -Hn`): raise the limit (`ulimit -n {need}`; "
             "the hard limit as root or in /etc/security/limits.conf) or launch fewer ranks")
     procs = nproc_limit()

@@ -73,3 +73,40 @@ class LineForwarder:
                 self.sel.unregister(key.fd)
             else:
                 self._close(key.fd, key.data)
+
+
+class FileOutput:
+    """The ranks' stdout and stderr in files instead of pipes (a capture whose pipes would not fit the open-file
+    limit: `limits.rank_output`): a rank writes FOLDER/R.out and R.err; the zygote forwards each rank's two
+    files, whole, when it ends (`forward`), and what is left at the end (`forward_rest`). The zygote then holds
+    no file descriptor for a rank's output."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+
+    def attach(self, rank: int) -> None:
+        """In the forked rank: its stdout and stderr become its two files."""
+        for fd, stream in ((1, "out"), (2, "err")):
+            f = os.open(f"{self.folder}/{rank}.{stream}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            os.dup2(f, fd)
+            os.close(f)
+
+    def forward(self, rank: int, before_write, stdout, stderr) -> None:
+        for stream, sink in (("out", stdout), ("err", stderr)):
+            path = f"{self.folder}/{rank}.{stream}"
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            if data:
+                before_write()
+                sink.write(data if data.endswith(b"\n") else data + b"\n")
+                sink.flush()
+
+    def forward_rest(self, before_write, stdout, stderr) -> None:
+        ranks = sorted({int(name.split(".")[0]) for name in os.listdir(self.folder) if name[0].isdigit()})
+        for rank in ranks:
+            self.forward(rank, before_write, stdout, stderr)

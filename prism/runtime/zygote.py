@@ -34,15 +34,16 @@ import sys
 import time
 from pathlib import Path
 
-from prism.runtime import forked_rank, limits, oom, watchdog
+from prism.runtime import forked_rank, immortal, limits, memory, oom, watchdog
 from prism.runtime.coordinator_link import CoordinatorLink
-from prism.runtime.rank_output import LineForwarder, Tee
+from prism.runtime.rank_output import FileOutput, LineForwarder, Tee
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
 REPLAY_GRACE_S = 10.0  # how long the server may still run once the slice ranks finished
 USAGE_EXIT = 2  # a program's "bad arguments" exit code (argparse)
 USAGE_GRACE_S = 5.0  # after a rank's usage exit, how long the others may take to exit by themselves
+REAP_PERIOD_S = 0.5  # the supervisor looks for exited children at least this often
 LIMIT_EXIT = 75  # the machine ran out of a resource (memory) while the job ran (EX_TEMPFAIL)
 
 
@@ -110,12 +111,23 @@ def supervise(spec: dict) -> int:
     def on_signal(signum, _frame):
         stopping["signal"] = signum
 
+    # waitpid(-1) walks every child in the kernel (O(W) a call): it is called when a child changed state
+    # (SIGCHLD) and, in case a signal is missed, at least every REAP_PERIOD_S, not after every message
+    reap = {"due": True, "at": 0.0}
+
+    def on_child(_signum, _frame):
+        reap["due"] = True
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off"))
+    signal.signal(signal.SIGCHLD, on_child)
+    forks_began = time.monotonic()
+    _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off", spec.get("rank_output", "pipes")))
     sys.stdout.flush()
     sys.stderr.flush()
     out = LineForwarder()
+    # the ranks' output in files (capture beyond the open-file limit's pipes: `limits.rank_output`), else pipes
+    files = FileOutput(str(Path(spec["status_dir"], "output"))) if spec.get("rank_output") == "files" else None
     read_ends: list[int] = []
     from prism.runtime import modes
 
@@ -129,17 +141,22 @@ def supervise(spec: dict) -> int:
     first_fd = max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
     top = first_fd  # the largest fd the loop opened so far
     for rank in ids:
-        r_out, w_out = os.pipe()
-        r_err, w_err = os.pipe()
+        if files is None:
+            r_out, w_out = os.pipe()
+            r_err, w_err = os.pipe()
         if capture:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.dup2(w_out, 1)
-            os.dup2(w_err, 2)
-            top = max(top, w_out, w_err, r_out, r_err)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            if files is None:
+                os.dup2(w_out, 1)
+                os.dup2(w_err, 2)
+                top = max(top, w_out, w_err, r_out, r_err)
+            else:
+                files.attach(rank)
             if capture:  # the control socket moves above every supervisor fd, which are then closed
                 top = max(top, parent_end.fileno(), child_end.fileno())
                 keep = fcntl.fcntl(child_end.detach(), fcntl.F_DUPFD, top + 1)
@@ -153,24 +170,31 @@ def supervise(spec: dict) -> int:
                 code = forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
             finally:
                 os._exit(code)
-        os.close(w_out)
-        os.close(w_err)
-        read_ends += [r_out, r_err]
-        top = max(top, w_out, w_err, r_out, r_err, parent_end.fileno() if capture else 0)
-        if spec.get("log_dir") and rank != REPLAY:
-            log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
-            top = max(top, log.fileno())
-            out.add(r_out, Tee(sys.stdout.buffer, log))
-            out.add(r_err, Tee(sys.stderr.buffer, log))
-        else:
-            out.add(r_out, sys.stdout.buffer)
-            out.add(r_err, sys.stderr.buffer)
+        if capture:
+            top = max(top, parent_end.fileno())
+        if files is None:
+            os.close(w_out)
+            os.close(w_err)
+            read_ends += [r_out, r_err]
+            top = max(top, w_out, w_err, r_out, r_err)
+            if spec.get("log_dir") and rank != REPLAY:
+                log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
+                top = max(top, log.fileno())
+                out.add(r_out, Tee(sys.stdout.buffer, log))
+                out.add(r_err, Tee(sys.stderr.buffer, log))
+            else:
+                out.add(r_out, sys.stdout.buffer)
+                out.add(r_err, sys.stderr.buffer)
         if capture:
             child_end.close()
             ctl[rank] = parent_end
         children[pid] = rank
 
     spec["pids"] = {rank: pid for pid, rank in children.items()}
+    spec["fork_s"] = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
+    # the threads made from here on (the store's, the coordinator's unlinker) keep SIGCHLD blocked: it is
+    # the main thread's, and no system call of theirs is interrupted by one of W exits
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     link = CoordinatorLink(spec, ctl, out) if capture else None
     progress = progress_state = None
     if spec.get("progress"):
@@ -190,6 +214,7 @@ def supervise(spec: dict) -> int:
 
         store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
                               wait_for_workers=False)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
     usage_exits = 0
@@ -224,7 +249,11 @@ def supervise(spec: dict) -> int:
         out.pump(0.01)
         if progress is not None:
             progress.maybe_show(progress_state)
-        while children:
+        now = time.monotonic()
+        due = reap["due"] or now - reap["at"] >= REAP_PERIOD_S
+        if due:
+            reap["due"], reap["at"] = False, now
+        while children and due:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -233,6 +262,8 @@ def supervise(spec: dict) -> int:
             if pid == 0:
                 break
             rank = children.pop(pid)
+            if files is not None:
+                files.forward(rank, out.before_write, sys.stdout.buffer, sys.stderr.buffer)
             code = os.waitstatus_to_exitcode(status)
             usage_exits += code == USAGE_EXIT
             if code != 0 and failed is None and deadline is None:
@@ -248,6 +279,8 @@ def supervise(spec: dict) -> int:
     if progress is not None:
         progress.clear()
     out.drain(2.0)
+    if files is not None:  # ranks stopped before they were reaped one by one (there are none otherwise)
+        files.forward_rest(out.before_write, sys.stdout.buffer, sys.stderr.buffer)
     del store
     if limit_error:
         if link is not None:
@@ -357,8 +390,13 @@ def main() -> int:
             _warm_up(name, spec.get("args") or [])
     _check_cuda_uninitialised(spec)
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
-    # collections touch (and so copy) every page of the zygote's heap.
+    # collections touch (and so copy) every page of the zygote's heap. In capture mode (thousands of ranks)
+    # the objects also become immortal first (CPython 3.12+): the ranks then stop writing their reference
+    # counts, and the pages those sit on stay shared; the C heap's free pages go back to the kernel.
     gc.collect()
+    if spec.get("mode") == "capture":
+        spec["immortal"] = immortal.immortalise()
+        memory.trim()
     gc.freeze()
     return supervise(spec)
 

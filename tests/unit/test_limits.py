@@ -28,10 +28,29 @@ def test_a_roomy_machine_passes(monkeypatch):
 
 def test_open_files(monkeypatch):
     _roomy(monkeypatch)
+    monkeypatch.delenv(limits.OUTPUT_ENV, raising=False)
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 4096))
     limits.check_start(1000, "capture", "/dev/shm")  # 4*1000+64 <= 4096: the zygote raises the soft limit
-    with pytest.raises(limits.LimitError, match=r"about 32832 open files.*at most 4096.*ulimit -n 32832"):
+    # beyond the pipes (4 a rank), the ranks' output goes to files: 2 a rank, which 8192 ranks still exceed
+    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\).*at most 4096.*ulimit -n 16448"):
         limits.check_start(8192, "capture", "/dev/shm")
+    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\)"):
+        limits.check_start(8192, "real", None)
+
+
+def test_beyond_the_pipes_a_capture_writes_its_ranks_output_to_files(monkeypatch):
+    _roomy(monkeypatch)
+    monkeypatch.delenv(limits.OUTPUT_ENV, raising=False)
+    monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 20000))  # the accelerator host's hard limit
+    assert limits.fds_needed(8192, "capture") == 32832 and limits.fds_needed(8192, "capture", "files") == 16448
+    assert limits.rank_output(4096, "capture") == "pipes"  # 4*4096+64 = 16448 fits
+    assert limits.rank_output(8192, "capture") == "files"
+    assert limits.rank_output(8192, "real") == "pipes"  # (no fallback outside capture: refused instead)
+    limits.check_start(8192, "capture", "/dev/shm")  # 2*8192+64 <= 20000
+    monkeypatch.setenv(limits.OUTPUT_ENV, "files")
+    assert limits.rank_output(4, "capture") == "files" and limits.rank_output(4, "slice") == "pipes"
+    monkeypatch.setenv(limits.OUTPUT_ENV, "pipes")
+    assert limits.rank_output(8192, "capture") == "pipes"
 
 
 def test_processes(monkeypatch):
