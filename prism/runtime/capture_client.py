@@ -22,6 +22,7 @@ import torch
 
 from prism import schemas
 from prism.runtime import memory, shm
+from prism.runtime.work_parts import OwnResult
 
 
 _client: "CaptureClient | None" = None
@@ -257,7 +258,7 @@ def install_future_helpers() -> None:
     futures.wait_all, futures.collect_all = wait_all, collect_all
 
 
-class CaptureWork:
+class CaptureWork(OwnResult):
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 
     def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result,
@@ -319,15 +320,3 @@ class CaptureWork:
 
     def is_completed(self) -> bool:
         return self.completed
-
-    def is_success(self) -> bool:
-        return self.completed
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()

@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 from torch._C._distributed_c10d import Work
 
+from prism.runtime.work_parts import Forwarding, OwnResult
+
 _STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
           "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
 _STATS_LOCK = threading.Lock()
@@ -106,7 +108,7 @@ def held_future(source: torch.futures.Future, floor: Callable[[], int], result) 
     return future
 
 
-class _EmuWork(Work):
+class _EmuWork(OwnResult, Work):
     """An emulated collective in flight: its exchange and completion run on the group's thread, which then
     calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor."""
 
@@ -139,20 +141,8 @@ class _EmuWork(Work):
     def is_completed(self) -> bool:
         return self.inner.done() and time.monotonic_ns() >= self.floor
 
-    def is_success(self) -> bool:
-        return self.is_completed()
 
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-
-class _NativeWork(Work):
+class _NativeWork(OwnResult, Work):
     """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
     for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
     holds until `floor`; `get_future` does the same from gloo's callback (the hold by `TIMER`, never on
@@ -214,46 +204,13 @@ class _NativeWork(Work):
         self._complete()
         return True
 
-    def is_success(self) -> bool:
-        return self.is_completed()
 
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-
-class _SourceWork(Work):
+class _SourceWork(Forwarding, Work):
     """A recv's work that also says who sent (what `recv_anysource` answers)."""
 
     def __init__(self, inner: Work, src: int) -> None:
         super().__init__()
         self._inner, self._src = inner, src
-
-    def wait(self, timeout=None) -> bool:
-        return self._inner.wait()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._inner.get_future()
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def result(self):
-        return self._inner.result()
-
-    def synchronize(self) -> None:
-        self._inner.synchronize()
 
     def _source_rank(self) -> int:
         return self._src

@@ -34,6 +34,7 @@ from prism.runtime import shm
 from prism.runtime.capture_client import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport
+from prism.runtime.work_parts import Forwarding
 
 FIELDS = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
 _COMM = (schemas.KIND_COLLECTIVE, schemas.KIND_SEND, schemas.KIND_RECV)
@@ -131,7 +132,7 @@ class CapturedResults:
             return self._loading.pop(key)
 
 
-class _ResultWork(Work):
+class _ResultWork(Forwarding, Work):
     """The real backend's work of a reduction; its outputs get the captured result when it completes."""
 
     def __init__(self, inner: Work, outputs: list[torch.Tensor], result: Future) -> None:
@@ -166,21 +167,6 @@ class _ResultWork(Work):
             return f.value()
 
         return fut.then(fixed)
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def result(self):
-        return self._inner.result()
-
-    def synchronize(self) -> None:
-        self._inner.synchronize()
 
 
 class SliceTransport(RealTransport):
