@@ -22,13 +22,13 @@ from tests.conftest import REPO, make_env, run_prism, run_torchrun
 pytestmark = pytest.mark.slow
 
 WORKLOAD = ["-m", "prism.workloads.moe_gpt", "--steps", "2"]
+# (the workload's default 3 steps and test_workload_loss's layouts: torchrun's reference runs are shared)
 LAYOUTS = {
-    "tp2": (2, ["--tp", "2"]),
+    "tp2": (2, ["--tp", "2", "--microbatches", "4"]),
     "pp2-mb4": (2, ["--pp", "2", "--microbatches", "4"]),
-    "dp2-ep2-varseq": (2, ["--dp", "2", "--ep", "2", "--var-seq"]),
-    "tp2-pp2-dp2-ep2": (8, ["--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2"]),
+    "dp2-ep2-varseq": (2, ["--dp", "2", "--ep", "2", "--microbatches", "2", "--var-seq"]),
+    "tp2-pp2-dp2-ep2": (8, ["--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "2"]),
 }
-_reference: dict[str, list[str]] = {}
 
 
 def losses(text: str) -> list[tuple[int, float]]:
@@ -36,12 +36,10 @@ def losses(text: str) -> list[tuple[int, float]]:
 
 
 def reference(name: str) -> list[tuple[int, float]]:
-    if name not in _reference:
-        nproc, flags = LAYOUTS[name]
-        proc = run_torchrun(nproc, WORKLOAD + flags)
-        assert proc.returncode == 0, proc.stderr
-        _reference[name] = losses(proc.stdout)
-    return _reference[name]
+    nproc, flags = LAYOUTS[name]
+    proc = run_torchrun(nproc, ["-m", "prism.workloads.moe_gpt", *flags])  # once per session
+    assert proc.returncode == 0, proc.stderr
+    return losses(proc.stdout)
 
 
 @pytest.mark.parametrize("devices", [1, 2])
@@ -49,10 +47,10 @@ def reference(name: str) -> list[tuple[int, float]]:
 def test_capture_prints_what_torchrun_prints(tmp_path, name, devices):
     nproc, flags = LAYOUTS[name]
     proc = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", str(devices),
-                      "--out", str(tmp_path / "job"), *WORKLOAD, *flags])
+                      "--out", str(tmp_path / "job"), "-m", "prism.workloads.moe_gpt", *flags])
     assert proc.returncode == 0, proc.stderr
     got, want = losses(proc.stdout), reference(name)
-    assert len(got) == 2 and [s for s, _ in got] == [s for s, _ in want]
+    assert len(got) == 3 and [s for s, _ in got] == [s for s, _ in want]
     for (_, a), (_, b) in zip(got, want):
         assert a == pytest.approx(b, rel=1e-6)
 

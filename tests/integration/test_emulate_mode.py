@@ -193,20 +193,34 @@ LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss
 ]
 
 
+@pytest.fixture(scope="module")
+def workload_captures(tmp_path_factory):
+    """One capture per layout, shared by the sandboxes emulated against it (each its own OUT)."""
+    done: dict[tuple, tuple] = {}
+
+    def get(nproc: int, prog: list[str]):
+        key = (nproc, tuple(prog))
+        if key not in done:
+            job = tmp_path_factory.mktemp("layout") / "job"
+            done[key] = job, _capture(job, nproc, prog, devices=2)
+        return done[key]
+    return get
+
+
 @pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS,
                          ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq", "tp2-dp2-ep2-sandbox01"])
-def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandbox):
-    job = tmp_path / "job"
+def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, args, sandbox):
     prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
-    cap = _capture(job, nproc, prog, devices=2)
-    proc = _emulate(job, nproc, sandbox, prog)
+    job, cap = workload_captures(nproc, prog)
+    out = "emu" + sandbox.replace(",", "_")
+    proc = _emulate(job, nproc, sandbox, prog, out=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _steps(proc.stdout + proc.stderr)
     want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
     assert len(got) == 4 and got == want  # two steps, loss and grad_norm, as printed (bitwise text)
     # every payload the worker used was in the prefetch schedule (p2p from and to the sandbox included):
     # none loaded out of band (a stall whatever the pool's size)
-    prefetch = _meta(job)["emulation"]["prefetch"]
+    prefetch = _meta(job, out)["emulation"]["prefetch"]
     assert prefetch["direct"] == 0 and prefetch["loaded"] > 0, prefetch
     ref = run_torchrun(nproc, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
