@@ -119,7 +119,14 @@ def _recorded(job, rank: int, nth: int) -> torch.Tensor:
     return tensors[0]
 
 
-def test_changed_contribution_is_folded_live(tmp_path):
+@pytest.fixture(scope="module")
+def scaled_job(tmp_path_factory):
+    """scaled_contribution.py, unchanged, captured at W=4 (the emulations change it, each into its own OUT)."""
+    job = tmp_path_factory.mktemp("scaled") / "job"
+    return job, _capture(job, 4, [str(PROGRAMS / "scaled_contribution.py")])
+
+
+def test_changed_contribution_is_folded_live(scaled_job):
     """(b) Rank 2 triples its contribution at step 1 (the capture ran the unchanged program): its step-1
     sum is semantics.reduce over [recorded 0, recorded 1, live 2, recorded 3], bitwise; steps 0 and 2 are
     the capture's. Slice mode would print the capture's step-1 sum instead."""
@@ -128,9 +135,8 @@ def test_changed_contribution_is_folded_live(tmp_path):
     sys.path.insert(0, str(PROGRAMS))
     from scaled_contribution import contribution
 
-    job = tmp_path / "job"
+    job, cap = scaled_job
     prog = [str(PROGRAMS / "scaled_contribution.py")]
-    cap = _capture(job, 4, prog)
     proc = _emulate(job, 4, "2", prog + ["--scale-rank", "2", "--scale", "3.0"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {line.split()[1]: line.split()[3] for line in _results(proc.stdout)}
@@ -228,14 +234,12 @@ def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, ar
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
 
 
-def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(scaled_job):
     """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
     traceback named, the worker is stopped too, and nothing is published under OUT."""
     import time
 
-    job, _ = order_job
-    scaled = job.parent / "scaled"
-    _capture(scaled, 4, [str(PROGRAMS / "scaled_contribution.py")])
+    scaled, _ = scaled_job
     started = time.monotonic()
     proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--crash-rank", "2"], out="crash")
     assert proc.returncode != 0
