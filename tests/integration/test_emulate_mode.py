@@ -46,11 +46,10 @@ def _meta(job, out: str = "emu") -> dict:
 
 
 @pytest.fixture(scope="module")
-def order_job(tmp_path_factory):
-    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4."""
-    job = tmp_path_factory.mktemp("emu") / "job"
-    cap = _capture(job, 4, [str(PROGRAMS / "reduction_order.py")])
-    return job, cap
+def order_job(reduction_order_capture):
+    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4 (one
+    capture for the session: tests/integration/conftest.py)."""
+    return reduction_order_capture
 
 
 def test_unchanged_program_repeats_the_capture_bitwise(order_job):
