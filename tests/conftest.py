@@ -7,13 +7,16 @@ import signal
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 PROGRAMS = REPO / "tests" / "programs"
+T = TypeVar("T")
 
 
 def data_path(name: str) -> Path:
@@ -69,6 +72,15 @@ def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subproc
     if done.returncode == 0:
         _TORCHRUN[key] = done
     return done
+
+
+def run_together(*jobs: Callable[[], T]) -> list[T]:
+    """Run independent jobs (callables that each run their own processes) at once; their results in order, the
+    first exception raised once all have ended. On 2 cores one job often leaves a core idle (a capture on one
+    device slot, a process importing torch), which the other fills; no test that asserts a timing uses it."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [f.result() for f in futures]
 
 
 @pytest.fixture

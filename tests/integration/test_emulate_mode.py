@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prism.runtime import semantics, shm
-from tests.conftest import PROGRAMS, close_lines, run_prism, run_torchrun
+from tests.conftest import PROGRAMS, close_lines, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -165,14 +165,13 @@ def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
     what the same ranks print under plain torchrun (gloo's reduction order differs from prism's)."""
     job = tmp_path / "job"
     prog = [str(PROGRAMS / f"{name}.py"), *args]
-    cap = _capture(job, 4, prog, devices=2)
-    proc = _emulate(job, 4, sandbox, prog)
+    (cap, proc), ref = run_together(lambda: (_capture(job, 4, prog, devices=2), _emulate(job, 4, sandbox, prog)),
+                                    lambda: run_torchrun(4, prog))  # independent: at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = {int(r) for r in sandbox.split(",")}
     got = _results(proc.stdout)
     assert got == _results(cap.stdout, ranks) and got
     assert {int(line.split()[2]) for line in got} == ranks  # every sandbox rank printed
-    ref = run_torchrun(4, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = _results(ref.stdout, ranks)
     assert len(want) == len(got)
@@ -216,9 +215,13 @@ def workload_captures(tmp_path_factory):
                          ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq", "tp2-dp2-ep2-sandbox01"])
 def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, args, sandbox):
     prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
-    job, cap = workload_captures(nproc, prog)
     out = "emu" + sandbox.replace(",", "_")
-    proc = _emulate(job, nproc, sandbox, prog, out=out)
+
+    def capture_and_emulate():
+        job, cap = workload_captures(nproc, prog)
+        return job, cap, _emulate(job, nproc, sandbox, prog, out=out)
+
+    (job, cap, proc), ref = run_together(capture_and_emulate, lambda: run_torchrun(nproc, prog))  # independent
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _steps(proc.stdout + proc.stderr)
     want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
@@ -227,7 +230,6 @@ def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, ar
     # none loaded out of band (a stall whatever the pool's size)
     prefetch = _meta(job, out)["emulation"]["prefetch"]
     assert prefetch["direct"] == 0 and prefetch["loaded"] > 0, prefetch
-    ref = run_torchrun(nproc, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
     for (s, what, x), (s2, what2, y) in zip(got, sorted(set(_steps(ref.stdout + ref.stderr)))):
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
