@@ -56,9 +56,12 @@ def test_unchanged_program_repeats_the_capture_bitwise(order_job):
     """Sandbox {1} alone and {0, 2} together (two runs of virtual members, a rank-0 root): each collective
     output's hash equals the capture's for the same rank, though the virtual ranks only exist as replay."""
     job, cap = order_job
-    for sandbox, out in (("1", "emu1"), ("0,2", "emu02")):
+    prog = [str(PROGRAMS / "reduction_order.py")]
+    runs = (("1", "emu1"), ("0,2", "emu02"))  # two emulations of one capture, at once (each its own OUT)
+    procs = run_together(*(lambda sandbox=sandbox, out=out: _emulate(job, 4, sandbox, prog, "--devices", "1", out=out)
+                           for sandbox, out in runs))
+    for (sandbox, out), proc in zip(runs, procs):
         ranks = {int(r) for r in sandbox.split(",")}
-        proc = _emulate(job, 4, sandbox, [str(PROGRAMS / "reduction_order.py")], "--devices", "1", out=out)
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = _results(proc.stdout)
         assert got == _results(cap.stdout, ranks) and len(got) >= 5 * len(ranks)

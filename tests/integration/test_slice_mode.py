@@ -12,7 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import PROGRAMS, REPO, make_env, run_prism
+from tests.conftest import PROGRAMS, REPO, make_env, run_prism, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,8 @@ def job(tmp_path_factory):
     assert plan.returncode == 0, plan.stderr
     slices = sorted(set(pq.read_table(job / "slices" / "plan.parquet")["slice"].to_pylist()))
     assert len(slices) == 2
-    runs = {k: _module("prism.slices.run", ["--job", str(job), "--slice", str(k)]) for k in slices}
+    runs = dict(zip(slices, run_together(*(lambda k=k: _module("prism.slices.run", ["--job", str(job), "--slice",
+                                                                                   str(k)]) for k in slices))))
     return job, cap, runs
 
 
@@ -139,18 +140,23 @@ def test_order_dependent_reductions_repeat_the_capture_bitwise(tmp_path, reducti
     program = [str(PROGRAMS / "reduction_order.py")]
     shared, cap = reduction_order_capture  # captured at W=4 on one device slot; a copy of it: this job's
     shutil.copytree(shared / "capture", job / "capture")
-    real = run_prism(["launch", "--nproc", "4", "--mode", "real", *program])
+
+    def slices():
+        graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out",
+                           str(job / "graph")])
+        assert graph.returncode == 0, graph.stderr
+        assert _module("prism.slices.plan", ["--job", str(job), "--devices", "2"]).returncode == 0
+        return run_together(*(lambda k=k: _module("prism.slices.run", ["--job", str(job), "--slice", str(k)])
+                              for k in (0, 1)))
+
+    real, runs = run_together(lambda: run_prism(["launch", "--nproc", "4", "--mode", "real", *program]), slices)
     assert real.returncode == 0, real.stderr
     want = _results(cap.stdout)
     assert len(want) == 21
     assert {line.split()[1] for line in set(want) - set(_results(real.stdout))} >= {
         "all_reduce", "all_reduce.future", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
-    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
-    assert graph.returncode == 0, graph.stderr
-    assert _module("prism.slices.plan", ["--job", str(job), "--devices", "2"]).returncode == 0
     got = []
-    for k in (0, 1):
-        proc = _module("prism.slices.run", ["--job", str(job), "--slice", str(k)])
+    for proc in runs:
         assert proc.returncode == 0, proc.stderr[-3000:]
         got += _results(proc.stdout)
     assert sorted(got) == want
