@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
 PROGRAMS = REPO / "tests" / "programs"
+T = TypeVar("T")
 
 
 def data_path(name: str) -> Path:
@@ -41,11 +45,42 @@ def run_prism(args: list[str], timeout: float = 180, cwd: Path | None = None, **
                           timeout=timeout, cwd=cwd or REPO, env=make_env(**env))
 
 
+_TORCHRUN: dict[tuple, subprocess.CompletedProcess] = {}
+
+
 def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
-    """Plain torchrun (no prism) on gloo: the reference a prism run is compared with."""
+    """Plain torchrun (no prism) on gloo: the reference a prism run is compared with.
+
+    Run once per test session for the same (nproc, target): the test programs print the same on every run
+    (fixed seeds, gloo's fixed reduction order), so several test files comparing prism's runs with one
+    program share its reference run. A failed run is not kept (each caller sees it fail). On timeout the
+    whole process group (torchrun and its workers) is killed, then TimeoutExpired raised."""
+    key = (nproc, tuple(target))
+    if key in _TORCHRUN:
+        return _TORCHRUN[key]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", *target]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=make_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=make_env(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if done.returncode == 0:
+        _TORCHRUN[key] = done
+    return done
+
+
+def run_together(*jobs: Callable[[], T]) -> list[T]:
+    """Run independent jobs (callables that each run their own processes) at once; their results in order, the
+    first exception raised once all have ended. On 2 cores one job often leaves a core idle (a capture on one
+    device slot, a process importing torch), which the other fills; no test that asserts a timing uses it."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        return [f.result() for f in futures]
 
 
 @pytest.fixture

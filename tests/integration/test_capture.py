@@ -17,42 +17,54 @@ import pytest
 
 from prism.runtime import run_files
 from prism.runtime.launcher import HANG_EXIT
-from tests.conftest import REPO, make_env, run_prism, run_torchrun
+from tests.conftest import REPO, make_env, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
 WORKLOAD = ["-m", "prism.workloads.moe_gpt", "--steps", "2"]
+# (the workload's default 3 steps and test_workload_loss's layouts: torchrun's reference runs are shared)
 LAYOUTS = {
-    "tp2": (2, ["--tp", "2"]),
+    "tp2": (2, ["--tp", "2", "--microbatches", "4"]),
     "pp2-mb4": (2, ["--pp", "2", "--microbatches", "4"]),
-    "dp2-ep2-varseq": (2, ["--dp", "2", "--ep", "2", "--var-seq"]),
-    "tp2-pp2-dp2-ep2": (8, ["--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2"]),
+    "dp2-ep2-varseq": (2, ["--dp", "2", "--ep", "2", "--microbatches", "2", "--var-seq"]),
+    "tp2-pp2-dp2-ep2": (8, ["--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "2"]),
 }
-_reference: dict[str, list[str]] = {}
 
 
 def losses(text: str) -> list[tuple[int, float]]:
     return sorted({(int(m[1]), float(m[2])) for m in re.finditer(r"^step=(\d+) loss=(\S+)$", text, re.M)})
 
 
-def reference(name: str) -> list[tuple[int, float]]:
-    if name not in _reference:
-        nproc, flags = LAYOUTS[name]
-        proc = run_torchrun(nproc, WORKLOAD + flags)
-        assert proc.returncode == 0, proc.stderr
-        _reference[name] = losses(proc.stdout)
-    return _reference[name]
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory):
+    """A layout's captures on P=1 and P=2 slots and its torchrun reference, run at once (independent runs; a
+    capture on one slot computes on one core): ({devices: CompletedProcess}, torchrun's)."""
+    done: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in done:
+            nproc, flags = LAYOUTS[name]
+            prog = ["-m", "prism.workloads.moe_gpt", *flags]
+            jobs = [tmp_path_factory.mktemp(f"{name}-p{devices}") / "job" for devices in (1, 2)]
+            *caps, ref = run_together(
+                *(lambda devices=devices, job=job: run_prism(["launch", "--nproc", str(nproc), "--mode", "capture",
+                                                              "--devices", str(devices), "--out", str(job), *prog])
+                  for devices, job in zip((1, 2), jobs)),
+                lambda: run_torchrun(nproc, prog))  # once per session (test_workload_loss runs the same)
+            done[name] = dict(zip((1, 2), caps)), ref
+        return done[name]
+    return get
 
 
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_capture_prints_what_torchrun_prints(tmp_path, name, devices):
-    nproc, flags = LAYOUTS[name]
-    proc = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", str(devices),
-                      "--out", str(tmp_path / "job"), *WORKLOAD, *flags])
+def test_capture_prints_what_torchrun_prints(layout_runs, name, devices):
+    caps, ref = layout_runs(name)
+    assert ref.returncode == 0, ref.stderr
+    proc = caps[devices]
     assert proc.returncode == 0, proc.stderr
-    got, want = losses(proc.stdout), reference(name)
-    assert len(got) == 2 and [s for s, _ in got] == [s for s, _ in want]
+    got, want = losses(proc.stdout), losses(ref.stdout)
+    assert len(got) == 3 and [s for s, _ in got] == [s for s, _ in want]
     for (_, a), (_, b) in zip(got, want):
         assert a == pytest.approx(b, rel=1e-6)
 
@@ -79,11 +91,12 @@ def _matching(job: Path) -> list[tuple]:
 def test_bare_graph_equals_the_real_graph(tmp_path):
     flags = WORKLOAD + ["--tp", "2", "--pp", "2", "--dp", "1", "--microbatches", "4"]
     real, cap = tmp_path / "real", tmp_path / "capture"
-    assert run_prism(["launch", "--nproc", "4", "--out", str(real), *flags]).returncode == 0
-    proc = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(cap), *flags])
+    ran, proc = run_together(lambda: run_prism(["launch", "--nproc", "4", "--out", str(real), *flags]),
+                             lambda: run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "1",
+                                                "--out", str(cap), *flags]))
+    assert ran.returncode == 0, ran.stderr
     assert proc.returncode == 0, proc.stderr
-    for job in (real, cap):
-        g = run_prism(["graph", "--job", str(job)])
+    for g in run_together(*(lambda job=job: run_prism(["graph", "--job", str(job)]) for job in (real, cap))):
         assert g.returncode == 0, g.stderr
     assert _comm_sequence(real) == _comm_sequence(cap)
     assert _matching(real) == _matching(cap)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prism.runtime import semantics, shm
-from tests.conftest import PROGRAMS, close_lines, run_prism, run_torchrun
+from tests.conftest import PROGRAMS, close_lines, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -46,20 +46,22 @@ def _meta(job, out: str = "emu") -> dict:
 
 
 @pytest.fixture(scope="module")
-def order_job(tmp_path_factory):
-    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4."""
-    job = tmp_path_factory.mktemp("emu") / "job"
-    cap = _capture(job, 4, [str(PROGRAMS / "reduction_order.py")])
-    return job, cap
+def order_job(reduction_order_capture):
+    """reduction_order.py (groups of 4: every summation order rounds differently) captured at W=4 (one
+    capture for the session: tests/integration/conftest.py)."""
+    return reduction_order_capture
 
 
 def test_unchanged_program_repeats_the_capture_bitwise(order_job):
     """Sandbox {1} alone and {0, 2} together (two runs of virtual members, a rank-0 root): each collective
     output's hash equals the capture's for the same rank, though the virtual ranks only exist as replay."""
     job, cap = order_job
-    for sandbox, out in (("1", "emu1"), ("0,2", "emu02")):
+    prog = [str(PROGRAMS / "reduction_order.py")]
+    runs = (("1", "emu1"), ("0,2", "emu02"))  # two emulations of one capture, at once (each its own OUT)
+    procs = run_together(*(lambda sandbox=sandbox, out=out: _emulate(job, 4, sandbox, prog, "--devices", "1", out=out)
+                           for sandbox, out in runs))
+    for (sandbox, out), proc in zip(runs, procs):
         ranks = {int(r) for r in sandbox.split(",")}
-        proc = _emulate(job, 4, sandbox, [str(PROGRAMS / "reduction_order.py")], "--devices", "1", out=out)
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = _results(proc.stdout)
         assert got == _results(cap.stdout, ranks) and len(got) >= 5 * len(ranks)
@@ -119,7 +121,14 @@ def _recorded(job, rank: int, nth: int) -> torch.Tensor:
     return tensors[0]
 
 
-def test_changed_contribution_is_folded_live(tmp_path):
+@pytest.fixture(scope="module")
+def scaled_job(tmp_path_factory):
+    """scaled_contribution.py, unchanged, captured at W=4 (the emulations change it, each into its own OUT)."""
+    job = tmp_path_factory.mktemp("scaled") / "job"
+    return job, _capture(job, 4, [str(PROGRAMS / "scaled_contribution.py")])
+
+
+def test_changed_contribution_is_folded_live(scaled_job):
     """(b) Rank 2 triples its contribution at step 1 (the capture ran the unchanged program): its step-1
     sum is semantics.reduce over [recorded 0, recorded 1, live 2, recorded 3], bitwise; steps 0 and 2 are
     the capture's. Slice mode would print the capture's step-1 sum instead."""
@@ -128,9 +137,8 @@ def test_changed_contribution_is_folded_live(tmp_path):
     sys.path.insert(0, str(PROGRAMS))
     from scaled_contribution import contribution
 
-    job = tmp_path / "job"
+    job, cap = scaled_job
     prog = [str(PROGRAMS / "scaled_contribution.py")]
-    cap = _capture(job, 4, prog)
     proc = _emulate(job, 4, "2", prog + ["--scale-rank", "2", "--scale", "3.0"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {line.split()[1]: line.split()[3] for line in _results(proc.stdout)}
@@ -160,14 +168,13 @@ def test_public_api_program_repeats_the_capture(tmp_path, name, args, sandbox):
     what the same ranks print under plain torchrun (gloo's reduction order differs from prism's)."""
     job = tmp_path / "job"
     prog = [str(PROGRAMS / f"{name}.py"), *args]
-    cap = _capture(job, 4, prog, devices=2)
-    proc = _emulate(job, 4, sandbox, prog)
+    (cap, proc), ref = run_together(lambda: (_capture(job, 4, prog, devices=2), _emulate(job, 4, sandbox, prog)),
+                                    lambda: run_torchrun(4, prog))  # independent: at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = {int(r) for r in sandbox.split(",")}
     got = _results(proc.stdout)
     assert got == _results(cap.stdout, ranks) and got
     assert {int(line.split()[2]) for line in got} == ranks  # every sandbox rank printed
-    ref = run_torchrun(4, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = _results(ref.stdout, ranks)
     assert len(want) == len(got)
@@ -193,35 +200,50 @@ LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss
 ]
 
 
+@pytest.fixture(scope="module")
+def workload_captures(tmp_path_factory):
+    """One capture per layout, shared by the sandboxes emulated against it (each its own OUT)."""
+    done: dict[tuple, tuple] = {}
+
+    def get(nproc: int, prog: list[str]):
+        key = (nproc, tuple(prog))
+        if key not in done:
+            job = tmp_path_factory.mktemp("layout") / "job"
+            done[key] = job, _capture(job, nproc, prog, devices=2)
+        return done[key]
+    return get
+
+
 @pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS,
                          ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq", "tp2-dp2-ep2-sandbox01"])
-def test_workload_sandbox_prints_the_capture_losses(tmp_path, nproc, args, sandbox):
-    job = tmp_path / "job"
+def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, args, sandbox):
     prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
-    cap = _capture(job, nproc, prog, devices=2)
-    proc = _emulate(job, nproc, sandbox, prog)
+    out = "emu" + sandbox.replace(",", "_")
+
+    def capture_and_emulate():
+        job, cap = workload_captures(nproc, prog)
+        return job, cap, _emulate(job, nproc, sandbox, prog, out=out)
+
+    (job, cap, proc), ref = run_together(capture_and_emulate, lambda: run_torchrun(nproc, prog))  # independent
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = _steps(proc.stdout + proc.stderr)
     want = sorted(set(_steps(cap.stdout + cap.stderr)))  # every printing rank prints the same line
     assert len(got) == 4 and got == want  # two steps, loss and grad_norm, as printed (bitwise text)
     # every payload the worker used was in the prefetch schedule (p2p from and to the sandbox included):
     # none loaded out of band (a stall whatever the pool's size)
-    prefetch = _meta(job)["emulation"]["prefetch"]
+    prefetch = _meta(job, out)["emulation"]["prefetch"]
     assert prefetch["direct"] == 0 and prefetch["loaded"] > 0, prefetch
-    ref = run_torchrun(nproc, prog)
     assert ref.returncode == 0, ref.stderr[-3000:]
     for (s, what, x), (s2, what2, y) in zip(got, sorted(set(_steps(ref.stdout + ref.stderr)))):
         assert (s, what) == (s2, what2) and _close(x, y), (s, what, x, y)
 
 
-def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(order_job):
+def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothing(scaled_job):
     """Rank 2 raises at step 1 (after its step-0 all_reduce with the worker): the run stops with its
     traceback named, the worker is stopped too, and nothing is published under OUT."""
     import time
 
-    job, _ = order_job
-    scaled = job.parent / "scaled"
-    _capture(scaled, 4, [str(PROGRAMS / "scaled_contribution.py")])
+    scaled, _ = scaled_job
     started = time.monotonic()
     proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--crash-rank", "2"], out="crash")
     assert proc.returncode != 0

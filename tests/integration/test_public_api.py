@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.conftest import PROGRAMS, REPO, free_port, make_env
+from tests.conftest import PROGRAMS, REPO, make_env, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -103,11 +103,12 @@ def read_events(path: Path) -> pa.Table:
 def test_program_matches_torchrun(program: str, nproc: int, args: list[str], ops: set[str],
                                   tmp_path: Path) -> None:
     script = str(PROGRAMS / f"{program}.py")
-    ref = run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               f"--master-port={free_port()}", script, *args])
-    assert_ok(ref, "torchrun")
     out = tmp_path / "job"
-    got = run([sys.executable, "-m", "prism.cli", "launch", "--nproc", str(nproc), "--out", str(out), script, *args])
+    ref, got = run_together(  # (torchrun's run is shared with test_public_api_capture)
+        lambda: run_torchrun(nproc, [script, *args], timeout=TIMEOUT_S),
+        lambda: run([sys.executable, "-m", "prism.cli", "launch", "--nproc", str(nproc), "--out", str(out), script,
+                     *args]))
+    assert_ok(ref, "torchrun")
     assert_ok(got, "prism launch")
 
     expected, actual = results(ref), results(got)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import PROGRAMS, REPO, make_env, run_prism
+from tests.conftest import PROGRAMS, REPO, make_env, run_prism, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,8 @@ def job(tmp_path_factory):
     assert plan.returncode == 0, plan.stderr
     slices = sorted(set(pq.read_table(job / "slices" / "plan.parquet")["slice"].to_pylist()))
     assert len(slices) == 2
-    runs = {k: _module("prism.slices.run", ["--job", str(job), "--slice", str(k)]) for k in slices}
+    runs = dict(zip(slices, run_together(*(lambda k=k: _module("prism.slices.run", ["--job", str(job), "--slice",
+                                                                                   str(k)]) for k in slices))))
     return job, cap, runs
 
 
@@ -130,27 +132,31 @@ def _results(text: str) -> list[str]:
     return sorted(line for line in text.splitlines() if line.startswith("result "))
 
 
-def test_order_dependent_reductions_repeat_the_capture_bitwise(tmp_path):
+def test_order_dependent_reductions_repeat_the_capture_bitwise(tmp_path, reduction_order_capture):
     """Groups of 4: gloo's reduction order gives other last bits than the capture's fold (checked here with
     a real run), yet each slice rank gets the capture's values, and the program's data-dependent all_gather
     (sized by those bits, like MoE routing) follows the capture instead of diverging."""
     job = tmp_path / "job"
     program = [str(PROGRAMS / "reduction_order.py")]
-    cap = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(job / "capture"),
-                     *program])
-    assert cap.returncode == 0, cap.stderr
-    real = run_prism(["launch", "--nproc", "4", "--mode", "real", *program])
+    shared, cap = reduction_order_capture  # captured at W=4 on one device slot; a copy of it: this job's
+    shutil.copytree(shared / "capture", job / "capture")
+
+    def slices():
+        graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out",
+                           str(job / "graph")])
+        assert graph.returncode == 0, graph.stderr
+        assert _module("prism.slices.plan", ["--job", str(job), "--devices", "2"]).returncode == 0
+        return run_together(*(lambda k=k: _module("prism.slices.run", ["--job", str(job), "--slice", str(k)])
+                              for k in (0, 1)))
+
+    real, runs = run_together(lambda: run_prism(["launch", "--nproc", "4", "--mode", "real", *program]), slices)
     assert real.returncode == 0, real.stderr
     want = _results(cap.stdout)
     assert len(want) == 21
     assert {line.split()[1] for line in set(want) - set(_results(real.stdout))} >= {
         "all_reduce", "all_reduce.future", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
-    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
-    assert graph.returncode == 0, graph.stderr
-    assert _module("prism.slices.plan", ["--job", str(job), "--devices", "2"]).returncode == 0
     got = []
-    for k in (0, 1):
-        proc = _module("prism.slices.run", ["--job", str(job), "--slice", str(k)])
+    for proc in runs:
         assert proc.returncode == 0, proc.stderr[-3000:]
         got += _results(proc.stdout)
     assert sorted(got) == want

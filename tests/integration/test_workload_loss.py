@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -36,29 +37,21 @@ LAYOUTS = {   # name: (ranks, flags); every one has microbatches * dp * micro-ba
     "tp2-pp2": (4, ["--tp", "2", "--pp", "2", "--microbatches", "4"]),
     "tp2-pp2-dp2-ep2": (8, ["--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "2"]),
 }
+VAR_SEQ = (2, ["--dp", "2", "--ep", "2", "--microbatches", "2", "--var-seq"])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run(args: list[str], nproc: int | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run the workload (one plain process, or ``nproc`` ranks under torchrun); kill it all on timeout."""
+def run(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run the workload as one plain process (torchrun's runs: tests.conftest.run_torchrun); kill it on timeout."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     base.update(OMP_NUM_THREADS="1", **(env or {}))
-    cmd = [sys.executable]
-    if nproc is not None:
-        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
-    cmd += ["-m", "prism.workloads.moe_gpt", *args]
+    cmd = [sys.executable, "-m", "prism.workloads.moe_gpt", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # our own session: torchrun and its ranks
+        os.killpg(proc.pid, signal.SIGKILL)   # our own session
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} timed out after {TIMEOUT_S}s\n{err[-3000:]}")
     return proc.returncode, out, err
@@ -78,7 +71,11 @@ def metrics(out: str, err: str) -> tuple[dict[int, list[float]], dict[int, list[
 
 
 def train(args: list[str], nproc: int | None = None) -> tuple[dict, dict]:
-    rc, out, err = run(args, nproc)
+    if nproc is None:
+        rc, out, err = run(args)
+    else:  # torchrun's run of a layout is shared with test_capture's reference of the same layout
+        proc = run_torchrun(nproc, ["-m", "prism.workloads.moe_gpt", *args], timeout=TIMEOUT_S)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
     assert rc == 0, f"exit {rc}\n{err[-4000:]}"
     return metrics(out, err)
 
@@ -114,7 +111,7 @@ def test_layout_matches_single_process(name, reference):
 def test_var_seq_matches_single_process(reference):
     ref = reference(True)
     assert ref[0] != reference(False)[0], "--var-seq should change the batch"
-    assert_matches(train(["--dp", "2", "--microbatches", "2", "--var-seq"], 2), ref, printers=2)
+    assert_matches(train(VAR_SEQ[1], VAR_SEQ[0]), ref, printers=2)
 
 
 def test_microbatching_does_not_change_the_loss(reference):
