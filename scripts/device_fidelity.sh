@@ -13,13 +13,8 @@ set -uo pipefail
 out=$1 budget=$2
 pkgs=${PKGS:-.whl}
 repeats=${REPEATS:-5}
-mkdir -p /tmp/site
-if compgen -G "$pkgs/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$pkgs"/*.whl || exit
-fi
-for t in "$pkgs"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
-export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_site.sh"
+install_site "$pkgs" || exit
 { nproc; lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|L3)"; uptime
   python3 -c "import time; t=time.time(); import torch; print(f'import torch {time.time()-t:.2f} s', torch.__version__)"
   python3 -c "import polars, duckdb, jsonschema; print('polars', polars.__version__, 'duckdb', duckdb.__version__)"

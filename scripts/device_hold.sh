@@ -10,13 +10,8 @@ set -uo pipefail
 out=$1
 pkgs=${PKGS:-.whl}
 base=$(realpath "${BASE:?BASE=TREE, the prism tree to compare with}")
-mkdir -p /tmp/site
-if compgen -G "$pkgs/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$pkgs"/*.whl || exit
-fi
-for t in "$pkgs"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
-export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_site.sh"
+install_site "$pkgs" || exit
 { nproc; lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|L3)"; uptime; date -u
   python3 -c "import torch; print('torch', torch.__version__)"
 } 2>&1 | tee "$out/host.txt"

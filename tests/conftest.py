@@ -48,6 +48,20 @@ def run_prism(args: list[str], timeout: float = 180, cwd: Path | None = None, **
 _TORCHRUN: dict[tuple, subprocess.CompletedProcess] = {}
 
 
+def run_in_session(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `cmd` from the repository in its own session; on timeout kill the whole session (torchrun's
+    workers too) and raise TimeoutExpired carrying what it printed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=make_env(), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     """Plain torchrun (no prism) on gloo: the reference a prism run is compared with.
 
@@ -60,15 +74,7 @@ def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subproc
         return _TORCHRUN[key]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", *target]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=make_env(), start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    done = run_in_session(cmd, timeout)
     if done.returncode == 0:
         _TORCHRUN[key] = done
     return done

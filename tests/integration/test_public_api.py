@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.conftest import PROGRAMS, REPO, make_env, run_together, run_torchrun
+from tests.conftest import PROGRAMS, run_in_session, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -53,15 +52,10 @@ CASES = [
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
     """Run `cmd` in its own session; on timeout, kill the whole session (torchrun's workers too)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=make_env(), start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {TIMEOUT_S} s (a hang?): {' '.join(cmd)}\n--- stderr tail:\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        return run_in_session(cmd, TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"timed out after {TIMEOUT_S} s (a hang?): {' '.join(cmd)}\n--- stderr tail:\n{e.stderr[-4000:]}")
 
 
 def results(proc: subprocess.CompletedProcess) -> dict[tuple[str, int], list[str]]:

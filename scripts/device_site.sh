@@ -1,0 +1,13 @@
+# Sourced by the device scripts: install the packages the accelerator host lacks into /tmp/site and put it
+# (and this tree) on PYTHONPATH.   install_site PKGS [PYTHON]
+# PKGS: wheels (*.whl) and/or unpacked wheels packed as *.tar.xz (e.g. gpu_stage/s5fid/.pkgs).
+install_site() {
+    local pkgs=$1 py=${2:-python3}
+    mkdir -p /tmp/site
+    if compgen -G "$pkgs/*.whl" > /dev/null; then
+        $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$pkgs"/*.whl || return
+    fi
+    for t in "$pkgs"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || return; }; done
+    export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
+}
