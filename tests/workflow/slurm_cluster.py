@@ -35,9 +35,34 @@ def missing_requirements() -> str | None:
         return f"not installed: {', '.join(missing)} (apt-get install -y slurm-wlm munge)"
     if os.geteuid() != 0:
         return "slurmd must run as root to start jobs"
+    clear_stale_link()
     if DEFAULT_CONF.exists() or DEFAULT_CONF.is_symlink():
         return f"{DEFAULT_CONF} exists (a SLURM is configured here): a private test cluster would clash with it"
     return None
+
+
+def clear_stale_link() -> Path | None:
+    """Removes the /etc/slurm/slurm.conf link a test cluster left when its run was killed before `stop` (the link
+    points at a `ClusterName=prismtest` config, or at nothing, and none of that cluster's daemons is alive);
+    returns the link's old target, or None when there was nothing stale. A real SLURM's file (not a link), or a
+    test cluster whose daemons still run (another test session), is left alone."""
+    if not DEFAULT_CONF.is_symlink():
+        return None
+    target = Path(os.readlink(DEFAULT_CONF))
+    try:
+        ours = "ClusterName=prismtest" in target.read_text()
+    except OSError:
+        ours = not target.exists()
+    if not ours:
+        return None
+    for pid_file in (target.parent / "run").glob("*.pid"):
+        try:
+            if _alive(int(pid_file.read_text().strip())):
+                return None
+        except (OSError, ValueError):
+            continue
+    DEFAULT_CONF.unlink()
+    return target
 
 
 def _free_port() -> int:
