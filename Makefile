@@ -23,7 +23,7 @@ demo: $(STAMP)
 	@test -f results/default/report/report.html && echo "Report: $(CURDIR)/results/default/report/report.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=30
 
 lint: $(STAMP)
 	$(BIN)/snakemake -s workflow/Snakefile --lint
