@@ -26,15 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism import artifacts, schemas
+from prism import artifacts, event_sequence, schemas
 from prism.calibrate import substitute
 from prism.calibrate.stage import JobGraph, iterations_table
 from prism.calibrate.sweep import Timeline
 from prism.iterations import job_iteration_ends
-
-# What must be equal, event by event, between a sandbox rank's run and its capture (its communication).
-SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
-
 
 class MismatchError(Exception):
     """A sandbox rank's run departs from its capture (exit 1): rank, seq and both sides named."""
@@ -51,33 +47,16 @@ class Emulation:
     measured_iterations: list[int]  # iterations every sandbox rank ran for real
 
 
-def _strings(table: pa.Table) -> list[tuple]:
-    cols = []
-    for name in SAME:
-        col = table[name]
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(pa.string())
-        cols.append(col.to_pylist())
-    return list(zip(*cols))
-
-
-def _show(row: tuple | None) -> str:
-    if row is None:
-        return "nothing (the sequence ended)"
-    return ", ".join(f"{n}={v}" for n, v in zip(SAME, row) if v not in (None, -1) or n == "kind")
-
-
 def align(rank: int, measured: pa.Table, graph: pa.Table, prefix: bool) -> pa.Table:
     """A sandbox rank's events checked against its capture's; `prefix`: it may stop early (``--steps``)."""
     measured = measured.sort_by("seq")
-    got, want = _strings(measured), _strings(graph)
-    short = prefix and len(got) < len(want)
-    if got != (want[: len(got)] if short else want):
-        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    got, want = event_sequence.sequence(measured), event_sequence.sequence(graph)
+    i = event_sequence.first_departure(got, want, prefix)
+    if i is not None:
         raise MismatchError(
             f"sandbox rank {rank} departed from its capture at seq {i}: the emulation has "
-            f"{_show(got[i] if i < len(got) else None)}, the capture graph "
-            f"{_show(want[i] if i < len(want) else None)} ({len(got)} vs {len(want)} events). A what-if may change "
+            f"{event_sequence.describe(got, i)}, the capture graph "
+            f"{event_sequence.describe(want, i)} ({len(got)} vs {len(want)} events). A what-if may change "
             "values and compute time, not the communication (op, group, size, order)")
     return measured
 

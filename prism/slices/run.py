@@ -44,13 +44,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism import artifacts, schemas
+from prism import artifacts, event_sequence, schemas
 from prism import config as prism_config
 from prism.runtime import launcher
-
-# What must be equal, event by event, between a slice rank's run and its capture.
-SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
-
 
 class SliceError(Exception):
     """Bad input (exit 2): the message says what is missing and how to fix it."""
@@ -115,34 +111,16 @@ def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str 
     return world, cmd[0], None, cmd[1:]
 
 
-def _strings(table: pa.Table) -> list[tuple]:
-    cols = []
-    for name in SAME:
-        col = table[name]
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(pa.string())
-        cols.append(col.to_pylist())
-    peer, op = SAME.index("peer"), SAME.index("op")
-    # a recv from any source may hear from another sender first in the slice than in the capture
-    return [r[:peer] + (-1,) + r[peer + 1:] if r[op] == schemas.OP_RECV_ANYSOURCE else r for r in zip(*cols)]
-
-
-def _describe(row: tuple | None) -> str:
-    if row is None:
-        return "nothing (the sequence ended)"
-    return ", ".join(f"{name}={value}" for name, value in zip(SAME, row) if value not in (None, -1) or name == "kind")
-
-
 def align(rank: int, measured: pa.Table, graph: pa.Table) -> pa.Table:
     """The rank's slice events with the graph's ids; raises MismatchError at the first differing event."""
     measured = measured.sort_by("seq")
     graph = graph.sort_by("seq")
-    got, want = _strings(measured), _strings(graph)
-    if got != want:
-        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    got, want = event_sequence.sequence(measured), event_sequence.sequence(graph)
+    i = event_sequence.first_departure(got, want)
+    if i is not None:
         raise MismatchError(
-            f"rank {rank} did not repeat its capture: event {i} (seq) is {_describe(got[i] if i < len(got) else None)} "
-            f"in the slice run but {_describe(want[i] if i < len(want) else None)} in the capture graph "
+            f"rank {rank} did not repeat its capture: event {i} (seq) is {event_sequence.describe(got, i)} "
+            f"in the slice run but {event_sequence.describe(want, i)} in the capture graph "
             f"({len(got)} vs {len(want)} events). The slice ran another program or arguments than the capture "
             "(slice outputs from another capture?), or the program is nondeterministic; re-run the capture, "
             "graph and plan with the same program")
