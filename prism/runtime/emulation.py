@@ -48,7 +48,7 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import compensation as comp
-from prism.runtime import native_group, pruned, semantics, shm
+from prism.runtime import native_group, pruned, semantics, shm, thread_cpu
 from prism.runtime.emulated_works import _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
@@ -464,5 +464,6 @@ def write_rank_stats(rank: int) -> None:
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
         fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
-        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0)))
+        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
+                                       threads_cpu_s=thread_cpu.by_thread())))
         os.replace(tmp, path)
