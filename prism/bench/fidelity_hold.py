@@ -27,7 +27,8 @@ before, ...: the box's load drifts alike for both), into `emulation_<variant>` t
 .. `<variant>N` (the first stays where `--rescore` and device_hold.sh look); `--prepared` reuses the job
 already in DIR/<config> (its calibration) and only emulates, so the pipeline and the A/B can run in
 separate short locked runs; `--env-after K=V` sets an environment variable for the "after" variant only
-(with `--base` this tree: an A/B of one knob).
+(with `--base` this tree: an A/B of one knob); `--after TREE` takes the "after" prism from another
+tree than this one (a snapshot: edits to this tree during a run then change neither variant).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def score(job: Path, variant: str) -> dict:
         out["sandbox_minus_pred_pct"] = 100.0 * (out["sandbox_ms"] - out["pred_rank_ms"]) / out["pred_rank_ms"]
     meta = json.loads((folder / "meta.json").read_text()).get("emulation", {})
     out["transfer_holds"], out["transfer_hold_s"] = meta.get("transfer_holds"), meta.get("transfer_hold_s")
-    out["threads_cpu_s"] = (meta.get("threads_cpu_s") or {}).get(str(out["rank"]))  # the whole run's
+    diag = (meta.get("rank_diagnostics") or {}).get(str(out["rank"])) or {}  # the whole run's
+    out["threads_cpu_s"], out["hops"] = diag.pop("threads_cpu_s", None), diag or None
     out["breakdown"] = breakdown(job, folder.name, int(out["rank"]))
     return out
 
@@ -146,7 +148,8 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def run(cfg, work: Path, base: Path, steps: int, timeout: float, devices: int | None = None, repeats: int = 1,
-        prepared: bool = False, env_after: dict[str, str] | None = None, sandbox: str = "slice") -> dict:
+        prepared: bool = False, env_after: dict[str, str] | None = None, sandbox: str = "slice",
+        after: Path | None = None) -> dict:
     job = work / cfg.name
     log = job / "log.txt"
     if prepared:
@@ -169,7 +172,7 @@ def run(cfg, work: Path, base: Path, steps: int, timeout: float, devices: int | 
             name = run_name(variant, i)
             cmd = [sys.executable, "-m", "prism.cli", "emulate", "--job", str(job.resolve()), "--sandbox",
                    ",".join(map(str, ranks)), "--devices", str(len(ranks)), "--force"]
-            tree = base if variant == "before" else Path(__file__).resolve().parents[2]
+            tree = base if variant == "before" else (after or Path(__file__).resolve().parents[2])
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree.resolve())] + [
                 p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
             if variant == "after":
@@ -238,6 +241,12 @@ def report(res: dict) -> str:
             if r.get("threads_cpu_s"):
                 lines.append("  threads' CPU s (whole run): " + ", ".join(
                     f"{k} {v:.2f}" for k, v in sorted(r["threads_cpu_s"].items(), key=lambda kv: -kv[1])))
+            if r.get("hops"):
+                h = r["hops"]
+                n, w = max(h["protocol_ops"], 1), max(h["waited_ops"], 1)
+                lines.append(f"  protocol ops {h['protocol_ops']} (whole run): queue {1e3 * h['queue_s'] / n:.3f} ms, "
+                             f"exchange {1e3 * h['exchange_s'] / n:.3f} ms an op; wake {1e3 * h['wake_s'] / w:.3f} ms "
+                             f"an op waited on ({h['waited_ops']})")
             if b.get("compute_cpu_ms") is not None:
                 lines.append(f"  compute: its own CPU time {b['compute_cpu_ms']:.2f} ms/it")
             for k, v in (b.get("by_kind") or b["spent"]).items():
@@ -256,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, help="the other prism's tree (the 'before' variant)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--after", type=Path, help="the 'after' variant's tree (default: this one)")
     parser.add_argument("--devices", type=int, help="device slots P of the calibration (default: the config's)")
     parser.add_argument("--repeats", type=int, default=1, help="emulations per variant, interleaved")
     parser.add_argument("--sandbox", choices=("slice", "rank"), default="slice",
@@ -279,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.config not in fidelity.BY_NAME or args.work is None or args.base is None:
             parser.error("--config NAME, --work DIR and --base TREE are needed (or --rescore DIR/CONFIG)")
-        if not (args.base / "prism" / "cli.py").is_file():
-            parser.error(f"--base {args.base}: not a prism tree (no prism/cli.py)")
+        for flag, tree in (("--base", args.base), ("--after", args.after)):
+            if tree is not None and not (tree / "prism" / "cli.py").is_file():
+                parser.error(f"{flag} {tree}: not a prism tree (no prism/cli.py)")
         if args.repeats < 1 or (args.devices is not None and args.devices < 1):
             parser.error("--repeats and --devices take a positive count")
         try:
@@ -289,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         try:
             res = run(fidelity.BY_NAME[args.config], args.work, args.base, args.steps, args.timeout, args.devices,
-                      args.repeats, args.prepared, env_after, args.sandbox)
+                      args.repeats, args.prepared, env_after, args.sandbox, args.after)
         except FileNotFoundError as exc:
             parser.error(str(exc))
     out = (args.rescore or args.work / res["config"]) / "hold.json"

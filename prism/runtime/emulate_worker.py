@@ -50,13 +50,14 @@ class EmulationWorker(ReplayServer):
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
-    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> int:
+    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None, clock: bool = True) -> int:
         """The timed replay's gate (`timed_replay`'s module doc); with `hold` (a p2p message it sends), the
         transfer hold released one real exchange early: the shortest of the last `exchanges` (ns) of this
-        channel. Returns the comm's virtual floor (0: none)."""
+        channel; `clock` False: as soon as the virtual arrivals are known. Returns the comm's virtual floor
+        (0: none)."""
         if self.timed is None:
             return 0
-        return self.timed.gate(comm, hold, min(exchanges) if exchanges else 0)
+        return self.timed.gate(comm, hold, min(exchanges) if exchanges else 0, clock)
 
     def _done(self, comm: int, floor: int = 0) -> None:
         if self.timed is not None:
@@ -154,7 +155,10 @@ class EmulationWorker(ReplayServer):
             proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
             red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
-            floor = self._gate(comm, hold=False)  # the data moves at the last virtual arrival, the hold is apart
+            # the floor and the recorded data go as soon as the virtual arrivals are known (the clock's time,
+            # not the wall's): the sandbox holds its op to the floor, so nothing it sees comes earlier, and a
+            # worker thread that wakes late no longer makes the op late (`timed_replay` module doc: "ahead")
+            floor = self._gate(comm, hold=False, clock=False)
             floor_msg = torch.tensor([floor], dtype=torch.int64)
             sent = [floor_pg.send([floor_msg], i, emulation.FLOOR_TAG) for i in to] if floor_pg is not None else []
             for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before

@@ -35,6 +35,10 @@ from prism.runtime.work_parts import Forwarding, OwnResult
 _STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
           "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
 _STATS_LOCK = threading.Lock()
+# where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
+# issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
+# waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded)
+_HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0}
 
 
 def _count_hold(delay_ns: int) -> None:
@@ -116,19 +120,34 @@ class _EmuWork(OwnResult, Work):
         super().__init__()
         self.inner = torch.futures.Future()
         self.floor = 0
+        self.exchanged = 0  # (host monotonic ns: when its group thread finished the exchange)
+        self.run_through: Callable[[], None] | None = None  # runs the exchange here if not started
         self._result = result
         self.future: torch.futures.Future | None = None
         self.lock = threading.Lock()
 
-    def finish(self, floor: int) -> None:
+    def finish(self, floor: int, issued: int = 0, began: int = 0) -> None:
         self.floor = floor
+        self.exchanged = time.monotonic_ns()
+        with _STATS_LOCK:
+            _HOPS["protocol_ops"] += 1
+            _HOPS["queue_s"] += (began - issued) / 1e9
+            _HOPS["exchange_s"] += (self.exchanged - began) / 1e9
         self.inner.set_result(self._result)
 
     def fail(self, exc: BaseException) -> None:
         self.inner.set_exception(exc)
 
     def wait(self, timeout=None) -> bool:
+        called = time.monotonic_ns()
+        if self.run_through is not None:  # an exchange not started yet runs on this thread (`group_runner`)
+            self.run_through()
         self.inner.wait()
+        woken = time.monotonic_ns()
+        if self.exchanged and called < self.exchanged:
+            with _STATS_LOCK:
+                _HOPS["waited_ops"] += 1
+                _HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
         hold_until(self.floor)
         return True
 

@@ -40,7 +40,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,7 +48,8 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import compensation as comp
 from prism.runtime import native_group, pruned, semantics, shm, thread_cpu
-from prism.runtime.emulated_works import _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
+from prism.runtime.group_runner import GroupRunner
+from prism.runtime.emulated_works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
@@ -246,7 +246,7 @@ class EmulateTransport(CaptureTransport):
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
+        self._runner = GroupRunner(f"prism-emu-g{group_name}")
 
     def _keep(self, key, outputs, work_id) -> None:  # nothing is kept: the values are this run's
         pass
@@ -280,6 +280,7 @@ class EmulateTransport(CaptureTransport):
         work = _EmuWork(result)
 
         def run() -> None:  # the exchange; the hold is the work's (`emulated_works`), never this thread's
+            began = time.monotonic_ns()
             try:
                 wire = GlooWire(self.pg)
                 virtual = torch.zeros(1, dtype=torch.int64)
@@ -296,9 +297,10 @@ class EmulateTransport(CaptureTransport):
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
-            work.finish(max(floor, int(virtual[0])))
+            work.finish(max(floor, int(virtual[0])), arrival, began)
 
-        self._thread.submit(run)
+        work.run_through = lambda: self._runner.run_through(run)
+        self._runner.submit(run)
         return work
 
     def _own_floor(self, arrival: int) -> int:
@@ -464,6 +466,7 @@ def write_rank_stats(rank: int) -> None:
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
         fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
+        diagnostics = dict(_HOPS, threads_cpu_s=thread_cpu.by_thread())
         tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
-                                       threads_cpu_s=thread_cpu.by_thread())))
+                                       diagnostics=diagnostics)))
         os.replace(tmp, path)
