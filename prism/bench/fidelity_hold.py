@@ -246,7 +246,12 @@ def report(res: dict) -> str:
                 n, w = max(h["protocol_ops"], 1), max(h["waited_ops"], 1)
                 lines.append(f"  protocol ops {h['protocol_ops']} (whole run): queue {1e3 * h['queue_s'] / n:.3f} ms, "
                              f"exchange {1e3 * h['exchange_s'] / n:.3f} ms an op; wake {1e3 * h['wake_s'] / w:.3f} ms "
-                             f"an op waited on ({h['waited_ops']})")
+                             f"an op waited on ({h['waited_ops']}); past the floor: data "
+                             f"{1e3 * h.get('data_past_floor_s', 0) / n:.3f}, floor message "
+                             f"{1e3 * h.get('floor_msg_past_floor_s', 0) / n:.3f} ms an op")
+                for k, (m, q, x, p) in sorted((h.get("by_op") or {}).items()):
+                    lines.append(f"    {k:34} {m:4d} ops: queue {1e3 * q / m:.3f}, exchange {1e3 * x / m:.3f}, "
+                                 f"data past the floor {1e3 * p / m:.3f} ms an op")
             if b.get("compute_cpu_ms") is not None:
                 lines.append(f"  compute: its own CPU time {b['compute_cpu_ms']:.2f} ms/it")
             for k, v in (b.get("by_kind") or b["spent"]).items():

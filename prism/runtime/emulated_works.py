@@ -37,8 +37,11 @@ _STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0,
 _STATS_LOCK = threading.Lock()
 # where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
 # issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
-# waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded)
-_HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0}
+# waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
+# and how far past the op's floor its data, then the floor message, came in
+_HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
+         "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0,
+         "by_op": {}}  # "<op> group <g>": [ops, queue s, exchange-to-data s, data past the floor s]
 
 
 def _count_hold(delay_ns: int) -> None:

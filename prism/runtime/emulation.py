@@ -54,6 +54,9 @@ from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
+# opt-in (session 8: no gain measured on the 2-core box, docs/fidelity.md "local, session 8"; to A/B on the
+# 16-core host): a waited-on exchange not started yet runs on the waiting thread (`group_runner`)
+INLINE = os.environ.get("PRISM_EMU_INLINE", "0") == "1"
 TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
 _TRANSFERS: dict[str, int] | None = None
 _TIMED = False
@@ -287,8 +290,10 @@ class EmulateTransport(CaptureTransport):
                 got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
                 outcome = pruned.run(proto, self.index, own, wire, red)
                 wire.flush()
+                data = time.monotonic_ns()
                 if got_floor is not None:
                     got_floor.wait()
+                told = time.monotonic_ns()
                 self.got[key] = (outcome or {}).get("got", outcome)
                 with torch.no_grad():
                     complete(key)
@@ -297,9 +302,19 @@ class EmulateTransport(CaptureTransport):
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
-            work.finish(max(floor, int(virtual[0])), arrival, began)
+            at = max(floor, int(virtual[0]))
+            with _STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
+                _HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
+                _HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9
+                per = _HOPS["by_op"].setdefault(f"{op} group {self.group}", [0, 0.0, 0.0, 0.0])
+                per[0] += 1
+                per[1] += (began - arrival) / 1e9
+                per[2] += (data - began) / 1e9
+                per[3] += max(0, data - at) / 1e9
+            work.finish(at, arrival, began)
 
-        work.run_through = lambda: self._runner.run_through(run)
+        if INLINE:
+            work.run_through = lambda: self._runner.run_through(run)
         self._runner.submit(run)
         return work
 

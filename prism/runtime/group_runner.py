@@ -4,12 +4,14 @@ waits for one before that thread got to it.
 An emulated sandbox rank runs a collective's exchange (the pruned protocol) off the program's thread, so
 that an async op stays async (`emulation.EmulateTransport._collective`). But most ops are waited on at
 once (a MoE layer's all-to-all, a TP all-reduce): handing such an op to the group's thread and back costs
-two thread wake-ups and GIL hand-overs per op, which a real backend does not add. Measured on the 2-core
-box (docs/fidelity.md "local, session 8"): 0.5-0.7 ms an op from issue to the group thread starting the
-exchange, ~27 such ops an iteration in pp2dp4-ep4-mb2. `run_through(job)` lets the waiting thread run the
-exchanges itself: every exchange still issued before it and not started, then its own, in issue order,
-under the one lock that also serializes the group thread. So the order on the wire is the issue order
+two thread wake-ups and GIL hand-overs per op, and the group thread's Python work competes for the GIL
+with the program's, which a real backend (gloo's C++ threads) does not. `run_through(job)` lets the
+waiting thread run the exchanges itself: every exchange still issued before it and not started, then its
+own, in issue order, under the one lock that also serializes the group thread. So the order on the wire is the issue order
 either way and the results are the same; only who runs an exchange, and when it starts, changes.
+Opt-in (`PRISM_EMU_INLINE=1`, `emulation.INLINE`): on the 2-core box it moved the protocol threads' CPU
+time to the program's thread (0.12 -> 0.01-0.02 s a run) without a measurable change of the sandbox's
+iteration time; whether it helps where the GIL, not the CPU, is contended (the 16-core host) is untested.
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ the pruned participants only, and on a gloo host it is much shorter than the who
 fidelity runs the emulated sandbox's iteration was up to 24 % shorter than the prediction for its rank
 without it). A collective's data moves as soon as its participants arrive; its *completion* is held: the
 worker sends the sandbox members the comm's virtual floor, t0 + the virtual members' last arrival + the
-transfer (what `gate` returns; `emulation.FLOOR_TAG`), and the recorded data, as soon as that arrival is
-known on the virtual clock (`gate(comm, clock=False)`: "ahead", usually well before the wall clock gets
-there; until session 8 it slept until t0 + the arrival, so a worker thread that woke late on a loaded host
-made the sandbox's op late past its floor), and completes the comm for the virtual ranks no earlier
-(`complete(comm, floor)`); a sandbox member's
+transfer (what `gate` returns; `emulation.FLOOR_TAG`), and the recorded data at t0 + that arrival on the
+wall clock (`gate(comm)`), or, opt-in (`PRISM_EMU_AHEAD=1`, "ahead"), as soon as the arrival is known on the
+virtual clock (`gate(comm, clock=False)`: usually well before the wall clock gets there, so a worker thread
+that wakes late cannot make the sandbox's op late past its floor), and completes the comm for the virtual
+ranks no earlier (`complete(comm, floor)`); a sandbox member's
 collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
 published to the sandbox ranks before the common start), held off the thread that exchanges
 (`emulated_works`). A native op of a group of sandbox ranks only (`native_group`) is not held: it is the
