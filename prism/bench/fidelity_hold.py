@@ -13,6 +13,9 @@ the emulation adds. Prints and writes DIR/<config>/hold.json: per variant the be
 iteration the sandbox spent against the calibrated timeline (compute together), and per real collective
 group the ms per iteration its waits ended past the model's completion for the emulation's own arrivals
 (`late_ms`: the last arrival of any member, sandbox or replayed, + the calibrated transfer).
+`sandbox - computed` (%) compares the sandbox rank with the same rank in the emulated job's sweep (its
+measured durations substituted, `computed_rank_ms`): what the model gives at the sandbox's own speed, so
+it is the emulation's own delay, without the sandbox computing faster or slower than the slice runs did.
 `by_kind` sums `spent` per event kind and op (compute; each collective op's issue and wait; send, recv):
 the sandbox's measured duration minus the calibrated one, ms per iteration; `compute_cpu_ms` is the
 sandbox's compute events' own CPU time (``cpu_ns``) per iteration: compute wall minus it is time the
@@ -123,6 +126,9 @@ def score(job: Path, variant: str) -> dict:
         (job / "emulation").unlink()
     if out.get("sandbox_ms") and out.get("pred_rank_ms"):
         out["sandbox_minus_pred_pct"] = 100.0 * (out["sandbox_ms"] - out["pred_rank_ms"]) / out["pred_rank_ms"]
+    if out.get("sandbox_ms") and out.get("computed_rank_ms"):
+        out["sandbox_minus_computed_pct"] = (100.0 * (out["sandbox_ms"] - out["computed_rank_ms"])
+                                             / out["computed_rank_ms"])
     meta = json.loads((folder / "meta.json").read_text()).get("emulation", {})
     out["transfer_holds"], out["transfer_hold_s"] = meta.get("transfer_holds"), meta.get("transfer_hold_s")
     diag = (meta.get("rank_diagnostics") or {}).get(str(out["rank"])) or {}  # the whole run's
@@ -211,9 +217,12 @@ def summary(res: dict) -> list[str]:
             lines.append(f"{variant}: no run scored")
             continue
         gaps = [r["sandbox_minus_pred_pct"] for r in ok]
+        own = [r["sandbox_minus_computed_pct"] for r in ok if r.get("sandbox_minus_computed_pct") is not None]
         lines.append(f"{variant}: sandbox - predicted {float(np.median(gaps)):+.1f} % (runs: "
                      + ", ".join(f"{g:+.1f}" for g in gaps) + f"; sandbox ms "
-                     + ", ".join(f"{r['sandbox_ms']:.2f}" for r in ok) + f"; predicted {ok[0]['pred_rank_ms']:.2f})")
+                     + ", ".join(f"{r['sandbox_ms']:.2f}" for r in ok) + f"; predicted {ok[0]['pred_rank_ms']:.2f})"
+                     + (f"; sandbox - computed {float(np.median(own)):+.1f} % (runs: "
+                        + ", ".join(f"{g:+.1f}" for g in own) + ")" if own else ""))
         cpu = [r["breakdown"]["compute_cpu_ms"] for r in ok if r["breakdown"].get("compute_cpu_ms") is not None]
         if cpu:
             lines.append(f"  compute: its own CPU time {float(np.median(cpu)):.2f} ms/it")
@@ -236,6 +245,7 @@ def report(res: dict) -> str:
                 continue
             lines.append(f"{name}: sandbox {r['sandbox_ms']:.2f} ms, predicted {r['pred_rank_ms']:.2f} ms, "
                          f"sandbox - predicted {r.get('sandbox_minus_pred_pct', float('nan')):+.1f} %, "
+                         f"sandbox - computed {r.get('sandbox_minus_computed_pct', float('nan')):+.1f} %, "
                          f"emulated job {r['job_ms']:.2f} ms, holds {r['transfer_holds']} ({r['transfer_hold_s']} s)")
             b = r["breakdown"]
             if r.get("threads_cpu_s"):

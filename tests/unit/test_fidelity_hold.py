@@ -78,6 +78,7 @@ def test_summary_takes_the_median_over_repeats():
 
     def run(gap, excess):
         return {"sandbox_minus_pred_pct": gap, "sandbox_ms": 100 + gap, "pred_rank_ms": 100.0,
+                "sandbox_minus_computed_pct": gap / 2,
                 "breakdown": {"by_kind": {"compute": {"n": 2, "sandbox_ms": 50 + excess, "pred_ms": 50,
                                                       "excess_ms": excess}}}}
 
@@ -85,6 +86,7 @@ def test_summary_takes_the_median_over_repeats():
     text = "\n".join(summary(res))
     assert "before: sandbox - predicted +10.0 %" in text and "after: sandbox - predicted +3.0 %" in text
     assert "excess    +5.00 ms/it" in text and "excess    +2.00 ms/it" in text
+    assert "sandbox - computed +5.0 % (runs: +5.0, +6.0, +4.0)" in text and "sandbox - computed +1.5 %" in text
 
 
 def test_compute_cpu_time_beside_its_wall(tmp_path):
