@@ -14,7 +14,6 @@ stopped (SIGTERM); stopped earlier, it says what it still waited for.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -38,9 +37,6 @@ from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer,
 
 
 EXCHANGES = 8  # a p2p transfer hold's lead: the shortest of a channel's last 8 real exchanges
-# opt-in (as `emulation.INLINE`): a collective's floor and data go once the virtual arrivals are known
-# (`timed_replay` module doc, "ahead"); by default at t0 + the last virtual arrival on the wall clock
-AHEAD = os.environ.get("PRISM_EMU_AHEAD", "0") == "1"
 
 
 class EmulationWorker(ReplayServer):
@@ -54,14 +50,13 @@ class EmulationWorker(ReplayServer):
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
-    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None, clock: bool = True) -> int:
+    def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> int:
         """The timed replay's gate (`timed_replay`'s module doc); with `hold` (a p2p message it sends), the
         transfer hold released one real exchange early: the shortest of the last `exchanges` (ns) of this
-        channel; `clock` False: as soon as the virtual arrivals are known. Returns the comm's virtual floor
-        (0: none)."""
+        channel. Returns the comm's virtual floor (0: none)."""
         if self.timed is None:
             return 0
-        return self.timed.gate(comm, hold, min(exchanges) if exchanges else 0, clock)
+        return self.timed.gate(comm, hold, min(exchanges) if exchanges else 0)
 
     def _done(self, comm: int, floor: int = 0) -> None:
         if self.timed is not None:
@@ -159,11 +154,7 @@ class EmulationWorker(ReplayServer):
             proto = pruned.Protocol(c.op, members, sandbox, self.parts[group], c.root)
             red = next((getattr(RedOp, m["reduce_op"]) for m, _ in recorded.values() if "reduce_op" in m), None)
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
-            # the data moves at the last virtual arrival, the hold is apart; with AHEAD the floor and the
-            # recorded data go as soon as the virtual arrivals are known (the clock's time, not the wall's):
-            # the sandbox holds its op to the floor, so nothing it sees comes earlier, and a worker thread
-            # that wakes late cannot make the op late (`timed_replay` module doc: "ahead")
-            floor = self._gate(comm, hold=False, clock=not AHEAD)
+            floor = self._gate(comm, hold=False)  # the data moves at the last virtual arrival, the hold is apart
             floor_msg = torch.tensor([floor], dtype=torch.int64)
             sent = [floor_pg.send([floor_msg], i, emulation.FLOOR_TAG) for i in to] if floor_pg is not None else []
             for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before

@@ -38,7 +38,8 @@ _STATS_LOCK = threading.Lock()
 # where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
 # issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
 # waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
-# and how far past the op's floor its data, then the floor message, came in
+# and how far past the op's floor its data, then the floor message, came in (where the group has other
+# sandbox members, waiting for them counts too: their arrival is no part of the floor)
 _HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
          "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0,
          "by_op": {}}  # "<op> group <g>": [ops, queue s, exchange-to-data s, data past the floor s]
@@ -124,7 +125,6 @@ class _EmuWork(OwnResult, Work):
         self.inner = torch.futures.Future()
         self.floor = 0
         self.exchanged = 0  # (host monotonic ns: when its group thread finished the exchange)
-        self.run_through: Callable[[], None] | None = None  # runs the exchange here if not started
         self._result = result
         self.future: torch.futures.Future | None = None
         self.lock = threading.Lock()
@@ -143,8 +143,6 @@ class _EmuWork(OwnResult, Work):
 
     def wait(self, timeout=None) -> bool:
         called = time.monotonic_ns()
-        if self.run_through is not None:  # an exchange not started yet runs on this thread (`group_runner`)
-            self.run_through()
         self.inner.wait()
         woken = time.monotonic_ns()
         if self.exchanged and called < self.exchanged:

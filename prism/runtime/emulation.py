@@ -40,6 +40,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,15 +49,11 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import compensation as comp
 from prism.runtime import native_group, pruned, semantics, shm, thread_cpu
-from prism.runtime.group_runner import GroupRunner
 from prism.runtime.emulated_works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-# opt-in (session 8: no gain measured on the 2-core box, docs/fidelity.md "local, session 8"; to A/B on the
-# 16-core host): a waited-on exchange not started yet runs on the waiting thread (`group_runner`)
-INLINE = os.environ.get("PRISM_EMU_INLINE", "0") == "1"
 TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
 _TRANSFERS: dict[str, int] | None = None
 _TIMED = False
@@ -249,7 +246,7 @@ class EmulateTransport(CaptureTransport):
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
-        self._runner = GroupRunner(f"prism-emu-g{group_name}")
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
 
     def _keep(self, key, outputs, work_id) -> None:  # nothing is kept: the values are this run's
         pass
@@ -313,9 +310,7 @@ class EmulateTransport(CaptureTransport):
                 per[3] += max(0, data - at) / 1e9
             work.finish(at, arrival, began)
 
-        if INLINE:
-            work.run_through = lambda: self._runner.run_through(run)
-        self._runner.submit(run)
+        self._thread.submit(run)
         return work
 
     def _own_floor(self, arrival: int) -> int:

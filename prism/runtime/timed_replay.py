@@ -20,12 +20,9 @@ says for the live arrivals, last arrival + the comm's calibrated transfer -- the
 the pruned participants only, and on a gloo host it is much shorter than the whole group's (in the W=8
 fidelity runs the emulated sandbox's iteration was up to 24 % shorter than the prediction for its rank
 without it). A collective's data moves as soon as its participants arrive; its *completion* is held: the
-worker sends the sandbox members the comm's virtual floor, t0 + the virtual members' last arrival + the
-transfer (what `gate` returns; `emulation.FLOOR_TAG`), and the recorded data at t0 + that arrival on the
-wall clock (`gate(comm)`), or, opt-in (`PRISM_EMU_AHEAD=1`, "ahead"), as soon as the arrival is known on the
-virtual clock (`gate(comm, clock=False)`: usually well before the wall clock gets there, so a worker thread
-that wakes late cannot make the sandbox's op late past its floor), and completes the comm for the virtual
-ranks no earlier (`complete(comm, floor)`); a sandbox member's
+worker exchanges at t0 + the virtual members' last arrival (`gate(comm)`), sends the sandbox members the
+comm's virtual floor, t0 + that arrival + the transfer (what `gate` returns; `emulation.FLOOR_TAG`), and
+completes the comm for the virtual ranks no earlier (`complete(comm, floor)`); a sandbox member's
 collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
 published to the sandbox ranks before the common start), held off the thread that exchanges
 (`emulated_works`). A native op of a group of sandbox ranks only (`native_group`) is not held: it is the
@@ -249,13 +246,12 @@ class TimedReplay:
         return {f"{g}/{k}": max(0, int(self.xfer[self.index[c]])) for (g, k), c in self.collective_comm.items()
                 if c in self.index}
 
-    def gate(self, comm: int, hold: bool = False, lead_ns: int = 0, clock: bool = True) -> int:
+    def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> int:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
         the last arrival (with `hold`: the last arrival + the comm's calibrated transfer less `lead_ns`, the
-        real exchange that follows, but not before the last arrival; with `clock` False: only until the
-        arrivals are known, the virtual clock's time, whatever the wall clock says); a comm the loop does
-        not drive, e.g. beyond --steps-limit, passes at once. Returns the comm's virtual floor: t0 + the
-        last virtual arrival + the calibrated transfer (host monotonic ns; 0 for a comm not driven)."""
+        real exchange that follows, but not before the last arrival); a comm the loop does not drive, e.g.
+        beyond --steps-limit, passes at once. Returns the comm's virtual floor: t0 + the last virtual
+        arrival + the calibrated transfer (host monotonic ns; 0 for a comm not driven)."""
         i = self.index.get(comm, -1) if comm >= 0 else -1
         if i < 0 or not self.driven_mask[i]:
             return 0
@@ -273,7 +269,7 @@ class TimedReplay:
         floor = target + max(0, int(self.xfer[i]))
         if hold:
             target += max(0, int(self.xfer[i]) - lead_ns)
-        if clock and target > now:
+        if target > now:
             time.sleep((target - now) / 1e9)
         return floor
 

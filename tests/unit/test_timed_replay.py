@@ -230,23 +230,3 @@ def test_transfer_hold_releases_at_last_arrival_plus_transfer(tmp_path):
         replay.stop()
         loop.join(5)
         assert floor_ms <= waited_ms < floor_ms + 500, (hold, waited_ms)
-
-
-def test_gate_without_the_clock_returns_once_the_arrivals_are_known(tmp_path):
-    """The worker's collectives (`clock=False`): the floor (t0 + last virtual arrival + transfer) comes as
-    soon as the virtual arrivals are known, before the wall clock reaches them; with the clock the gate
-    sleeps until t0 + the last arrival. t0 lies 1 s ahead."""
-    replay = TimedReplay(*_job(tmp_path), sandbox={0})
-    t0 = time.monotonic_ns() + 1_000_000_000
-    loop = threading.Thread(target=replay.run, args=(t0,))
-    loop.start()
-    started = time.monotonic_ns()
-    assert replay.gate(0, clock=False) == t0 + 100 + 50  # rank 1 arrives last at A (100), transfer 50
-    assert time.monotonic_ns() < t0  # (returned before the wall clock reached the arrival)
-    assert replay.gate(0) == t0 + 150 and time.monotonic_ns() >= t0 + 100
-    assert time.monotonic_ns() - started < 5_000_000_000
-    replay.complete(0)
-    assert replay.gate(2, clock=False) == t0 + int(replay.completion[0]) + 250 + 150  # (arrival: done + 250)
-    replay.complete(2)
-    loop.join(5)
-    assert not loop.is_alive()
