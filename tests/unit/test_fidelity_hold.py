@@ -99,3 +99,30 @@ def test_compute_cpu_time_beside_its_wall(tmp_path):
     pq.write_table(t.append_column("cpu_ns", pa.array([int(2.5 * MS) if k == "compute" else 7 * MS for k in kinds])),
                    path)
     assert breakdown(job, "emu", 0)["compute_cpu_ms"] == pytest.approx(2.5)
+
+
+def test_docs_local_session_8_figures_are_what_show_prints():
+    """The table of docs/fidelity.md "Local, session 8" is what `fidelity_hold --show` prints from the
+    committed JSON: each row's runs and medians, before and after."""
+    import json
+    import re
+    from pathlib import Path
+
+    from prism.bench.fidelity_hold import report
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "fidelity.md").read_text().split("## Local, session 8")[1].split("\n## ")[0]
+    rows = [line for line in doc.splitlines() if re.match(r"\| [a-z0-9-]+, (sandbox )?ranks? ", line)]
+    assert len(rows) >= 2, rows
+    for line in rows:
+        config = line.split("|")[1].split(",")[0].strip()
+        which = "rank" if ", rank " in line else "slice"
+        path = root / "docs" / "fidelity" / "local-s8" / f"{config}-{which}.json"
+        out = report(json.loads(path.read_text()))
+        cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
+        before_runs, before_med, before_comp, after, after_comp = cells[2], cells[3], cells[4], cells[5], cells[6]
+        after_med, after_runs = after.split(" (")[0], after.split(" (")[1].rstrip(")")
+        assert f"before: sandbox - predicted {before_med} % (runs: {before_runs};" in out, (config, before_med)
+        assert f"after: sandbox - predicted {after_med} % (runs: {after_runs};" in out, (config, after_med)
+        assert re.search(rf"before: sandbox - predicted .*sandbox - computed {re.escape(before_comp)} %", out)
+        assert re.search(rf"after: sandbox - predicted .*sandbox - computed {re.escape(after_comp)} %", out)
