@@ -44,7 +44,7 @@ def kind(name: str) -> str:
 
 def by_thread() -> dict[str, float]:
     """CPU seconds per kind of thread ({} where /proc is missing): Python threads by `kind` of their name
-    (the main thread is ``MainThread``), the others as ``[comm]``."""
+    (the main thread, the task whose id is the process id, is ``MainThread``), the others as ``[comm]``."""
     if not os.path.isdir("/proc/self/task"):
         return {}
     named = {t.native_id: kind(t.name) for t in threading.enumerate() if t.native_id is not None}
@@ -54,6 +54,7 @@ def by_thread() -> dict[str, float]:
         cpu = _cpu_s(tid)
         if cpu is None:
             continue
-        name = named.get(tid) or f"[{_comm(tid)}]"
+        # the main thread is the task whose id is the process's (a forked rank's Python keeps its parent's id)
+        name = "MainThread" if tid == os.getpid() else named.get(tid) or f"[{_comm(tid)}]"
         out[name] = round(out.get(name, 0.0) + cpu, 3)
     return out
