@@ -23,15 +23,16 @@ rank's thread was off the CPU or waiting for the GIL inside its compute.
 `--rescore DIR/<config>` recomputes hold.json from the saved job (the files scripts/device_hold.sh tars);
 `--show JSON...` prints saved ones.
 
-On a small host (session 8, docs/fidelity.md "local, session 8"): `--devices P` calibrates for P slots
-instead of the config's own; `--sandbox rank` emulates the default rank alone (its groups then
-have virtual members: their collectives run the protocol); `--repeats N` emulates N times per variant, interleaved (before, after,
-before, ...: the box's load drifts alike for both), into `emulation_<variant>` then `emulation_<variant>2`
-.. `<variant>N` (the first stays where `--rescore` and device_hold.sh look); `--prepared` reuses the job
-already in DIR/<config> (its calibration) and only emulates, so the pipeline and the A/B can run in
-separate short locked runs; `--env-after K=V` sets an environment variable for the "after" variant only
-(with `--base` this tree: an A/B of one knob); `--after TREE` takes the "after" prism from another
-tree than this one (a snapshot: edits to this tree during a run then change neither variant).
+On a small host (session 8, docs/fidelity.md "Local, session 8"): `--devices P` calibrates for P slots
+instead of the config's own; `--sandbox rank` emulates the default rank alone (its groups then have
+virtual members: their collectives run the protocol); `--repeats N` emulates N times per variant,
+interleaved (before, after, before, ...: the box's load drifts alike for both), into
+`emulation_<variant>`, then `emulation_<variant>2` .. `<variant>N` (the first stays where `--rescore` and
+device_hold.sh look); `--prepared` reuses the job already in DIR/<config> (its calibration; its earlier
+emulations are removed) and only emulates, so the pipeline and the A/B can run in separate short locked
+runs; `--env-after K=V` sets an environment variable for the "after" variant only (with `--base` this
+tree: an A/B of one knob); `--after TREE` takes the "after" prism from another tree than this one (a
+snapshot: edits to this tree during a run then change neither variant).
 """
 
 from __future__ import annotations
