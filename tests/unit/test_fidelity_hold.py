@@ -112,8 +112,8 @@ def test_docs_local_session_8_figures_are_what_show_prints():
 
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "fidelity.md").read_text().split("## Local, session 8")[1].split("\n## ")[0]
-    rows = [line for line in doc.splitlines() if re.match(r"\| [a-z0-9-]+, (sandbox )?ranks? ", line)]
-    assert len(rows) >= 2, rows
+    rows = [line for line in doc.splitlines() if re.match(r"\| [a-z0-9-]+, ranks? [\d,]+ \| [\d.]+ -> [\d.]+ \|", line)]
+    assert len(rows) == 3, rows
     for line in rows:
         config = line.split("|")[1].split(",")[0].strip()
         which = "rank" if ", rank " in line else "slice"
