@@ -260,6 +260,9 @@ def report(res: dict) -> str:
                              f"an op waited on ({h['waited_ops']}); past the floor: data "
                              f"{1e3 * h.get('data_past_floor_s', 0) / n:.3f}, floor message "
                              f"{1e3 * h.get('floor_msg_past_floor_s', 0) / n:.3f} ms an op")
+                if h.get("held_ops"):
+                    lines.append(f"    holds {h['held_ops']}: the held thread ran again "
+                                 f"{1e3 * h['hold_overshoot_s'] / h['held_ops']:.3f} ms an op past its floor")
                 for k, (m, q, x, p) in sorted((h.get("by_op") or {}).items()):
                     lines.append(f"    {k:34} {m:4d} ops: queue {1e3 * q / m:.3f}, exchange {1e3 * x / m:.3f}, "
                                  f"data past the floor {1e3 * p / m:.3f} ms an op")

@@ -38,10 +38,11 @@ _STATS_LOCK = threading.Lock()
 # where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
 # issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
 # waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
-# and how far past the op's floor its data, then the floor message, came in (where the group has other
-# sandbox members, waiting for them counts too: their arrival is no part of the floor)
+# how far past the op's floor its data, then the floor message, came in (where the group has other
+# sandbox members, waiting for them counts too: their arrival is no part of the floor); and for every
+# hold (`hold_until`), how far past the floor the sleeping thread ran again
 _HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
-         "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0,
+         "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0, "held_ops": 0, "hold_overshoot_s": 0.0,
          "by_op": {}}  # "<op> group <g>": [ops, queue s, exchange-to-data s, data past the floor s]
 
 
@@ -57,6 +58,9 @@ def hold_until(floor_ns: int) -> None:
     if delay > 0:
         time.sleep(delay / 1e9)
         _count_hold(delay)
+        with _STATS_LOCK:  # how far past its floor the held thread ran again (the sleep's overshoot)
+            _HOPS["held_ops"] += 1
+            _HOPS["hold_overshoot_s"] += max(0, time.monotonic_ns() - floor_ns) / 1e9
 
 
 class HoldTimer:
