@@ -379,9 +379,11 @@ def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict
     if r not in ranks:
         return {"error": f"{job / 'emulation'}: the default sandbox rank {r} is not among its sandbox ranks {ranks}"}
     world = int(rank.max()) + 1
+    comp = src == "computed"
     out = {"rank": r, "sandbox_ranks": ranks,
            "sandbox_ms": fidelity_sandbox.rank_iteration_ms(rank[sb], it[sb], end[sb], world)[r],
-           "job_ms": _median_gap_ms(it[src == "computed"], end[src == "computed"])}
+           "job_ms": _median_gap_ms(it[comp], end[comp]),  # computed_rank_ms: the rank in that sweep
+           "computed_rank_ms": fidelity_sandbox.rank_iteration_ms(rank[comp], it[comp], end[comp], world)[r]}
     ci = pq.read_table(job / "calibrated" / "iterations.parquet")
     out["pred_rank_ms"] = fidelity_sandbox.rank_iteration_ms(*(ci.column(c).to_numpy() for c in
                                                              ("rank", "iteration", "end_ns")), world)[r]

@@ -35,6 +35,15 @@ from prism.runtime.work_parts import Forwarding, OwnResult
 _STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
           "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
 _STATS_LOCK = threading.Lock()
+# where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
+# issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
+# waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
+# how far past the op's floor its data, then the floor message, came in (where the group has other
+# sandbox members, waiting for them counts too: their arrival is no part of the floor); and for every
+# hold (`hold_until`), how far past the floor the sleeping thread ran again
+_HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
+         "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0, "held_ops": 0, "hold_overshoot_s": 0.0,
+         "by_op": {}}  # "<op> group <g>": [ops, queue s, exchange-to-data s, data past the floor s]
 
 
 def _count_hold(delay_ns: int) -> None:
@@ -49,6 +58,9 @@ def hold_until(floor_ns: int) -> None:
     if delay > 0:
         time.sleep(delay / 1e9)
         _count_hold(delay)
+        with _STATS_LOCK:  # how far past its floor the held thread ran again (the sleep's overshoot)
+            _HOPS["held_ops"] += 1
+            _HOPS["hold_overshoot_s"] += max(0, time.monotonic_ns() - floor_ns) / 1e9
 
 
 class HoldTimer:
@@ -116,19 +128,31 @@ class _EmuWork(OwnResult, Work):
         super().__init__()
         self.inner = torch.futures.Future()
         self.floor = 0
+        self.exchanged = 0  # (host monotonic ns: when its group thread finished the exchange)
         self._result = result
         self.future: torch.futures.Future | None = None
         self.lock = threading.Lock()
 
-    def finish(self, floor: int) -> None:
+    def finish(self, floor: int, issued: int = 0, began: int = 0) -> None:
         self.floor = floor
+        self.exchanged = time.monotonic_ns()
+        with _STATS_LOCK:
+            _HOPS["protocol_ops"] += 1
+            _HOPS["queue_s"] += (began - issued) / 1e9
+            _HOPS["exchange_s"] += (self.exchanged - began) / 1e9
         self.inner.set_result(self._result)
 
     def fail(self, exc: BaseException) -> None:
         self.inner.set_exception(exc)
 
     def wait(self, timeout=None) -> bool:
+        called = time.monotonic_ns()
         self.inner.wait()
+        woken = time.monotonic_ns()
+        if self.exchanged and called < self.exchanged:
+            with _STATS_LOCK:
+                _HOPS["waited_ops"] += 1
+                _HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
         hold_until(self.floor)
         return True
 

@@ -48,8 +48,8 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import compensation as comp
-from prism.runtime import native_group, pruned, semantics, shm
-from prism.runtime.emulated_works import _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
+from prism.runtime import native_group, pruned, semantics, shm, thread_cpu
+from prism.runtime.emulated_works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.transport import job_store
 
@@ -280,14 +280,17 @@ class EmulateTransport(CaptureTransport):
         work = _EmuWork(result)
 
         def run() -> None:  # the exchange; the hold is the work's (`emulated_works`), never this thread's
+            began = time.monotonic_ns()
             try:
                 wire = GlooWire(self.pg)
                 virtual = torch.zeros(1, dtype=torch.int64)
                 got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
                 outcome = pruned.run(proto, self.index, own, wire, red)
                 wire.flush()
+                data = time.monotonic_ns()
                 if got_floor is not None:
                     got_floor.wait()
+                told = time.monotonic_ns()
                 self.got[key] = (outcome or {}).get("got", outcome)
                 with torch.no_grad():
                     complete(key)
@@ -296,7 +299,16 @@ class EmulateTransport(CaptureTransport):
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
-            work.finish(max(floor, int(virtual[0])))
+            at = max(floor, int(virtual[0]))
+            with _STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
+                _HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
+                _HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9
+                per = _HOPS["by_op"].setdefault(f"{op} group {self.group}", [0, 0.0, 0.0, 0.0])
+                per[0] += 1
+                per[1] += (began - arrival) / 1e9
+                per[2] += (data - began) / 1e9
+                per[3] += max(0, data - at) / 1e9
+            work.finish(at, arrival, began)
 
         self._thread.submit(run)
         return work
@@ -464,5 +476,7 @@ def write_rank_stats(rank: int) -> None:
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
         fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
-        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0)))
+        diagnostics = dict(_HOPS, threads_cpu_s=thread_cpu.by_thread())
+        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
+                                       diagnostics=diagnostics)))
         os.replace(tmp, path)

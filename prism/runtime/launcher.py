@@ -307,6 +307,8 @@ def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:
         "cuda_folds": sum(r.get("cuda_folds", 0) for r in ranks),  # reductions folded by cuda/fold.cu
         "transfer_holds": sum(r.get("transfer_holds", 0) for r in ranks),  # emulation.hold_until
         "transfer_hold_s": round(sum(r.get("transfer_hold_s", 0.0) for r in ranks), 6),
+        # per sandbox rank: its threads' CPU s by kind (`thread_cpu`), where its protocol ops' time went
+        "rank_diagnostics": {rank: r.get("diagnostics") for rank, r in stats["ranks"].items()},
     }
 
 

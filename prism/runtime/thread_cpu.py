@@ -1,0 +1,60 @@
+"""CPU time of this process's threads, by what they are (Linux: ``/proc/self/task/<tid>/stat``).
+
+An emulated sandbox rank runs the program on its main thread beside prism's own Python threads (a group's
+protocol thread `prism-emu-g<group>`, the hold timer `prism-emu-hold`) and the backend's C++ threads
+(gloo's). A Python thread's CPU time is, within a few lock hand-overs, time it held the GIL, which the
+program's own thread could not have: `by_thread` is the evidence for or against the GIL hypothesis of a
+slow sandbox (docs/fidelity.md "local, session 8"). Threads are named by their Python name with a trailing
+group or pool number dropped (``prism-emu-g`` for all group threads); threads Python did not start by
+their OS name (``comm``) in brackets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s(tid: int) -> float | None:
+    """utime + stime (s) of task `tid` of this process; None where it cannot be read."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3 -> index 0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def kind(name: str) -> str:
+    """A Python thread's name without its trailing instance numbers: ``prism-emu-g23_0`` -> ``prism-emu-g``."""
+    return re.sub(r"[\d_]+$", "", name) or name
+
+
+def by_thread() -> dict[str, float]:
+    """CPU seconds per kind of thread ({} where /proc is missing): Python threads by `kind` of their name
+    (the main thread, the task whose id is the process id, is ``MainThread``), the others as ``[comm]``."""
+    if not os.path.isdir("/proc/self/task"):
+        return {}
+    named = {t.native_id: kind(t.name) for t in threading.enumerate() if t.native_id is not None}
+    out: dict[str, float] = {}
+    for entry in os.listdir("/proc/self/task"):
+        tid = int(entry)
+        cpu = _cpu_s(tid)
+        if cpu is None:
+            continue
+        # the main thread is the task whose id is the process's (a forked rank's Python keeps its parent's id)
+        name = "MainThread" if tid == os.getpid() else named.get(tid) or f"[{_comm(tid)}]"
+        out[name] = round(out.get(name, 0.0) + cpu, 3)
+    return out
