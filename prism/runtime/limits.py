@@ -26,6 +26,8 @@ FDS_PER_RANK = {"capture": 4, "default": 2}
 FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
 OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
+FORK_BATCH = 64  # ranks a fork helper forks (`rank_fork`): the zygote holds one batch's child ends at a time
+FORK_BATCH_ENV = "PRISM_FORK_BATCH"  # N: the ranks a helper forks; 0: the zygote forks every rank itself
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
 RANK_MIB_ESTIMATE = 12  # below the measured 17-19 MiB: refuse only what surely cannot fit
 ZYGOTE_MIB_ESTIMATE = 600
@@ -104,9 +106,21 @@ def shm_free_bytes(folder: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def fork_batch(world: int) -> int:
+    """Ranks a fork helper forks (`rank_fork`; 0: the zygote forks every rank itself): FORK_BATCH or
+    PRISM_FORK_BATCH, when there are at least two batches."""
+    text = os.environ.get(FORK_BATCH_ENV, "").strip()
+    batch = int(text) if text.isdigit() else FORK_BATCH
+    return batch if 0 < batch and world >= 2 * batch else 0
+
+
 def fds_needed(world: int, mode: str, output: str = "pipes") -> int:
     per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, FDS_PER_RANK["default"])
-    return per * world + FDS_SPARE
+    # while a batch is forked by a helper, the zygote also holds its ranks' child ends (2 output pipes unless
+    # files, 1 control socket in capture) and the helpers' pid pipe (2)
+    child_ends = (0 if output == "files" else 2) + (mode == "capture")
+    batch = fork_batch(world)
+    return per * world + FDS_SPARE + (child_ends * batch + 2 if batch else 0)
 
 
 def rank_output(world: int, mode: str, hard: int | None = None) -> str:

@@ -19,6 +19,7 @@ def _roomy(monkeypatch):
     monkeypatch.setattr(limits, "kernel_limit", lambda name: 4 << 20)
     monkeypatch.setattr(limits, "available_memory", lambda: (100 << 30, 128 << 30))
     monkeypatch.setattr(limits, "shm_free_bytes", lambda folder: 32 << 30)
+    monkeypatch.delenv(limits.FORK_BATCH_ENV, raising=False)
 
 
 def test_a_roomy_machine_passes(monkeypatch):
@@ -32,9 +33,11 @@ def test_open_files(monkeypatch):
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 4096))
     limits.check_start(1000, "capture", "/dev/shm")  # 4*1000+64 <= 4096: the zygote raises the soft limit
     # beyond the pipes (4 a rank), the ranks' output goes to files: 2 a rank, which 8192 ranks still exceed
-    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\).*at most 4096.*ulimit -n 16448"):
+    # (2*8192+64, and while a batch of 64 is forked its control sockets' child ends and the helpers' pipe: 66)
+    with pytest.raises(limits.LimitError, match=r"about 16514 open files in prism's supervisor \(2 a rank\).*at most 4096.*ulimit -n 16514"):
         limits.check_start(8192, "capture", "/dev/shm")
-    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\)"):
+    # (real: 2 pipes a rank, 2*8192+64, and a batch's child ends 2*64+2)
+    with pytest.raises(limits.LimitError, match=r"about 16578 open files in prism's supervisor \(2 a rank\)"):
         limits.check_start(8192, "real", None)
 
 
@@ -42,11 +45,13 @@ def test_beyond_the_pipes_a_capture_writes_its_ranks_output_to_files(monkeypatch
     _roomy(monkeypatch)
     monkeypatch.delenv(limits.OUTPUT_ENV, raising=False)
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 20000))  # the accelerator host's hard limit
-    assert limits.fds_needed(8192, "capture") == 32832 and limits.fds_needed(8192, "capture", "files") == 16448
-    assert limits.rank_output(4096, "capture") == "pipes"  # 4*4096+64 = 16448 fits
+    # 4*8192+64 + 3*64+2 (a batch's child ends while a helper forks it); files: 2*8192+64 + 1*64+2
+    assert limits.fds_needed(8192, "capture") == 33026 and limits.fds_needed(8192, "capture", "files") == 16514
+    assert limits.fds_needed(64, "capture") == 4 * 64 + 64  # one batch: the zygote forks every rank itself
+    assert limits.rank_output(4096, "capture") == "pipes"  # 4*4096+64+194 = 16642 fits
     assert limits.rank_output(8192, "capture") == "files"
     assert limits.rank_output(8192, "real") == "pipes"  # (no fallback outside capture: refused instead)
-    limits.check_start(8192, "capture", "/dev/shm")  # 2*8192+64 <= 20000
+    limits.check_start(8192, "capture", "/dev/shm")  # 2*8192+64+66 <= 20000
     monkeypatch.setenv(limits.OUTPUT_ENV, "files")
     assert limits.rank_output(4, "capture") == "files" and limits.rank_output(4, "slice") == "pipes"
     monkeypatch.setenv(limits.OUTPUT_ENV, "pipes")
