@@ -17,7 +17,7 @@ def _roomy(monkeypatch):
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 1 << 20))
     monkeypatch.setattr(limits, "nproc_limit", lambda: resource.RLIM_INFINITY)
     monkeypatch.setattr(limits, "kernel_limit", lambda name: 4 << 20)
-    monkeypatch.setattr(limits, "available_memory", lambda: (100 << 30, 128 << 30))
+    monkeypatch.setattr(limits, "available_memory", lambda: (125 << 30, 128 << 30))
     monkeypatch.setattr(limits, "shm_free_bytes", lambda folder: 32 << 30)
     monkeypatch.delenv(limits.FORK_BATCH_ENV, raising=False)
 
@@ -72,10 +72,29 @@ def test_processes(monkeypatch):
 def test_memory_before_start(monkeypatch):
     _roomy(monkeypatch)
     monkeypatch.setattr(limits, "available_memory", lambda: (20 << 30, 24 << 30))
-    limits.check_start(1024, "capture", None)  # 1024 * 12 MiB + 600 MiB = 12.6 GiB
-    with pytest.raises(limits.LimitError, match=r"needs at least 96.6 GiB.*only 20.0 GiB of 24.0 GiB"):
-        limits.check_start(8192, "capture", None)
+    limits.check_start(1024, "capture", None)  # 1024 * 15 MiB + 600 MiB = 15.6 GiB
+    monkeypatch.setattr(limits, "rank_mib_estimate", lambda: 15)  # no immortal objects (3.11, PRISM_IMMORTAL=0)
+    with pytest.raises(limits.LimitError, match=r"needs at least 120.6 GiB \(15 MiB a rank.*only 20.0 GiB of 24.0"):
+        limits.check_start(8192, "capture", None)  # 8192 * 15 MiB + 600 MiB
+    monkeypatch.setattr(limits, "rank_mib_estimate", lambda: 10)  # immortal objects (3.12+)
+    with pytest.raises(limits.LimitError, match=r"needs at least 80.6 GiB \(10 MiB a rank"):
+        limits.check_start(8192, "capture", None)  # 8192 * 10 MiB + 600 MiB
+    monkeypatch.setattr(limits, "available_memory", lambda: (120 << 30, 125 << 30))  # the accelerator host
+    limits.check_start(8192, "capture", None)
     limits.check_start(8192, "real", None)  # only capture holds all W ranks on this machine's memory
+
+
+def test_rank_memory_estimate_follows_the_interpreter(monkeypatch):
+    from prism.runtime import immortal
+
+    monkeypatch.delenv(immortal.ENV, raising=False)
+    monkeypatch.setattr(immortal, "unavailable", lambda: None)  # CPython 3.12+, 64-bit
+    assert limits.rank_mib_estimate() == limits.RANK_MIB_IMMORTAL == 10
+    monkeypatch.setenv(immortal.ENV, "0")
+    assert limits.rank_mib_estimate() == limits.RANK_MIB_MORTAL == 15
+    monkeypatch.delenv(immortal.ENV)
+    monkeypatch.setattr(immortal, "unavailable", lambda: "Python 3.11 has no immortal objects")
+    assert limits.rank_mib_estimate() == 15
 
 
 def test_shm_space_before_start(monkeypatch):
