@@ -152,7 +152,12 @@ class RankForker:
         for at in range(0, len(self.ids), batch):
             part = self.ids[at:at + batch]
             ends = {rank: self._open(rank) for rank in part}
-            pid = self._fork(part[0])
+            try:
+                pid = self._fork(part[0])
+            except ForkError:
+                self._parse(text + _drain(report_r))  # (the ranks forked so far are stopped too)
+                self.stop_all()
+                raise
             if pid == 0:
                 self._helper(part, ends, zygote, report_r, report_w)
             helpers[pid] = part
@@ -173,6 +178,15 @@ class RankForker:
                         failed.append(pid)
         text += _drain(report_r)
         os.close(report_r)
+        errors = self._parse(text)
+        if errors or failed or len(self.children) != len(self.ids):
+            self.stop_all()
+            why = errors[0] if errors else (f"a forking helper failed ({len(failed)} of them); "
+                                            f"{len(self.children)} of {len(self.ids)} ranks were forked")
+            raise ForkError(why)
+
+    def _parse(self, text: bytes) -> list[str]:
+        """The helpers' reports: each forked rank's pid (into `children`); returns their errors."""
         errors = []
         for line in text.decode().splitlines():
             first, second, *rest = line.split(" ", 2)
@@ -180,11 +194,7 @@ class RankForker:
                 errors.append(rest[0] if rest else line)
             else:
                 self.children[int(second)] = int(first)
-        if errors or failed or len(self.children) != len(self.ids):
-            self.stop_all()
-            why = errors[0] if errors else (f"a forking helper failed ({len(failed)} of them); "
-                                            f"{len(self.children)} of {len(self.ids)} ranks were forked")
-            raise ForkError(why)
+        return errors
 
     def _helper(self, part: list[int], ends: dict, zygote: int, report_r: int, report_w: int) -> None:
         """In a helper (a fork of the zygote): fork the ranks `part`, report their pids, exit (never returns)."""
