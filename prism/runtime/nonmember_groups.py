@@ -115,6 +115,9 @@ def install() -> bool:
         return True
     if not enabled():
         return False
-    fast = fast_new_group(c10d.new_group, c10d)
+    try:
+        fast = fast_new_group(c10d.new_group, c10d)
+    except AttributeError:  # a torch without one of the internals it uses: torch's new_group as it is
+        return False
     c10d.new_group = dist.new_group = fast
     return True
