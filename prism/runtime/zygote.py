@@ -17,8 +17,9 @@ exits 2 in all of them, and typically only rank 0 says why. So a rank's exit 2 d
 once: they get USAGE_GRACE_S to exit by themselves (rank 0 to print its message), and when every rank exited
 2 one line says so, with no traceback.
 
-What a forked child runs is in `forked_rank`; the ranks' output forwarding in `rank_output`; capture
-mode's link to the coordinator in `coordinator_link`.
+What a forked child runs is in `forked_rank`; how the ranks are forked (one after the other, or for many
+ranks from helper processes in parallel, the zygote then a child subreaper) in `rank_fork`; the ranks' output
+forwarding in `rank_output`; capture mode's link to the coordinator in `coordinator_link`.
 """
 
 from __future__ import annotations
