@@ -221,7 +221,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "warmup": warmup, "graph_s": graph_s, "graph_rss": graph_rss,
         # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
         "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),
-        "fork_s": cap.get("fork_s"), "immortal": cap.get("immortal"),
+        "fork_s": cap.get("fork_s"), "fork_helpers": cap.get("fork_helpers"), "immortal": cap.get("immortal"),
         # the ranks' own CPU seconds (their logical time) against P x the coordinator's wall: the slots' use
         "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
         "switch_cost_us": cap.get("switch_cost_us"),
@@ -290,6 +290,14 @@ def print_table(rows: list[dict], args) -> None:
         print(f"{r['W']:>5} {r['layout']:<18} {r['wall_s']:7.1f} {r['pss_peak'] / gib:8.2f}G {cg} {priv:>17} "
               f"{r['switches']:>9,} {r['events']:>10,} {r['events_per_s']:>9,.0f} "
               f"{r['graph_bytes'] / mib:9.2f} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}")
+    done = [r for r in rows if not r.get("skipped") and r.get("fork_s") is not None]
+    if done:
+        print("\nwhere a capture's time went: fork s (helpers that forked in parallel) / the coordinator's CPU s "
+              "over its wall s / the ranks' CPU s")
+        for r in done:
+            print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
+                  f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
+                  f"{r.get('ranks_cpu_s') or 0:8.1f}")
     staged = [r for r in rows if "plan_s" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")

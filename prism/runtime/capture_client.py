@@ -162,11 +162,12 @@ class CaptureClient:
         folder = self.trace_dir / f"rank={self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
         from prism.runtime.capture_transport import CaptureTransport  # its group counters (it imports this)
+        from prism.runtime import nonmember_groups
 
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
                  "private_bytes": memory.private_bytes(), "groups_created": CaptureTransport.created,
-                 "groups_used": CaptureTransport.linked}
+                 "groups_used": CaptureTransport.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
         profile = os.environ.get("PRISM_MEMORY_PROFILE")  # a profiling aid: scripts/rank_memory.py
         if profile:

@@ -35,6 +35,7 @@ class CoordinatorLink:
         self.pids = spec["pids"]
         self.immortal = spec.get("immortal")
         self.fork_s = spec.get("fork_s")
+        self.fork_helpers = spec.get("fork_helpers", 0)
         self.socks = ctl
         self.shm_dir = Path(spec["shm_dir"])
         self.status_dir = Path(spec["status_dir"])
@@ -119,6 +120,7 @@ class CoordinatorLink:
         stats["coordinator_wall_s"] = round(time.monotonic() - self.started[0], 3)
         stats["coordinator_cpu_s"] = round(time.process_time() - self.started[1], 3)
         stats["fork_s"] = self.fork_s
+        stats["fork_helpers"] = self.fork_helpers  # processes that forked the ranks in parallel (rank_fork)
         if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.immortal)
             stats["immortal"] = self.immortal
         self.devices.close()

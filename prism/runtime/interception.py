@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_client as capture, markers, modes, oom, progress, watchdog
+from prism.runtime import capture_client as capture, markers, modes, nonmember_groups, oom, progress, watchdog
 from prism.runtime.backend import PrismProcessGroup
 from prism.runtime.capture_transport import CaptureTransport
 from prism.runtime.recorder import Recorder
@@ -119,6 +119,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
     if mode_.coordinator:
         capture.install_future_helpers()
+        nonmember_groups.install()  # a rank outside a new group: answered without torch's per-call work
     original = c10d._new_process_group_helper
 
     def helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *args, **kwargs):

@@ -6,8 +6,8 @@ watched while it runs: each message names the limit, what the job needs, and the
   would not fit the hard limit (W=8192 with 4 a rank needs 32,832; a host may allow 20,000) writes each
   rank's output to two files instead, forwarded when the rank ends (`rank_output`): 2 a rank.
 - processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
-- memory: capture forks W ranks of RANK_MIB_ESTIMATE private MiB each (measured: `prism bench capture`,
-  17-19 MiB with the reference workload) plus the zygote; while the capture runs, `MemoryWatch` stops it
+- memory: capture forks W ranks of `rank_mib_estimate()` private MiB each (measured: `prism bench capture`,
+  ~10.5 MiB with the zygote's objects immortal on CPython 3.12+, ~16 without) plus the zygote; while the capture runs, `MemoryWatch` stops it
   with a clear message before the machine runs out (the alternative is the kernel's reclaim crawl, then
   the OOM killer, i.e. a hang then a half-dead job).
 - /dev/shm: the contributions in flight live there; a full /dev/shm fails the writing rank with
@@ -26,12 +26,29 @@ FDS_PER_RANK = {"capture": 4, "default": 2}
 FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
 OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
+FORK_BATCH = 64  # ranks a fork helper forks (`rank_fork`): the zygote holds one batch's child ends at a time
+FORK_BATCH_ENV = "PRISM_FORK_BATCH"  # N: the ranks a helper forks; 0: the zygote forks every rank itself
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
-RANK_MIB_ESTIMATE = 12  # below the measured 17-19 MiB: refuse only what surely cannot fit
+# A capture rank's private MiB (its end-of-rank smaps_rollup, `prism bench capture`), by interpreter: with the
+# zygote's objects immortal (CPython 3.12+, `immortal`) 10.4 / 10.6 MiB median / max at W=256 and 10.8 / 11.7
+# at W=1024 on the accelerator host (Python 3.12.3; docs/scale/s7/probe, docs/benchmarks.md "Session 7");
+# without (3.11, or PRISM_IMMORTAL=0) 15.4 / 15.7 at W=256 there and 15.6 / 16.1 at W=1024 (docs/scale/s5),
+# 16.0 / 16.3 at W=16 on the 2-core VM (3.11). The estimate is the median rounded down: the check refuses
+# only what surely cannot fit.
+RANK_MIB_IMMORTAL = 10
+RANK_MIB_MORTAL = 15
 ZYGOTE_MIB_ESTIMATE = 600
 SHM_MIN_BYTES = 64 << 20
 MEMORY_FLOOR_FRACTION = 0.03  # MemoryWatch stops the job when less than this much of memory is left
 MEMORY_FLOOR_MAX = 1 << 30
+
+
+def rank_mib_estimate() -> int:
+    """Private MiB a capture rank costs with this interpreter (the zygote makes its objects immortal or not)."""
+    from prism.runtime import immortal
+
+    mortal = immortal.unavailable() is not None or os.environ.get(immortal.ENV, "1") == "0"
+    return RANK_MIB_MORTAL if mortal else RANK_MIB_IMMORTAL
 
 
 class LimitError(Exception):
@@ -104,9 +121,21 @@ def shm_free_bytes(folder: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def fork_batch(world: int) -> int:
+    """Ranks a fork helper forks (`rank_fork`; 0: the zygote forks every rank itself): FORK_BATCH or
+    PRISM_FORK_BATCH, when there are at least two batches."""
+    text = os.environ.get(FORK_BATCH_ENV, "").strip()
+    batch = int(text) if text.isdigit() else FORK_BATCH
+    return batch if 0 < batch and world >= 2 * batch else 0
+
+
 def fds_needed(world: int, mode: str, output: str = "pipes") -> int:
     per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, FDS_PER_RANK["default"])
-    return per * world + FDS_SPARE
+    # while a batch is forked by a helper, the zygote also holds its ranks' child ends (2 output pipes unless
+    # files, 1 control socket in capture) and the helpers' pid pipe (2)
+    child_ends = (0 if output == "files" else 2) + (mode == "capture")
+    batch = fork_batch(world)
+    return per * world + FDS_SPARE + (child_ends * batch + 2 if batch else 0)
 
 
 def rank_output(world: int, mode: str, hard: int | None = None) -> str:
@@ -148,10 +177,11 @@ def check_start(world: int, mode: str, shm_root: str | None) -> None:
     if mode != "capture":
         return
     avail, total = available_memory()
-    need_mem = (world * RANK_MIB_ESTIMATE + ZYGOTE_MIB_ESTIMATE) << 20
+    per_rank = rank_mib_estimate()
+    need_mem = (world * per_rank + ZYGOTE_MIB_ESTIMATE) << 20
     if total and avail < need_mem:
         raise LimitError(
-            f"capture of {world} ranks needs at least {need_mem / 2**30:.1f} GiB ({RANK_MIB_ESTIMATE} MiB a rank "
+            f"capture of {world} ranks needs at least {need_mem / 2**30:.1f} GiB ({per_rank} MiB a rank "
             f"plus the zygote), but only {avail / 2**30:.1f} GiB of {total / 2**30:.1f} GiB is available: "
             "free memory, use a machine with more, or capture fewer ranks")
     if shm_root is not None:
@@ -182,5 +212,5 @@ class MemoryWatch:
         if not total or avail >= self.floor(total):
             return None
         return (f"memory nearly exhausted: {avail / 2**20:.0f} MiB left of {total / 2**30:.1f} GiB with "
-                f"{self.world} ranks (about {RANK_MIB_ESTIMATE}-20 MiB each); stopped before the machine runs out. "
+                f"{self.world} ranks (about {rank_mib_estimate()}-20 MiB each); stopped before the machine runs out. "
                 "Free memory, use a machine with more, or capture fewer ranks")

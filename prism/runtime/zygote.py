@@ -17,26 +17,26 @@ exits 2 in all of them, and typically only rank 0 says why. So a rank's exit 2 d
 once: they get USAGE_GRACE_S to exit by themselves (rank 0 to print its message), and when every rank exited
 2 one line says so, with no traceback.
 
-What a forked child runs is in `forked_rank`; the ranks' output forwarding in `rank_output`; capture
-mode's link to the coordinator in `coordinator_link`.
+What a forked child runs is in `forked_rank`; how the ranks are forked (one after the other, or for many
+ranks from helper processes in parallel, the zygote then a child subreaper) in `rank_fork`; the ranks' output
+forwarding in `rank_output`; capture mode's link to the coordinator in `coordinator_link`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import json
 import os
 import resource
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 from prism.runtime import forked_rank, immortal, limits, memory, oom, watchdog
 from prism.runtime.coordinator_link import CoordinatorLink
-from prism.runtime.rank_output import FileOutput, LineForwarder, Tee
+from prism.runtime.rank_fork import ForkError, RankForker
+from prism.runtime.rank_output import FileOutput, LineForwarder
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -105,7 +105,6 @@ def _raise_fd_limit(needed: int) -> None:
 
 def supervise(spec: dict) -> int:
     """Fork the ranks, wait for them; stop all on the first failure. Returns the exit code."""
-    children: dict[int, int] = {}
     stopping = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -128,70 +127,26 @@ def supervise(spec: dict) -> int:
     out = LineForwarder()
     # the ranks' output in files (capture beyond the open-file limit's pipes: `limits.rank_output`), else pipes
     files = FileOutput(str(Path(spec["status_dir"], "output"))) if spec.get("rank_output") == "files" else None
-    read_ends: list[int] = []
     from prism.runtime import modes
 
     mode = modes.get(spec.get("mode") or "off")
     capture = mode.coordinator
     slice_mode = mode.replay  # slice or emulate: only some ranks, plus the replay process
-    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(range(spec["nproc"]))
-    ctl: dict[int, socket.socket] = {}
-    # every fd from here on is the supervisor's end of some rank's pipe or socket: a new rank closes them
-    # all with one close_range (a loop over them is O(W) per rank, O(W^2) for the job)
-    first_fd = max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
-    top = first_fd  # the largest fd the loop opened so far
-    for rank in ids:
-        if files is None:
-            r_out, w_out = os.pipe()
-            r_err, w_err = os.pipe()
-        if capture:
-            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            if files is None:
-                os.dup2(w_out, 1)
-                os.dup2(w_err, 2)
-                top = max(top, w_out, w_err, r_out, r_err)
-            else:
-                files.attach(rank)
-            if capture:  # the control socket moves above every supervisor fd, which are then closed
-                top = max(top, parent_end.fileno(), child_end.fileno())
-                keep = fcntl.fcntl(child_end.detach(), fcntl.F_DUPFD, top + 1)
-                os.environ["PRISM_CTL_FD"] = str(keep)
-                parent_end.detach()
-                for sock in ctl.values():
-                    sock.detach()  # (their fds are closed below; no finalizer may close a reused number)
-            os.closerange(first_fd, top + 1)
-            code = 1
-            try:
-                code = forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
-            finally:
-                os._exit(code)
-        if capture:
-            top = max(top, parent_end.fileno())
-        if files is None:
-            os.close(w_out)
-            os.close(w_err)
-            read_ends += [r_out, r_err]
-            top = max(top, w_out, w_err, r_out, r_err)
-            if spec.get("log_dir") and rank != REPLAY:
-                log = open(Path(spec["log_dir"]) / f"rank={rank}.log", "ab")
-                top = max(top, log.fileno())
-                out.add(r_out, Tee(sys.stdout.buffer, log))
-                out.add(r_err, Tee(sys.stderr.buffer, log))
-            else:
-                out.add(r_out, sys.stdout.buffer)
-                out.add(r_err, sys.stderr.buffer)
-        if capture:
-            child_end.close()
-            ctl[rank] = parent_end
-        children[pid] = rank
 
+    def run(rank: int) -> int:  # in the forked child
+        return forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
+
+    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(range(spec["nproc"]))
+    forker = RankForker(spec, ids, capture, out, files, run, unlogged=(REPLAY,))
+    try:
+        forker.fork_all()
+    except ForkError as exc:
+        print(f"[prism] {exc}", file=sys.stderr, flush=True)
+        return LIMIT_EXIT
+    children, ctl = forker.children, forker.ctl
     spec["pids"] = {rank: pid for pid, rank in children.items()}
     spec["fork_s"] = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
+    spec["fork_helpers"] = forker.helpers
     # the threads made from here on (the store's, the coordinator's unlinker) keep SIGCHLD blocked: it is
     # the main thread's, and no system call of theirs is interrupted by one of W exits
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -261,7 +216,9 @@ def supervise(spec: dict) -> int:
                 break
             if pid == 0:
                 break
-            rank = children.pop(pid)
+            rank = children.pop(pid, None)
+            if rank is None:  # an orphan of a rank's own child, re-parented to this subreaper (`rank_fork`)
+                continue
             if files is not None:
                 files.forward(rank, out.before_write, sys.stdout.buffer, sys.stderr.buffer)
             code = os.waitstatus_to_exitcode(status)

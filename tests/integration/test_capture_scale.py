@@ -39,6 +39,8 @@ def test_unused_groups_cost_nothing(tmp_path):
         stats = json.loads((job / "raw" / f"rank={r}" / "capture_stats.json").read_text())
         assert stats["groups_used"] == 1
         assert stats["groups_created"] == 1 + (200 if r < 2 else 2000)
+        # the groups a rank is not in were answered by prism's non-member new_group (nonmember_groups)
+        assert stats["nonmember_groups_answered"] == (2000 if r < 2 else 200)
 
 
 def test_ranks_output_in_files_reaches_the_launcher(tmp_path):

@@ -17,8 +17,9 @@ def _roomy(monkeypatch):
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 1 << 20))
     monkeypatch.setattr(limits, "nproc_limit", lambda: resource.RLIM_INFINITY)
     monkeypatch.setattr(limits, "kernel_limit", lambda name: 4 << 20)
-    monkeypatch.setattr(limits, "available_memory", lambda: (100 << 30, 128 << 30))
+    monkeypatch.setattr(limits, "available_memory", lambda: (125 << 30, 128 << 30))
     monkeypatch.setattr(limits, "shm_free_bytes", lambda folder: 32 << 30)
+    monkeypatch.delenv(limits.FORK_BATCH_ENV, raising=False)
 
 
 def test_a_roomy_machine_passes(monkeypatch):
@@ -32,9 +33,11 @@ def test_open_files(monkeypatch):
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 4096))
     limits.check_start(1000, "capture", "/dev/shm")  # 4*1000+64 <= 4096: the zygote raises the soft limit
     # beyond the pipes (4 a rank), the ranks' output goes to files: 2 a rank, which 8192 ranks still exceed
-    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\).*at most 4096.*ulimit -n 16448"):
+    # (2*8192+64, and while a batch of 64 is forked its control sockets' child ends and the helpers' pipe: 66)
+    with pytest.raises(limits.LimitError, match=r"about 16514 open files in prism's supervisor \(2 a rank\).*at most 4096.*ulimit -n 16514"):
         limits.check_start(8192, "capture", "/dev/shm")
-    with pytest.raises(limits.LimitError, match=r"about 16448 open files in prism's supervisor \(2 a rank\)"):
+    # (real: 2 pipes a rank, 2*8192+64, and a batch's child ends 2*64+2)
+    with pytest.raises(limits.LimitError, match=r"about 16578 open files in prism's supervisor \(2 a rank\)"):
         limits.check_start(8192, "real", None)
 
 
@@ -42,11 +45,13 @@ def test_beyond_the_pipes_a_capture_writes_its_ranks_output_to_files(monkeypatch
     _roomy(monkeypatch)
     monkeypatch.delenv(limits.OUTPUT_ENV, raising=False)
     monkeypatch.setattr(limits, "nofile_limits", lambda: (1024, 20000))  # the accelerator host's hard limit
-    assert limits.fds_needed(8192, "capture") == 32832 and limits.fds_needed(8192, "capture", "files") == 16448
-    assert limits.rank_output(4096, "capture") == "pipes"  # 4*4096+64 = 16448 fits
+    # 4*8192+64 + 3*64+2 (a batch's child ends while a helper forks it); files: 2*8192+64 + 1*64+2
+    assert limits.fds_needed(8192, "capture") == 33026 and limits.fds_needed(8192, "capture", "files") == 16514
+    assert limits.fds_needed(64, "capture") == 4 * 64 + 64  # one batch: the zygote forks every rank itself
+    assert limits.rank_output(4096, "capture") == "pipes"  # 4*4096+64+194 = 16642 fits
     assert limits.rank_output(8192, "capture") == "files"
     assert limits.rank_output(8192, "real") == "pipes"  # (no fallback outside capture: refused instead)
-    limits.check_start(8192, "capture", "/dev/shm")  # 2*8192+64 <= 20000
+    limits.check_start(8192, "capture", "/dev/shm")  # 2*8192+64+66 <= 20000
     monkeypatch.setenv(limits.OUTPUT_ENV, "files")
     assert limits.rank_output(4, "capture") == "files" and limits.rank_output(4, "slice") == "pipes"
     monkeypatch.setenv(limits.OUTPUT_ENV, "pipes")
@@ -67,10 +72,29 @@ def test_processes(monkeypatch):
 def test_memory_before_start(monkeypatch):
     _roomy(monkeypatch)
     monkeypatch.setattr(limits, "available_memory", lambda: (20 << 30, 24 << 30))
-    limits.check_start(1024, "capture", None)  # 1024 * 12 MiB + 600 MiB = 12.6 GiB
-    with pytest.raises(limits.LimitError, match=r"needs at least 96.6 GiB.*only 20.0 GiB of 24.0 GiB"):
-        limits.check_start(8192, "capture", None)
+    limits.check_start(1024, "capture", None)  # 1024 * 15 MiB + 600 MiB = 15.6 GiB
+    monkeypatch.setattr(limits, "rank_mib_estimate", lambda: 15)  # no immortal objects (3.11, PRISM_IMMORTAL=0)
+    with pytest.raises(limits.LimitError, match=r"needs at least 120.6 GiB \(15 MiB a rank.*only 20.0 GiB of 24.0"):
+        limits.check_start(8192, "capture", None)  # 8192 * 15 MiB + 600 MiB
+    monkeypatch.setattr(limits, "rank_mib_estimate", lambda: 10)  # immortal objects (3.12+)
+    with pytest.raises(limits.LimitError, match=r"needs at least 80.6 GiB \(10 MiB a rank"):
+        limits.check_start(8192, "capture", None)  # 8192 * 10 MiB + 600 MiB
+    monkeypatch.setattr(limits, "available_memory", lambda: (120 << 30, 125 << 30))  # the accelerator host
+    limits.check_start(8192, "capture", None)
     limits.check_start(8192, "real", None)  # only capture holds all W ranks on this machine's memory
+
+
+def test_rank_memory_estimate_follows_the_interpreter(monkeypatch):
+    from prism.runtime import immortal
+
+    monkeypatch.delenv(immortal.ENV, raising=False)
+    monkeypatch.setattr(immortal, "unavailable", lambda: None)  # CPython 3.12+, 64-bit
+    assert limits.rank_mib_estimate() == limits.RANK_MIB_IMMORTAL == 10
+    monkeypatch.setenv(immortal.ENV, "0")
+    assert limits.rank_mib_estimate() == limits.RANK_MIB_MORTAL == 15
+    monkeypatch.delenv(immortal.ENV)
+    monkeypatch.setattr(immortal, "unavailable", lambda: "Python 3.11 has no immortal objects")
+    assert limits.rank_mib_estimate() == 15
 
 
 def test_shm_space_before_start(monkeypatch):
