@@ -8,11 +8,31 @@ for it (`with_defaults`), nothing else.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jsonschema
 import yaml
+
+
+def _import_jsonschema():
+    """jsonschema without its optional `iri` format checker. Where rfc3987-syntax is installed (Jupyter's
+    jsonschema[format-nongpl] pulls it in), importing jsonschema imports it, and it builds a Lark grammar: ~2.5 s
+    of CPU in every process that loads a config (each stage, each Snakemake run of the pipeline, each SLURM job
+    twice). prism's schema checks no format; the block lasts only for this import, so rfc3987_syntax stays
+    importable for anything else in the process."""
+    if "jsonschema" in sys.modules or "rfc3987_syntax" in sys.modules:
+        import jsonschema
+        return jsonschema
+    sys.modules["rfc3987_syntax"] = None  # an import of it raises ImportError, which jsonschema skips
+    try:
+        import jsonschema
+    finally:
+        del sys.modules["rfc3987_syntax"]
+    return jsonschema
+
+
+jsonschema = _import_jsonschema()
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"

@@ -1,5 +1,8 @@
 """Config: the embedded default and the test config validate; bad configs name the key."""
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -121,3 +124,17 @@ def test_capture_devices_beyond_the_cpu_affinity_are_refused():
         config.from_dict(raw, "job.yaml")
     assert "'capture.devices'" in str(err.value) and f"at most {cores}" in str(err.value)
     assert config.from_dict({**raw, "capture": {"devices": cores}}).capture.devices == cores
+
+
+def test_loading_a_config_skips_the_slow_iri_format_checker():
+    # jsonschema imports rfc3987_syntax where it is installed (Jupyter's jsonschema[format-nongpl]; here through
+    # the test extra's HolisticTraceAnalysis), which costs ~2.5 s of CPU per process: every stage and Snakemake run
+    # loads a config. prism.config imports jsonschema without it, and leaves it importable for anything else.
+    code = ("import importlib.util, sys; import prism.config as c; "
+            "assert 'rfc3987_syntax' not in sys.modules, 'rfc3987_syntax was imported'; "
+            "c.validate({'job': 'x', 'nproc': 2, 'workload': {'module': 'm'}}); "
+            "spec = importlib.util.find_spec('rfc3987_syntax'); "
+            "spec is None or __import__('rfc3987_syntax'); print('installed' if spec else 'absent')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in ("installed", "absent")

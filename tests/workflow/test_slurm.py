@@ -70,11 +70,20 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(slurm_cluster, tmp_path):
                             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
-        while not any(" RUNNING " in line for line in _active_jobs(slurm_cluster)):
+        while not (any(" RUNNING " in line for line in _active_jobs(slurm_cluster))
+                   and "has been submitted with SLURM jobid" in log.read_text()):
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "no SLURM job started"
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends Snakemake
+        try:
+            proc.wait(timeout=8)  # a handled SIGINT ends it in ~2 s
+        except subprocess.TimeoutExpired:
+            # Python's asyncio takes a first Ctrl-C as "cancel the running coroutine" and only a second one as
+            # KeyboardInterrupt; Snakemake (9.27, slurm plugin 2.8) was seen to absorb the first and run on to the
+            # end (3 of 6 runs of this file on 2026-12-01). A user presses Ctrl-C again: so does this test.
+            print("the first SIGINT was absorbed: sent a second")
+            proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -83,5 +92,6 @@ def test_interrupting_snakemake_cancels_its_slurm_jobs(slurm_cluster, tmp_path):
         log_file.close()
     out = log.read_text()
     assert proc.returncode != 0, out
+    assert "Terminating processes on user request" in out, out
     assert not _active_jobs(slurm_cluster), out
     assert any(" CANCELLED " in line for line in slurm_cluster.squeue())
