@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from prism import job_stage
-from prism.runtime import launcher
+from prism.runtime.launch import launcher
 
 
 def main(argv: list[str] | None = None) -> int:

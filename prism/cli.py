@@ -26,7 +26,7 @@ STAGES = {
 TOOLS = {
     "export": ("prism.report.export", "a timeline as Perfetto/Chrome or Kineto (HTA) trace JSON"),
     "sql": ("prism.sql", "DuckDB SQL over a job's artifacts"),
-    "launch": ("prism.runtime.launcher", "run a program's W ranks (torchrun-compatible) with PrismTrace"),
+    "launch": ("prism.runtime.launch.launcher", "run a program's W ranks (torchrun-compatible) with PrismTrace"),
     "bench": ("prism.bench", "benchmarks that print tables (overhead, ...)"),
     "profiles": ("prism.profiles", "install prism's Snakemake profiles where `snakemake --profile` finds them"),
 }

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prism import config as prism_config
-from prism.runtime import launcher
+from prism.runtime.launch import launcher
 
 
 def main(stage: str, doc: str | None, argv: list[str] | None,

@@ -48,7 +48,7 @@ on K && ( timeout "$T" $PY --basetemp=/tmp/pt-k -m gpu -v tests/gpu/test_capture
 on B && ( PRISM_GPU_TABLES=$OUT timeout "$T" $PY --basetemp=/tmp/pt-b -m gpu -v -s tests/gpu/test_memory_oom.py > "$OUT/memory-pytest.log" 2>&1
   echo "B exit $?" ) &
 on C && ( if [ -n "$SAN" ]; then  # the kernel is built first, outside the sanitizer (nvcc need not run under it)
-    { python3 -c "from prism.runtime import fold_cuda; fold_cuda.module(); print('fold kernel built')"
+    { python3 -c "from prism.runtime.emulate import fold_cuda; fold_cuda.module(); print('fold kernel built')"
       timeout "$T" "$SAN" --tool memcheck --error-exitcode 3 \
       python3 -m pytest -p no:cacheprovider --basetemp=/tmp/pt-c -q -m gpu tests/gpu/test_fold_cuda.py; } \
       > "$OUT/sanitizer.log" 2>&1

@@ -42,7 +42,7 @@ $py -m prism.bench.capture_scale --sizes 1024 --devices 16 --json "$out/w1024.js
     > /tmp/w1024.log 2>&1 &
 bench=$!
 if [ -n "$spy" ]; then
-    for _ in $(seq 1 200); do z=$(pgrep -f "prism.runtime.zygote" | head -1); [ -n "$z" ] && break; sleep 0.1; done
+    for _ in $(seq 1 200); do z=$(pgrep -f "prism.runtime.launch.zygote" | head -1); [ -n "$z" ] && break; sleep 0.1; done
     [ -n "${z:-}" ] && $spy record -p "$z" -r 100 --format raw -o "$out/zygote-w1024.txt" --nonblocking \
         > /tmp/pyspy.log 2>&1
     tail -2 /tmp/pyspy.log

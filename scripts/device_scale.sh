@@ -26,7 +26,7 @@ export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
 # had 14.7 MiB private each instead of 10.8 (docs/scale/s7/call2, not understood yet).
 [ "${PYCACHE:-0}" = 1 ] && export PYTHONPYCACHEPREFIX=/tmp/prism-pycache
 # W=8192 needs 32,832 open files with pipes for the ranks' output (prism falls back to files, 16,448, where
-# the hard limit is lower: prism.runtime.limits.rank_output); try to raise the hard limit first (root only)
+# the hard limit is lower: prism.runtime.launch.limits.rank_output); try to raise the hard limit first (root only)
 ulimit -Hn 65536 2>/dev/null
 ulimit -n "$(ulimit -Hn)"
 { date -u; nproc; free -g | head -2; echo "ulimit -n $(ulimit -n) -u $(ulimit -u)"; df -h /dev/shm | tail -1

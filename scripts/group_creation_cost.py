@@ -5,7 +5,7 @@ one process (rank 0 of W; no communication), three ways:
 - `torch fake`: torch's fake backend, no prism (session 7's figure);
 - `capture`: prism's capture interception installed (`interception.install("capture")`, the default group a
   prism group on a fake store) with `PRISM_FAST_NONMEMBER=0`: torch's `new_group` for every call;
-- `capture fast`: the same with prism's non-member `new_group` (`prism.runtime.nonmember_groups`).
+- `capture fast`: the same with prism's non-member `new_group` (`prism.runtime.capture.nonmember_groups`).
 
 In a capture every rank pays it on the P slots: W times this over P is slot time before the first step (issue
 12: why W=8192 costs more than 8x W=1024). `--per-call` also times `new_group` alone for a non-member, per

@@ -20,7 +20,7 @@ def main() -> int:
     parser.add_argument("profile")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--rate", type=float, default=100.0, help="py-spy's samples per second (-r)")
-    parser.add_argument("--fork-frame", default="supervise (prism/runtime/zygote.py:146)",
+    parser.add_argument("--fork-frame", default="supervise (prism/runtime/launch/zygote.py:146)",
                         help="the frame of the zygote's os.fork() call in the profiled version (33f18d4: line 146)")
     args = parser.parse_args()
     opener = gzip.open if args.profile.endswith(".gz") else open

@@ -260,7 +260,7 @@ def memory_short(w: int, done: list[dict], available=None) -> str | None:
         return None
     last = max(measured, key=lambda r: r["W"])
     if available is None:
-        from prism.runtime.limits import available_memory
+        from prism.runtime.launch.limits import available_memory
 
         available = available_memory()[0]
     # the ranks' private memory at the rate measured (its largest rank), the zygote and coordinator as measured

@@ -98,8 +98,8 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
     from prism.calibrate.arrays import KINDS
     from prism.calibrate.sweep import discover
     from prism.calibrate.synthetic import layout_for, training_graph
-    from prism.runtime.cone import ARRIVE, ARRIVE_RECV
-    from prism.runtime.timed_replay import TimedReplay
+    from prism.runtime.replay.cone import ARRIVE, ARRIVE_RECV
+    from prism.runtime.replay.clock import TimedReplay
 
     layout = layout_for(w)
     layout = type(layout)(**{**layout.__dict__, "iterations": iterations})

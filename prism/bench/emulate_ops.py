@@ -95,7 +95,8 @@ def _args(c: dict, out):
 
 def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> None:
     os.environ["PRISM_PRUNING"] = "1"
-    from prism.runtime import emulation, pruned
+    from prism.runtime.emulate import transport as emulation
+    from prism.runtime.emulate import pruned
     from prism.runtime.semantics import RedOp
 
     store = TCPStore("127.0.0.1", port, w, rank == 0, TIMEOUT)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prism.runtime import launcher
+from prism.runtime.launch import launcher
 
 DRIVER = Path(__file__).with_name("driver.py")
 VARIANTS = ("none", "prismtrace", "profiler")

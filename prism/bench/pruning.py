@@ -12,7 +12,7 @@ and the on/off ratios. The sandbox's printed losses and gradient norms must be i
     prism bench pruning --protocol [--sizes 2,4,8,16,32,64] [--sandbox 1,2,3]
 
 `--protocol` prints instead, without running anything, the bytes one group's all-reduce moves in units
-of the tensor size S, from the protocol executed in one process (`prism.runtime.pruned.PrunedGroup`):
+of the tensor size S, from the protocol executed in one process (`prism.runtime.emulate.pruned.PrunedGroup`):
 ring (a full ring all-reduce among all n members, 2(n-1) S), chain (the pruned protocol), gather (each
 sandbox member folding everything itself: only the leading run can be pre-folded).
 """
@@ -32,7 +32,7 @@ import torch
 
 from prism.bench import text_table
 from prism.runtime import semantics
-from prism.runtime.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
+from prism.runtime.emulate.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
 from prism.runtime.semantics import RedOp
 
 SMALL = ["--micro-batch-size", "1", "--seq-len", "16", "--hidden", "32", "--ffn-hidden", "32", "--heads", "2",

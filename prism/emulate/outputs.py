@@ -1,10 +1,10 @@
 """The emulation's artifacts, built from what ``prism launch --mode emulate --out OUT`` wrote.
 
 OUT holds ``raw/meta.json`` (``t0_ns``: the common start of sandbox and replay on the host monotonic
-clock: the barrier `prism.runtime.common_start`; each sandbox rank's first event starts there),
+clock: the barrier `prism.runtime.emulate.common_start`; each sandbox rank's first event starts there),
 ``raw/rank=R/events.arrow`` (each sandbox rank's PrismTrace, in the capture's program order),
 ``raw/replay/events.arrow`` (the virtual events the replay worker drove live: the sandbox's dependency
-cone, `prism.runtime.cone`) and ``logs/rank=R.log``.
+cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
 
 - ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
   (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other

@@ -17,11 +17,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import capture_client as capture, markers, modes, nonmember_groups, oom, progress, watchdog
+from prism.runtime import markers, modes, oom, watchdog
+from prism.runtime.capture import client as capture
+from prism.runtime.capture import nonmember_groups
+from prism.runtime.launch import progress
 from prism.runtime.backend import PrismProcessGroup
-from prism.runtime.capture_transport import CaptureTransport
+from prism.runtime.capture.transport import CaptureTransport
 from prism.runtime.recorder import Recorder
-from prism.runtime.slicing import SliceRecorder, SliceTransport
+from prism.runtime.slice.transport import SliceRecorder, SliceTransport
 from prism.runtime.transport import RealTransport, job_store, slice_store
 
 MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
@@ -52,7 +55,7 @@ def _ensure_recorder() -> Recorder | None:
 
 def _captured_results():
     """Slice mode: the capture's results of this rank's order-dependent reductions (one per rank)."""
-    from prism.runtime.slicing import CapturedResults
+    from prism.runtime.slice.transport import CapturedResults
 
     if _state.get("results") is None:
         _state["results"] = CapturedResults(Path(os.environ["PRISM_CAPTURE"]), int(os.environ.get("RANK", "0")))
@@ -74,7 +77,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     if kind == "capture":
         transport = CaptureTransport(name, dist_opts.group_rank, members, desc)
     elif kind == "emulate":
-        from prism.runtime.emulation import EmulateTransport
+        from prism.runtime.emulate.transport import EmulateTransport
 
         _common_start(dist_opts.store, rec)
         transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
@@ -100,8 +103,8 @@ def _common_start(store, rec: Recorder | None) -> None:
     """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
     timeline starts at their common t0 (`timed_replay.common_start`)."""
     if _state.get("t0_ns") is None:
-        from prism.runtime.emulation import sandbox_ranks
-        from prism.runtime.common_start import common_start
+        from prism.runtime.emulate.transport import sandbox_ranks
+        from prism.runtime.emulate.common_start import common_start
 
         _state["t0_ns"] = common_start(job_store(store), len(sandbox_ranks()) + 1)
         if rec is not None:
@@ -217,7 +220,7 @@ def finish(code: int = 0) -> None:
     if rec is not None and code == 0:
         rec.close()
     if _state["mode"] == "emulate" and code == 0:
-        from prism.runtime import emulation
+        from prism.runtime.emulate import transport as emulation
 
         emulation.write_rank_stats(int(os.environ.get("RANK", "0")))
     if linked:

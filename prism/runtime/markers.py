@@ -19,7 +19,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from prism.runtime import progress
+from prism.runtime.launch import progress
 from prism.runtime.recorder import Recorder
 
 _state = threading.local()

@@ -21,7 +21,7 @@ no negative duration, and on CUDA every compute event its GPU time (`check_clock
 reported and nothing is written.
 
 Timed (`--timed-by TIMELINE`, the second pass of the calibration): the replayed ranks answer at their
-times in that calibrated timeline (`prism.runtime.replay`, on the clock emulation uses), so the slice
+times in that calibrated timeline (`prism.runtime.slice.replay_server`, on the clock emulation uses), so the slice
 ranks wait for their virtual peers as they would in the real job; the output goes to `DIR/slices_timed/`,
 with `replay.parquet` (when the replayed members issued each op with a slice rank).
 
@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from prism import artifacts, event_sequence, schemas
 from prism import config as prism_config
-from prism.runtime import launcher
+from prism.runtime.launch import launcher
 
 class SliceError(Exception):
     """Bad input (exit 2): the message says what is missing and how to fix it."""

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from prism.runtime import compensation as comp
+from prism.runtime.emulate import compensation as comp
 from prism.runtime.semantics import RedOp
 
 pytestmark = [pytest.mark.gpu,

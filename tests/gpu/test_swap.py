@@ -1,4 +1,4 @@
-"""Device-state swapping in capture on one GPU (prism/runtime/device_state.py, cuda_checkpoint.py): with
+"""Device-state swapping in capture on one GPU (prism/runtime/capture/device_state.py, cuda_checkpoint.py): with
 `--device-memory-gb` low enough that only one rank's state fits, blocked ranks' device state goes to host
 memory through the CUDA checkpoint API and comes back before they run; the capture gives the real GPU
 run's losses (gloo with CUDA tensors) within 1e-5, with a non-zero swap count. The swap numbers go to

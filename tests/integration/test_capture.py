@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prism.runtime import run_files
-from prism.runtime.launcher import HANG_EXIT
+from prism.runtime.launch import run_files
+from prism.runtime.launch.launcher import HANG_EXIT
 from tests.conftest import REPO, make_env, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """Mode emulate's transfer hold holds a collective's completion, not the exchanges after it, and not a
-native op of sandbox ranks only (`prism/runtime/emulated_works.py`, `EmulateTransport._native`).
+native op of sandbox ranks only (`prism/runtime/emulate/works.py`, `EmulateTransport._native`).
 
 A burst of async all-reduces whose calibrated completions differ (the first long, the second short, the
 second waited first: DDP's buckets) must complete each at its own calibrated time: while the hold was the

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from prism.runtime import run_files
+from prism.runtime.launch import run_files
 from tests.conftest import REPO, make_env, run_prism
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Ranks forked from helper processes in parallel (`prism.runtime.rank_fork`, forced at small W with
+"""Ranks forked from helper processes in parallel (`prism.runtime.launch.rank_fork`, forced at small W with
 PRISM_FORK_BATCH): every rank ends up the zygote's child, dies with it (PDEATHSIG), and a capture killed while
 it runs or while it forks leaves no process behind."""
 
@@ -69,8 +69,8 @@ def _zygote(launcher: int, timeout: float) -> tuple[int, str]:
                 args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"prism.runtime.zygote" in args:
-                return pid, args[args.index(b"prism.runtime.zygote") + 1].decode()
+            if b"prism.runtime.launch.zygote" in args:
+                return pid, args[args.index(b"prism.runtime.launch.zygote") + 1].decode()
         time.sleep(0.05)
     raise AssertionError("no zygote started")
 

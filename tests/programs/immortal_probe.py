@@ -1,5 +1,5 @@
 """A zygote in miniature, for tests/unit/test_immortal.py: import a few stdlib modules and run some work
-once (the warm-up), collect, immortalise (`prism.runtime.immortal`, unless PRISM_IMMORTAL=0), freeze, fork
+once (the warm-up), collect, immortalise (`prism.runtime.launch.immortal`, unless PRISM_IMMORTAL=0), freeze, fork
 a child that runs the same work again, and print as JSON how many KiB of private memory the child gained
 while it ran (pages of the parent it wrote, and new ones), whether a function's code object the child used
 still has its immortal count, and what `immortalise()` returned. Needs only the standard library, so that
@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, sys.argv[1])
-from prism.runtime import immortal  # noqa: E402
+from prism.runtime.launch import immortal  # noqa: E402
 
 import argparse  # noqa: E402
 import difflib  # noqa: E402

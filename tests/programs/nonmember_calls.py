@@ -13,7 +13,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 dist.init_process_group("fake", rank=5, world_size=16, store=FakeStore())
 if sys.argv[1] == "fast":
-    from prism.runtime import nonmember_groups
+    from prism.runtime.capture import nonmember_groups
 
     assert nonmember_groups.install()
     from torch.distributed import new_group  # after the install: the fast one

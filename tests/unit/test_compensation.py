@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from prism.runtime import compensation as comp
+from prism.runtime.emulate import compensation as comp
 from prism.runtime import semantics
 from prism.runtime.semantics import RedOp
 
@@ -113,8 +113,8 @@ def test_inputs_are_not_modified():
 
 
 def test_import_builds_no_cuda():
-    code = ("import sys, prism.runtime.compensation, prism.runtime.prefetch; "
-            "bad = [m for m in ('prism.runtime.fold_cuda', 'torch.utils.cpp_extension') if m in sys.modules]; "
+    code = ("import sys, prism.runtime.emulate.compensation, prism.runtime.replay.prefetch; "
+            "bad = [m for m in ('prism.runtime.emulate.fold_cuda', 'torch.utils.cpp_extension') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

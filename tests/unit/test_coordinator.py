@@ -2,7 +2,7 @@
 
 import pytest
 
-from prism.runtime.coordinator import CaptureError, Coordinator
+from prism.runtime.capture.coordinator import CaptureError, Coordinator
 
 
 def arrive(c, rank, key, members, op="all_reduce", dtype="float32", shape="4", role="member"):
@@ -143,7 +143,7 @@ def test_recv_never_sent_names_the_sender():
 
 
 def test_swap_policy_suspends_least_recently_run_to_make_room():
-    from prism.runtime.device_state import SwapPolicy
+    from prism.runtime.capture.device_state import SwapPolicy
 
     p = SwapPolicy(slots=1, capacity_bytes=100)
     assert p.grant(0, 0, 60) == []
@@ -155,7 +155,7 @@ def test_swap_policy_suspends_least_recently_run_to_make_room():
 
 
 def test_coordinator_passes_device_decisions_and_keeps_cuda_ranks_on_their_slot():
-    from prism.runtime.device_state import SwapPolicy
+    from prism.runtime.capture.device_state import SwapPolicy
 
     c = Coordinator(4, 2, policy=SwapPolicy(2, capacity_bytes=100), sticky=True)
     c.handle(0, ("group", "g", "dp", (0, 1, 2, 3)))

@@ -8,9 +8,10 @@ import ctypes
 
 import pytest
 
-from prism.runtime import cuda_checkpoint, device_state
-from prism.runtime.coordinator import Coordinator
-from prism.runtime.device_state import CudaCheckpoint, SwapError, SwapPolicy
+from prism.runtime.capture import cuda_checkpoint
+from prism.runtime.capture import device_state
+from prism.runtime.capture.coordinator import Coordinator
+from prism.runtime.capture.device_state import CudaCheckpoint, SwapError, SwapPolicy
 
 
 class FakeCheckpointer:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prism.runtime import emulation, modes
+from prism.runtime import modes
+from prism.runtime.emulate import transport as emulation
 
 
 def test_every_mode_is_described_once():
@@ -50,7 +51,7 @@ def test_native_work_completes_once_after_the_hold_through_wait_and_future():
 
     from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
 
-    from prism.runtime.emulation import _NativeWork
+    from prism.runtime.emulate.transport import _NativeWork
 
     pg = ProcessGroupGloo(HashStore(), 0, 1, timedelta(seconds=30))
     out = torch.zeros(3)
@@ -74,7 +75,7 @@ def test_emulated_work_is_held_to_its_floor_but_not_its_group_thread():
     first); an error reaches whoever waits."""
     import time
 
-    from prism.runtime.emulated_works import _EmuWork
+    from prism.runtime.emulate.works import _EmuWork
 
     start = time.monotonic_ns()
     slow, quick = _EmuWork(["slow"]), _EmuWork(["quick"])

@@ -3,7 +3,7 @@
 import pytest
 from torch.utils import cpp_extension
 
-from prism.runtime import fold_cuda
+from prism.runtime.emulate import fold_cuda
 
 
 def test_sources_are_where_the_loader_looks():

@@ -1,4 +1,4 @@
-"""`prism.runtime.rank_fork` alone, in a subprocess (it makes that process a child subreaper): ranks forked
+"""`prism.runtime.launch.rank_fork` alone, in a subprocess (it makes that process a child subreaper): ranks forked
 by helpers are reaped by the forking process with their own exit status, and a helper that cannot fork makes
 one clear error with no rank left behind."""
 
@@ -13,8 +13,8 @@ from tests.conftest import REPO, make_env
 
 SCRIPT = textwrap.dedent("""
     import os, sys
-    from prism.runtime import rank_fork
-    from prism.runtime.rank_output import LineForwarder
+    from prism.runtime.launch import rank_fork
+    from prism.runtime.launch.rank_output import LineForwarder
 
     ids = list(range(10))
     if sys.argv[1] == "fail":  # the helper of ranks 4-5 cannot fork its second rank

@@ -1,4 +1,4 @@
-"""`prism.runtime.immortal`: which objects the zygote makes immortal, where it does nothing (and says why), and,
+"""`prism.runtime.launch.immortal`: which objects the zygote makes immortal, where it does nothing (and says why), and,
 where a CPython 3.12+ is at hand, that a forked child then writes fewer of the parent's pages."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from prism.runtime import immortal
+from prism.runtime.launch import immortal
 from tests.conftest import PROGRAMS, REPO
 
 

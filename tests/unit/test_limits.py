@@ -1,4 +1,4 @@
-"""The machine's limits at large W (`prism.runtime.limits`, `shm.write`), simulated small: each is refused
+"""The machine's limits at large W (`prism.runtime.launch.limits`, `shm.write`), simulated small: each is refused
 before anything starts, or stops the job as it happens, with the limit and the fix named."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import resource
 import pytest
 import torch
 
-from prism.runtime import limits, semantics, shm
+from prism.runtime import semantics, shm
+from prism.runtime.launch import limits
 
 
 def _roomy(monkeypatch):
@@ -85,7 +86,7 @@ def test_memory_before_start(monkeypatch):
 
 
 def test_rank_memory_estimate_follows_the_interpreter(monkeypatch):
-    from prism.runtime import immortal
+    from prism.runtime.launch import immortal
 
     monkeypatch.delenv(immortal.ENV, raising=False)
     monkeypatch.setattr(immortal, "unavailable", lambda: None)  # CPython 3.12+, 64-bit

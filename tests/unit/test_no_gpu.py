@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from prism.runtime.launch_spec import LaunchError, cuda_missing, parse, validate
+from prism.runtime.launch.launch_spec import LaunchError, cuda_missing, parse, validate
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here")

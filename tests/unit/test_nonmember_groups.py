@@ -1,4 +1,4 @@
-"""prism's non-member `new_group` (`prism.runtime.nonmember_groups`, capture mode): every kind of call leaves
+"""prism's non-member `new_group` (`prism.runtime.capture.nonmember_groups`, capture mode): every kind of call leaves
 what torch's own `new_group` leaves (return value, errors, group counter and names, the non-member rank map),
 and the plain non-member calls are the ones it answers."""
 
@@ -32,7 +32,7 @@ def test_it_leaves_what_torch_leaves():
 
 
 def test_turned_off():
-    proc = subprocess.run([sys.executable, "-c", "from prism.runtime import nonmember_groups as n; "
+    proc = subprocess.run([sys.executable, "-c", "from prism.runtime.capture import nonmember_groups as n; "
                            "import torch.distributed as d; print(n.install(), hasattr(d.new_group, "
                            "'_prism_fast_nonmember'))"], capture_output=True, text=True, timeout=120, cwd=REPO,
                           env=make_env(PRISM_FAST_NONMEMBER="0"))

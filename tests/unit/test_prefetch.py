@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from prism.runtime.prefetch import PayloadPool
+from prism.runtime.replay.prefetch import PayloadPool
 
 ITEM = 1000   # bytes of one float32 payload of 250 elements
 

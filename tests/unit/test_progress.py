@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from prism.runtime import progress
-from prism.runtime.coordinator import Coordinator
+from prism.runtime.launch import progress
+from prism.runtime.capture.coordinator import Coordinator
 
 
 def coordinator_midway() -> Coordinator:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from prism.runtime import semantics
-from prism.runtime.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
+from prism.runtime.emulate.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
 from prism.runtime.semantics import RedOp
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -112,7 +112,7 @@ def test_pruning_bench_table(capsys):
 
 # -- the plan: hand-counted messages of the cases the runtime meets ----------------------------------------------
 def _plan(op, members, sandbox, pruned=True, root=-1):
-    from prism.runtime.pruned import Protocol, participants
+    from prism.runtime.emulate.pruned import Protocol, participants
     return Protocol(op, members, sandbox, participants(members, sandbox, pruned), root)
 
 
@@ -191,7 +191,8 @@ def test_gloo_wire_sends_exactly_the_plans_bytes():
 
     from torch._C._distributed_c10d import HashStore, PrefixStore, ProcessGroupGloo
 
-    from prism.runtime import emulation, pruned
+    from prism.runtime.emulate import transport as emulation
+    from prism.runtime.emulate import pruned
 
     members, sandbox = list(range(7)), {2, 4}
     parts = pruned.participants(members, sandbox)  # 0[0,1] 2 3[3] 4 5[5,6]

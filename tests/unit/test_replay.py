@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import replay
+from prism.runtime.slice import replay_server as replay
 from tests.conftest import free_port
 
 N = 3  # member 0 runs "for real"; members 1 and 2 are virtual

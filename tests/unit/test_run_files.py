@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from prism.runtime import launcher, run_files
+from prism.runtime.launch import launcher
+from prism.runtime.launch import run_files
 
 
 def dead_pid() -> int:

@@ -1,4 +1,4 @@
-"""The virtual ranks' clock (prism.runtime.timed_replay) and the sandbox's cone (prism.runtime.cone) on
+"""The virtual ranks' clock (prism.runtime.replay.clock) and the sandbox's cone (prism.runtime.replay.cone) on
 hand-made calibrated jobs."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from prism import schemas
-from prism.runtime import cone
-from prism.runtime.common_start import common_start
-from prism.runtime.timed_replay import TimedReplay
+from prism.runtime.replay import cone
+from prism.runtime.emulate.common_start import common_start
+from prism.runtime.replay.clock import TimedReplay
 
 # W=3, sandbox {0}. All three ranks take part in collectives A (comm 0) and B (comm 2), real; ranks 1 and 2
 # in V (comm 1) between them, virtual-only. (rank, seq, kind, comm, waits-on-seq, start, end) in ns, as the

@@ -6,8 +6,8 @@
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`); with
-`--timed-by` the replayed ranks answer at their times in a calibrated timeline (`prism.runtime.replay`).
-Mode `emulate` forks only the sandbox ranks plus one replay worker (`prism.runtime.emulation`): the
+`--timed-by` the replayed ranks answer at their times in a calibrated timeline (`prism.runtime.slice.replay_server`).
+Mode `emulate` forks only the sandbox ranks plus one replay worker (`prism.runtime.emulate.transport`): the
 sandbox's collectives compute prism's semantics over its live contributions and the virtual ranks'
 recorded ones (pruned: one compensating peer per run of consecutive virtual members).
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism.runtime import modes, oom, watchdog
-from prism.runtime.progress import LOG_PERIOD_S
+from prism.runtime.launch.progress import LOG_PERIOD_S
 
 MODES = tuple(modes.MODES)
 
@@ -209,7 +209,7 @@ def validate(spec: LaunchSpec) -> None:
                               "(and run the program with CUDA tensors) or drop --device-memory-gb")
         if not spec.device_memory_gb > 0:
             raise LaunchError(f"--device-memory-gb {spec.device_memory_gb:g}: give a positive size in GiB")
-        from prism.runtime import cuda_checkpoint
+        from prism.runtime.capture import cuda_checkpoint
 
         why = cuda_checkpoint.probe()
         if why is not None:

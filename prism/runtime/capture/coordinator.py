@@ -26,7 +26,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
-from prism.runtime.device_state import SwapPolicy
+from prism.runtime.capture.device_state import SwapPolicy
 
 # ops whose members must all contribute the same shape
 SAME_SHAPE_OPS = {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",

@@ -109,11 +109,11 @@ def run_replay(spec: dict) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         if spec.get("mode") == "emulate":
-            from prism.runtime import emulate_worker
+            from prism.runtime.emulate import worker as emulate_worker
 
             code = emulate_worker.serve(spec)
         else:
-            from prism.runtime import replay
+            from prism.runtime.slice import replay_server as replay
 
             code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
                                 float(spec.get("replay_timeout_s") or 600), spec.get("timed"),

@@ -31,7 +31,7 @@ from torch._C._distributed_c10d import Work
 
 from prism import schemas
 from prism.runtime import shm
-from prism.runtime.capture_client import key_name
+from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport
 from prism.runtime.work_parts import Forwarding

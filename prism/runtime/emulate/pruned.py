@@ -5,7 +5,7 @@ A group has `members` in group (ring) order; `sandbox` members contribute live t
 sandbox member and one compensator per run of consecutive virtual members; without pruning every member
 is its own participant). `Protocol.links` is the plan: the messages ``(src, dst, what)`` between
 participants, in causal order. `run` is one participant's part: it walks the plan, sends what it must
-and receives what is addressed to it, over any `Link` (gloo pairs in `prism.runtime.emulation`, in-memory
+and receives what is addressed to it, over any `Link` (gloo pairs in `prism.runtime.emulate.transport`, in-memory
 queues in `PrunedGroup`). A participant's own contribution moves nowhere. The plan per kind:
 
 - reductions (all_reduce[_coalesced], reduce, reduce_scatter[_tensor]): a chain in group order. The first
@@ -42,7 +42,7 @@ from typing import Mapping, Protocol as _Interface, Sequence
 
 import torch
 
-from prism.runtime import compensation as comp
+from prism.runtime.emulate import compensation as comp
 from prism.runtime.semantics import RedOp
 
 # event op name -> protocol kind

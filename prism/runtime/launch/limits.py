@@ -45,7 +45,7 @@ MEMORY_FLOOR_MAX = 1 << 30
 
 def rank_mib_estimate() -> int:
     """Private MiB a capture rank costs with this interpreter (the zygote makes its objects immortal or not)."""
-    from prism.runtime import immortal
+    from prism.runtime.launch import immortal
 
     mortal = immortal.unavailable() is not None or os.environ.get(immortal.ENV, "1") == "0"
     return RANK_MIB_MORTAL if mortal else RANK_MIB_IMMORTAL

@@ -1,7 +1,7 @@
 """Collectives of an emulated group whose participants are all sandbox ranks: native gloo ops, no protocol.
 
 When every member of a group is a sandbox rank (the EP group of dp8-ep4 with sandbox 0-3), the pruned
-protocol (`prism.runtime.pruned`: blobs with meta, one message per plan link, one thread per group) has no
+protocol (`prism.runtime.emulate.pruned`: blobs with meta, one message per plan link, one thread per group) has no
 compensator to talk to: the participants' own `ProcessGroupGloo` moves the same bytes with one native op.
 `issue` starts that op on the caller's thread and returns its gloo works and what completes it:
 - data movement (all_to_all_single, all_gather[_into_tensor], broadcast, barrier): the gloo op itself;
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions, ProcessGroupGloo, Work
 
-from prism.runtime import compensation as comp
+from prism.runtime.emulate import compensation as comp
 from prism.runtime import semantics
 
 

@@ -18,7 +18,7 @@ import torch
 
 from prism.runtime.semantics import RedOp
 
-SOURCES = Path(__file__).resolve().parents[2] / "cuda"
+SOURCES = Path(__file__).resolve().parents[3] / "cuda"
 NVCC_FLAGS = ["-O3", "-gencode", "arch=compute_90,code=sm_90", "--fmad=false", "-ftz=false",
               "-prec-div=true", "-prec-sqrt=true"]
 OP_CODES = {RedOp.SUM: 0, RedOp.AVG: 0, RedOp.PRODUCT: 1, RedOp.MIN: 2, RedOp.MAX: 3,

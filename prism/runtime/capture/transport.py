@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from prism.runtime import semantics
-from prism.runtime.capture_client import CaptureClient, CaptureWork, client
+from prism.runtime.capture.client import CaptureClient, CaptureWork, client
 
 
 def _shapes(result) -> list:

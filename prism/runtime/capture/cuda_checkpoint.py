@@ -1,7 +1,7 @@
 """The CUDA driver's checkpoint API, from outside the process it moves: a rank's device state to host memory
 and back (`cuCheckpointProcessLock/Checkpoint/Restore/Unlock`, libcuda, driver R570 or newer).
 
-The calls run in a small helper process (`python -m prism.runtime.cuda_checkpoint`, no torch): the zygote,
+The calls run in a small helper process (`python -m prism.runtime.capture.cuda_checkpoint`, no torch): the zygote,
 which hosts capture's coordinator, must never initialise CUDA itself (ranks forked after that could not
 use it), and the driver API needs `cuInit` in the calling process. The helper reads one request a line
 on stdin -- `suspend PID` (lock, then checkpoint: the process's device memory goes to host memory and its
@@ -104,7 +104,7 @@ class Checkpointer:
     def __init__(self) -> None:
         env = dict(os.environ)
         env.pop("PRISM_MODE", None)  # a plain Python process, prism's interception not installed
-        self.proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.cuda_checkpoint"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.capture.cuda_checkpoint"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         first = self._reply(60.0)
         if first != "ready":

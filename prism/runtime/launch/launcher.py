@@ -2,7 +2,7 @@
 
 What can be asked for, how it is checked (exit code 2, before any rank starts) and the usage text of
 `prism launch --help`: `launch_spec`. Here: the machine's limits, the run's temporaries and staging folders,
-the ranks' environment, the zygote (`python -m prism.runtime.zygote`) and the signals passed to it, and,
+the ranks' environment, the zygote (`python -m prism.runtime.launch.zygote`) and the signals passed to it, and,
 when every rank succeeded, `--out`'s raw/ (with meta.json), payloads/ and logs/ put in place by renames.
 """
 
@@ -20,11 +20,14 @@ import time
 import uuid
 from pathlib import Path
 
-from prism.runtime import limits, modes, oom, progress, run_files, watchdog
-from prism.runtime.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
+from prism.runtime import modes, oom, watchdog
+from prism.runtime.launch import limits
+from prism.runtime.launch import progress
+from prism.runtime.launch import run_files
+from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
 
-SITE_DIR = Path(__file__).parent / "site"
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+SITE_DIR = Path(__file__).resolve().parents[1] / "site"
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 SLICE_LAZY_GLOO_FROM = 64  # slice mode: above this W, gloo connects lazily (TORCH_GLOO_LAZY_INIT)
 HANG_EXIT = watchdog.HANG_EXIT_CODE  # a detected hang: distinct from a program's own small exit codes
 
@@ -223,7 +226,7 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
 
 def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder) -> int:
     """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`."""
-    proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.zygote", str(spec_file)], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
     signals.proc = proc
     try:
         if signals.received is not None:  # arrived while it started

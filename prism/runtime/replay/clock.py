@@ -1,7 +1,7 @@
 """Mode `emulate`: the virtual ranks' clock, driven live only inside the sandbox's dependency cone.
 
 Inputs (read with pyarrow; no analysis code): `graph/events.parquet` and `calibrated/timeline.parquet`,
-turned into arrays and cut to the cone by `prism.runtime.cone`: only the virtual events *between* two real
+turned into arrays and cut to the cone by `prism.runtime.replay.cone`: only the virtual events *between* two real
 communications (those with a sandbox rank) run live; the others keep their calibrated times (before any
 real comm can move them) or are computed afterwards by the emulate stage's sweep (after the last real comm
 that could see them).
@@ -39,7 +39,7 @@ arrival and the time the worker's thread reached the gate. That is the time the 
 job, held the op (`stats()["gate_late_max_ms"]`); a sandbox slower than calibrated, or a worker thread
 behind, is not counted.
 
-The clock's zero t0 is the common start of the sandbox ranks and the worker (`prism.runtime.common_start`).
+The clock's zero t0 is the common start of the sandbox ranks and the worker (`prism.runtime.emulate.common_start`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ import pyarrow.parquet as pq
 from numba import njit
 
 from prism import schemas
-from prism.runtime import cone as cones
-from prism.runtime.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
+from prism.runtime.replay import cone as cones
+from prism.runtime.replay.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
 
 def find_artifacts(capture: Path) -> tuple[Path, Path] | None:
     """graph/events.parquet and calibrated/timeline.parquet of the job holding `capture` (in it or its parent)."""

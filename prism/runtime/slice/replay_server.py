@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime import shm
-from prism.runtime.capture_client import key_name
+from prism.runtime.capture.client import key_name
 from prism.runtime.transport import slice_store
 
 PREFETCH = 4  # payloads loaded ahead of use, per replay thread
@@ -179,7 +179,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     for r in sorted(readers):
         table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "role", "hash"]).to_pydict()
         for key, role, digest in zip(table["key"], table["role"], table["hash"]):
-            if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slicing)
+            if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slice.transport)
                 continue
             if key.startswith("c-"):
                 payload[(r, key)] = digest
@@ -563,7 +563,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         return 1
     server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
     if timed is not None:
-        from prism.runtime import timed_replay
+        from prism.runtime.replay import clock as timed_replay
 
         try:
             server.timed = timed_replay.TimedReplay(Path(timed[0]), Path(timed[1]), set(slice_ranks))

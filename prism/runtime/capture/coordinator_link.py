@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from prism.runtime.rank_output import LineForwarder
+from prism.runtime.launch.rank_output import LineForwarder
 
 
 class CoordinatorLink:
@@ -23,9 +23,9 @@ class CoordinatorLink:
     def __init__(self, spec: dict, ctl: dict, out: LineForwarder) -> None:
         import torch.distributed as dist
 
-        from prism.runtime.coordinator import Coordinator
+        from prism.runtime.capture.coordinator import Coordinator
 
-        from prism.runtime import device_state
+        from prism.runtime.capture import device_state
 
         # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
         capacity = spec.get("device_memory_bytes")
@@ -45,8 +45,8 @@ class CoordinatorLink:
         # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
         self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
                                    wait_for_workers=False)
-        from prism.runtime.capture_client import key_name
-        from prism.runtime.coordinator import CaptureError
+        from prism.runtime.capture.client import key_name
+        from prism.runtime.capture.coordinator import CaptureError
 
         self._key_name, self._errors = key_name, (CaptureError, device_state.SwapError)
         # the finished operations' files are deleted by a thread (an unlink releases the GIL): the
@@ -121,7 +121,7 @@ class CoordinatorLink:
         stats["coordinator_cpu_s"] = round(time.process_time() - self.started[1], 3)
         stats["fork_s"] = self.fork_s
         stats["fork_helpers"] = self.fork_helpers  # processes that forked the ranks in parallel (rank_fork)
-        if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.immortal)
+        if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.launch.immortal)
             stats["immortal"] = self.immortal
         self.devices.close()
         self._doomed.put(None)

@@ -142,7 +142,7 @@ class CaptureClient:
 
     def keep_result(self, key: tuple, tensors: list[torch.Tensor], work_id: int) -> None:
         """Store this rank's result of a reduction whose value depends on the reduction order (floating
-        point, > 2 members): a slice run reproduces it bitwise (`prism.runtime.slicing`), where the real
+        point, > 2 members): a slice run reproduces it bitwise (`prism.runtime.slice.transport`), where the real
         backend's order would differ in the last bits (and data-dependent programs, MoE routing, diverge)."""
         if self.payloads is None or not any(t.is_floating_point() for t in tensors):
             return
@@ -161,8 +161,8 @@ class CaptureClient:
             return
         folder = self.trace_dir / f"rank={self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
-        from prism.runtime.capture_transport import CaptureTransport  # its group counters (it imports this)
-        from prism.runtime import nonmember_groups
+        from prism.runtime.capture.transport import CaptureTransport  # its group counters (it imports this)
+        from prism.runtime.capture import nonmember_groups
 
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),

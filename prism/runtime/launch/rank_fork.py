@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from prism.runtime import forked_rank, limits
+from prism.runtime.launch import forked_rank
+from prism.runtime.launch import limits
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -79,7 +80,7 @@ class RankForker:
         if self.files is None:
             r_out, r_err = ends["r_out"], ends["r_err"]
             if self.spec.get("log_dir") and rank not in self.unlogged:
-                from prism.runtime.rank_output import Tee
+                from prism.runtime.launch.rank_output import Tee
 
                 log = open(Path(self.spec["log_dir"]) / f"rank={rank}.log", "ab")
                 self.top = max(self.top, log.fileno())

@@ -27,13 +27,16 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import compensation as comp
-from prism.runtime import emulation, pruned, shm, timed_replay
-from prism.runtime.common_start import common_start
-from prism.runtime.cone import ConeError
+from prism.runtime.emulate import compensation as comp
+from prism.runtime import shm
+from prism.runtime.emulate import transport as emulation
+from prism.runtime.emulate import pruned
+from prism.runtime.replay import clock as timed_replay
+from prism.runtime.emulate.common_start import common_start
+from prism.runtime.replay.cone import ConeError
 from prism.runtime.semantics import RedOp
-from prism.runtime.prefetch import PayloadPool
-from prism.runtime.replay import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
+from prism.runtime.replay.prefetch import PayloadPool
+from prism.runtime.slice.replay_server import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
 
 
 EXCHANGES = 8  # a p2p transfer hold's lead: the shortest of a channel's last 8 real exchanges

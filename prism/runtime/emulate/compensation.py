@@ -80,13 +80,13 @@ def fold_from(op: RedOp, acc: torch.Tensor, tensors: Sequence[torch.Tensor]) -> 
     if not tensors:
         return acc.clone()
     if _uses_kernel(acc) and all(_uses_kernel(t) for t in tensors):
-        from prism.runtime import fold_cuda
+        from prism.runtime.emulate import fold_cuda
         return fold_cuda.fold([acc, *tensors], op)
     if _uses_kernel(acc) or any(_uses_kernel(t) for t in tensors):
         # host and device contributions (the emulated sandbox's chain: a host accumulator, live CUDA
         # tensors): the kernel reads both and writes the result to pinned host memory, allocating nothing
         # on the device
-        from prism.runtime import fold_cuda
+        from prism.runtime.emulate import fold_cuda
         return fold_cuda.fold_to_host([acc, *tensors], op)
     step = _FOLD[op]
     for t in tensors:
@@ -110,7 +110,7 @@ def finish(op: RedOp, acc: torch.Tensor, n: int) -> torch.Tensor:
     if n <= 0:
         raise ValueError(f"AVG over {n} members: the group size must be positive")
     if _uses_kernel(acc):
-        from prism.runtime import fold_cuda
+        from prism.runtime.emulate import fold_cuda
         return fold_cuda.finish_avg(acc, n)
     return acc / n if acc.is_floating_point() else acc // n
 

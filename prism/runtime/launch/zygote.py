@@ -1,11 +1,11 @@
 """The warm zygote: imports torch once, then forks every rank and supervises them.
 
-Started by `prism launch` as `python -m prism.runtime.zygote SPEC.json` with prism's `sitecustomize` on
+Started by `prism launch` as `python -m prism.runtime.launch.zygote SPEC.json` with prism's `sitecustomize` on
 PYTHONPATH (so the interception is installed here, before any fork, and in anything a rank spawns).
 Forking from a warm process costs a few MiB per rank instead of ~200 MiB for a fresh interpreter.
 
 Mode `slice`: only the slice's ranks are forked (each with its global RANK), plus one replay server
-(`prism.runtime.replay`, id `REPLAY` here) that answers for every other rank; the job's store is hosted
+(`prism.runtime.slice.replay_server`, id `REPLAY` here) that answers for every other rank; the job's store is hosted
 here. Once the slice ranks succeeded, the server is told to stop (it must have replayed everything).
 
 Supervision: the first rank to fail (non-zero exit or a signal) gets the others stopped (SIGTERM, then
@@ -33,10 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-from prism.runtime import forked_rank, immortal, limits, memory, oom, watchdog
-from prism.runtime.coordinator_link import CoordinatorLink
-from prism.runtime.rank_fork import ForkError, RankForker
-from prism.runtime.rank_output import FileOutput, LineForwarder
+from prism.runtime import memory, oom, watchdog
+from prism.runtime.launch import forked_rank
+from prism.runtime.launch import immortal
+from prism.runtime.launch import limits
+from prism.runtime.capture.coordinator_link import CoordinatorLink
+from prism.runtime.launch.rank_fork import ForkError, RankForker
+from prism.runtime.launch.rank_output import FileOutput, LineForwarder
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -153,7 +156,7 @@ def supervise(spec: dict) -> int:
     link = CoordinatorLink(spec, ctl, out) if capture else None
     progress = progress_state = None
     if spec.get("progress"):
-        from prism.runtime.progress import CaptureProgress, IterationProgress
+        from prism.runtime.launch.progress import CaptureProgress, IterationProgress
 
         tty = spec["progress"] == "tty"
         if link is not None:

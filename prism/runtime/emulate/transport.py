@@ -9,7 +9,7 @@ space `prism-emu/<group>/` of the job's store. Groups of sandbox members alone c
 their collectives are native gloo ops of that instance (`native_group`; reductions keep prism's left
 fold), the kinds it does not cover run the protocol below.
 
-A collective runs the pruned protocol (`prism.runtime.pruned`, its one definition): `pruned.Protocol` plans
+A collective runs the pruned protocol (`prism.runtime.emulate.pruned`, its one definition): `pruned.Protocol` plans
 the messages between participants, `pruned.run` is one participant's part, over its gloo instance
 (`GlooWire`). A sandbox member contributes its *live* tensors, a compensator the *recorded* tensors of its
 run's members (from the capture's payloads). Reductions fold in a chain in group order (`compensation`'s
@@ -47,10 +47,12 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import compensation as comp
-from prism.runtime import native_group, pruned, semantics, shm, thread_cpu
-from prism.runtime.emulated_works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
-from prism.runtime.capture_transport import CaptureTransport
+from prism.runtime.emulate import compensation as comp
+from prism.runtime import semantics, shm, thread_cpu
+from prism.runtime.emulate import native_group
+from prism.runtime.emulate import pruned
+from prism.runtime.emulate.works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
+from prism.runtime.capture.transport import CaptureTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
@@ -475,7 +477,7 @@ def write_rank_stats(rank: int) -> None:
     if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")
-        fold_cuda = sys.modules.get("prism.runtime.fold_cuda")  # loaded only where a CUDA tensor was folded
+        fold_cuda = sys.modules.get("prism.runtime.emulate.fold_cuda")  # loaded only where a CUDA tensor was folded
         diagnostics = dict(_HOPS, threads_cpu_s=thread_cpu.by_thread())
         tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
                                        diagnostics=diagnostics)))

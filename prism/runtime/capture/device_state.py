@@ -4,7 +4,7 @@ Interface: a `DeviceState` suspends a rank (moves its device memory to host) and
 id, from the coordinator's process. On CPU a waiting rank simply keeps its memory in RAM (`HostMemory`,
 nothing to do); so does a rank on CUDA when no capacity is set (every rank keeps its device memory). With
 `--device-memory-gb` on CUDA, `CudaCheckpoint` moves it through the driver's checkpoint API
-(prism/runtime/cuda_checkpoint.py, DESIGN §2) and counts swaps, bytes and seconds.
+(prism/runtime/capture/cuda_checkpoint.py, DESIGN §2) and counts swaps, bytes and seconds.
 
 Decisions (`SwapPolicy`, pure): each device slot keeps the ranks whose state is resident on it. Granting
 the slot to a rank that is not resident needs room for that rank's footprint (its caching allocator's
@@ -63,7 +63,7 @@ class CudaCheckpoint:
 
     def __init__(self, checkpointer=None) -> None:
         if checkpointer is None:
-            from prism.runtime.cuda_checkpoint import CheckpointError, Checkpointer
+            from prism.runtime.capture.cuda_checkpoint import CheckpointError, Checkpointer
 
             try:
                 checkpointer = Checkpointer()
@@ -74,7 +74,7 @@ class CudaCheckpoint:
                        "swap_out_s": 0.0, "swap_in_s": 0.0}
 
     def _move(self, action: str, direction: str, pid: int, nbytes: int) -> None:
-        from prism.runtime.cuda_checkpoint import CheckpointError
+        from prism.runtime.capture.cuda_checkpoint import CheckpointError
 
         try:
             secs, _ = self.ckpt.request(action, pid)
