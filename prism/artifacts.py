@@ -39,17 +39,17 @@ def writer_of(path: str | Path) -> str:
     job = folder.parent
     if folder.name.startswith("slice="):
         timed = " --timed-by JOB/calibrated_untimed/timeline.parquet" if job.name == "slices_timed" else ""
-        return f"python -m prism.slices.run --job {job.parent} --slice {folder.name.split('=', 1)[1]}{timed}"
+        return f"prism slices run --job {job.parent} --slice {folder.name.split('=', 1)[1]}{timed}"
     if folder.name == "graph":
         return f"prism graph --job {job}"
     if folder.name in ("calibrated", "calibrated_untimed"):
         return f"prism calibrate --job {job} --durations ... --transfers ... --out {folder}"
     if folder.name == "slices_timed" and path.stem in ("durations", "transfers"):
-        return f"python -m prism.calibrate.from_slices --job {job} --slices slices_timed"
+        return f"prism slices durations --job {job} --slices slices_timed"
     if folder.name == "slices" and path.stem == "plan":
-        return f"python -m prism.slices.plan --job {job} --devices P"
+        return f"prism slices plan --job {job} --devices P"
     if folder.name == "slices" and path.stem in ("durations", "transfers"):
-        return f"python -m prism.calibrate.from_slices --job {job}"
+        return f"prism slices durations --job {job}"
     return "the stage that writes it"
 
 

@@ -17,10 +17,10 @@ STAGES = {
     "baseline": ("prism.baseline", "the real run of a job config (ground truth): raw trace"),
     "capture": ("prism.capture", "capture the W ranks on P device slots (context switching): raw trace"),
     "graph": ("prism.graph", "build the graph tables of a job from its raw trace"),
-    "slices": ("prism.cli", "plan the slices (prism slices plan) and run one for real (prism slices run)"),
+    "slices": ("prism.cli", "plan the slices, run them for real, collect their durations (prism slices plan|run|durations)"),
     "calibrate": ("prism.calibrate.stage", "one global clock for a job's graph (calibrated timeline)"),
     "emulate": ("prism.emulate.stage", "run sandbox ranks for real inside the replayed job (emulation/)"),
-    "summary": ("prism.summary", "the text summary of a job (and its prism.duckdb catalog)"),
+    "summary": ("prism.summary", "the text summary of a job (summary.txt)"),
     "report": ("prism.report.stage", "the job's HTML report (report/report.html: plots, critical path)"),
 }
 TOOLS = {
@@ -31,7 +31,11 @@ TOOLS = {
     "profiles": ("prism.profiles", "install prism's Snakemake profiles where `snakemake --profile` finds them"),
 }
 COMMANDS = {**STAGES, **TOOLS}
-SLICES = {"plan": "prism.slices.plan", "run": "prism.slices.run"}
+SLICES = {  # prism slices NAME: (module with main(argv), one line of help)
+    "plan": ("prism.slices.plan", "split the W ranks into slices of at most P ranks (slices/plan.parquet)"),
+    "run": ("prism.slices.run", "run one slice (--slice K) or every measured one (--all) for real"),
+    "durations": ("prism.calibrate.from_slices", "the durations and transfers the slices measured (calibrate's input)"),
+}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -49,8 +53,9 @@ def run_pipeline(argv: list[str]) -> int:
     """`prism run [SNAKEMAKE ARGS]`: the job's pipeline on this machine (profiles/local), as `make demo` does."""
     if argv[:1] in (["-h"], ["--help"]):
         print("usage: prism run [--configfile JOB.yaml] [SNAKEMAKE OPTIONS...]\n\n"
-              "Runs workflow/Snakefile with --profile profiles/local (default job: prism/configs/default.yaml);\n"
-              "other options go to Snakemake (e.g. -n for a dry run, --profile profiles/slurm).")
+              "Runs workflow/Snakefile with --profile profiles/local (default job: config/config.yaml);\n"
+              "other options go to Snakemake (e.g. -n for a dry run, --profile profiles/slurm,\n"
+              "--config KEY=VALUE to set one key of the job). --configfile is the job config every stage takes.")
         return 0
     snakefile = REPO / "workflow" / "Snakefile"
     if not snakefile.is_file():
@@ -77,11 +82,20 @@ def _absolute_configfiles(argv: list[str]) -> list[str]:
     return out
 
 
+def subcommand_usage(command: str, table: dict[str, tuple[str, str]]) -> str:
+    """`usage: prism COMMAND {A,B} ...` and one line per subcommand."""
+    lines = [f"usage: prism {command} {{{','.join(table)}}} [OPTIONS]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in table.items()]
+    lines += ["", f"prism {command} NAME --help shows a command's options."]
+    return "\n".join(lines)
+
+
 def run_slices(argv: list[str]) -> int:
     if not argv or argv[0] not in SLICES:
-        print(f"usage: prism slices {{{','.join(SLICES)}}} [OPTIONS]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return importlib.import_module(SLICES[argv[0]]).main(argv[1:])
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print(subcommand_usage("slices", SLICES), file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
+    return importlib.import_module(SLICES[argv[0]][0]).main(argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:

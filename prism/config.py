@@ -224,8 +224,10 @@ def load(path: str | Path | None = None) -> JobConfig:
 
 
 def add_job_arguments(parser) -> None:
-    """`--config FILE` / `--config-json JSON`: how a stage is told its job."""
-    parser.add_argument("--config", type=Path, help="job config YAML (default: the embedded default job)")
+    """`--configfile FILE` / `--config-json JSON`: how a stage is told its job. `--configfile` is the name `prism
+    run` (Snakemake) gives the same file; `--config FILE`, the stages' first spelling, is kept as an alias."""
+    parser.add_argument("--configfile", "--config", dest="config", type=Path, metavar="FILE",
+                        help="job config YAML (default: the embedded default job); --config FILE is the same")
     parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
 
 

@@ -1,6 +1,6 @@
 """The graph stage: merge every rank's raw stream into the bare graph of the job.
 
-``python -m prism.graph --job DIR`` reads ``DIR/raw/rank=R/{events,groups}.arrow`` and ``DIR/raw/meta.json``
+``prism graph --job DIR`` reads ``DIR/raw/rank=R/{events,groups}.arrow`` and ``DIR/raw/meta.json``
 and writes ``DIR/graph/{events,comms,groups,ranks}.parquet`` (all or none). `build_graph` is the pure
 function behind it. What it makes explicit:
 
@@ -333,7 +333,7 @@ def default_raw_dir(job: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.graph", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="prism graph", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>)")
     parser.add_argument("--raw", type=Path, help="raw streams folder (default: JOB/raw)")
     parser.add_argument("--out", type=Path, help="output folder (default: JOB/graph)")

@@ -1,7 +1,7 @@
 """Summary stage: a short text summary of a job's graph (iteration time, communication, memory).
 
-    python -m prism.summary --job DIR          writes DIR/summary.txt and DIR/prism.duckdb, prints the summary
-    python -m prism.summary --job DIR --show   prints an existing summary and where the artifacts are
+    prism summary --job DIR          writes DIR/summary.txt, prints the summary
+    prism summary --job DIR --show   prints an existing summary and where the artifacts are
 
 Iteration time: iteration k of the job ends when its last rank's ``iteration_end`` marker ends; the job's
 iteration time is the gap between consecutive such ends, iteration 0 (warm-up, start-up) left out: one
@@ -20,7 +20,6 @@ from pathlib import Path
 import duckdb
 
 from prism import artifacts
-from prism import sql as prism_sql
 from prism.iterations import iteration_times
 
 ITERATIONS_SQL = """
@@ -71,7 +70,7 @@ def summarize(job_dir: Path) -> str:
     for name in ("events", "comms", "groups", "ranks"):
         path = graph / f"{name}.parquet"
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: run the graph stage first (python -m prism.graph "
+            raise FileNotFoundError(f"{path} is missing: run the graph stage first (prism graph "
                                     f"--job {job_dir})")
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
     meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
@@ -112,7 +111,7 @@ def summarize(job_dir: Path) -> str:
                  "(CPU: resident set size, see prism/runtime/memory.py)")
     lines.append("")
     raw = meta_path.parent if meta_path else job_dir / "raw"
-    lines.append(f"artifacts: {raw} (PrismTrace), {job_dir}/graph/*.parquet, {job_dir}/prism.duckdb")
+    lines.append(f"artifacts: {raw} (PrismTrace), {job_dir}/graph/*.parquet")
     lines.append(f"query: prism sql --job {job_dir} \"SELECT * FROM ranks LIMIT 5\"")
     return "\n".join(lines) + "\n"
 
@@ -211,7 +210,7 @@ def _timing_lines(con) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.summary", description=__doc__,
+    parser = argparse.ArgumentParser(prog="prism summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True, help="job folder holding graph/")
     parser.add_argument("--show", action="store_true", help="print the existing summary")
@@ -229,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, duckdb.Error, artifacts.ArtifactError) as exc:
         print(f"prism summary: error: {exc}", file=sys.stderr)
         return 2
-    prism_sql.write_catalog(args.job)
     tmp = out.with_suffix(".txt.tmp")
     tmp.write_text(text)
     os.replace(tmp, out)

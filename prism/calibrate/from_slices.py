@@ -1,6 +1,6 @@
 """Durations and transfers measured in the slice runs, for the calibration sweep.
 
-    python -m prism.calibrate.from_slices --job DIR [--slices slices|slices_timed]
+    prism slices durations --job DIR [--slices slices|slices_timed]
         ->  DIR/<slices>/{durations,transfers}.parquet
 
 `--slices slices_timed` reads the timed pass (`prism.slices.run --timed-by`: the replayed ranks answered at
@@ -153,7 +153,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         path = job_dir / slices_dir / f"slice={k}" / "events.parquet"
         if not path.is_file():
             timed = f" --timed-by {job_dir}/calibrated_untimed/timeline.parquet" if slices_dir != "slices" else ""
-            raise CalibrateError(f"{path} is missing: run slice {k} (python -m prism.slices.run --job "
+            raise CalibrateError(f"{path} is missing: run slice {k} (prism slices run --job "
                                  f"{job_dir} --slice {k}{timed})")
         ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "cpu_ns", "t_start_ns", "t_end_ns",
                                                    "t_complete_ns"])
@@ -185,8 +185,8 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         src_rows = np.flatnonzero(ranks == src)
         if len(dst_rows) != len(src_rows):
             raise CalibrateError(f"rank {dst} and rank {src} (class {classes[dst]!r}) have different event "
-                                 "counts: the plan's rank classes do not fit this graph; plan again (python -m "
-                                 f"prism.slices.plan --job {job_dir} ...) or plan without --representative")
+                                 "counts: the plan's rank classes do not fit this graph; plan again (prism slices "
+                                 f"plan --job {job_dir} ...) or plan without --representative")
         for arr in (device, cpu, t_start, t_end, t_complete):
             arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]
@@ -217,7 +217,7 @@ def inputs(job_dir: Path, slices_dir: str = "slices") -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.calibrate.from_slices", description=__doc__,
+    parser = argparse.ArgumentParser(prog="prism slices durations", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True)
     parser.add_argument("--slices", default="slices", choices=("slices", "slices_timed"),

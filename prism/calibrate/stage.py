@@ -1,6 +1,6 @@
 """The calibrate stage: one global clock for the job's graph.
 
-``python -m prism.calibrate --job DIR [--durations FILE] [--transfers FILE]`` reads
+``prism calibrate --job DIR [--durations FILE] [--transfers FILE]`` reads
 ``DIR/graph/{events,comms}.parquet``, takes every event's duration (default: the bare-graph baseline of
 `prism.calibrate.durations`, until slice runs measure them), sweeps the graph in dependency order and
 writes, all or none, ``DIR/calibrated/timeline.parquet`` (every event's start and end on the global
@@ -331,7 +331,7 @@ def _summary(tables: dict[str, pa.Table], schedule: Schedule, seconds: float, ou
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.calibrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="prism calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>) holding graph/")
     parser.add_argument("--durations", type=Path,
                         help="Parquet table event_id, duration_ns (default: the bare-graph baseline)")

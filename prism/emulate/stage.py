@@ -27,7 +27,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from prism import artifacts
-from prism import sql as prism_sql
 from prism.calibrate import substitute
 from prism.calibrate.stage import CalibrateError, load_graph
 from prism.emulate import inputs, outputs, sandbox
@@ -139,7 +138,6 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
         _publish(result, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    prism_sql.write_catalog(job_dir)  # the DuckDB views, emulation's included
     return em, text
 
 

@@ -151,6 +151,31 @@ def time_breakdown(events: pl.DataFrame, own_ns: pl.DataFrame | None) -> pl.Data
     ).sort("rank"))
 
 
+def iteration_shares(breakdown: pl.DataFrame, iterations: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: its iterations (n), mean iteration_ms, and compute, communication, idle and other (time between
+    events: markers, gaps) as ms an iteration and % of the iteration. From `time_breakdown` (sums over iterations
+    >= 1) and the rank's iteration times over the same iterations (all of them when there is only one)."""
+    later = iterations.filter((pl.col("iteration") >= 1) & pl.col("duration_ns").is_not_null())
+    rows = later if later.height else iterations.filter(pl.col("duration_ns").is_not_null())
+    per = rows.group_by("rank").agg(n=pl.len(), total_ms=pl.col("duration_ns").sum() / 1e6)
+    out = breakdown.join(per, on="rank", how="inner").with_columns(
+        other_ms=(pl.col("total_ms") - pl.col("compute_ms") - pl.col("communication_ms") - pl.col("idle_ms"))
+        .clip(lower_bound=0))
+    parts = ("compute", "communication", "idle", "other")
+    return out.select(
+        "rank", "n", iteration_ms=pl.col("total_ms") / pl.col("n"),
+        **{f"{k}_ms": pl.col(f"{k}_ms") / pl.col("n") for k in parts},
+        **{f"{k}_pct": 100 * pl.col(f"{k}_ms") / pl.col("total_ms") for k in parts},
+    ).sort("rank")
+
+
+def shares_by_class(shares: pl.DataFrame, classes: pl.DataFrame) -> pl.DataFrame:
+    """`iteration_shares` averaged over the ranks of each class (`occupancy.rank_classes`), with the class's size."""
+    value = [c for c in shares.columns if c.endswith(("_ms", "_pct"))]
+    return (shares.join(classes, on="rank", how="left").group_by("class")
+            .agg(ranks=pl.len(), **{c: pl.col(c).mean() for c in value}).sort("class"))
+
+
 def peak_memory(events: pl.DataFrame) -> pl.DataFrame:
     """rank, peak_mib (the largest mem_peak_bytes the rank recorded; null where not measured)."""
     return (events.group_by("rank").agg(peak=pl.col("mem_peak_bytes").max())
@@ -177,5 +202,6 @@ def shown_iteration(iterations: pl.DataFrame) -> int:
     return int(its[1 + int(np.argsort(gaps)[len(gaps) // 2])])
 
 
-__all__ = ["ReportError", "TIMELINES", "Timeline", "job_iteration_time", "load_timeline", "marker_iterations",
-           "one_iteration", "peak_memory", "per_rank_iteration", "shown_iteration", "time_breakdown"]
+__all__ = ["ReportError", "TIMELINES", "Timeline", "iteration_shares", "job_iteration_time", "load_timeline",
+           "marker_iterations", "one_iteration", "peak_memory", "per_rank_iteration", "shares_by_class",
+           "shown_iteration", "time_breakdown"]

@@ -9,14 +9,14 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
-from prism.report import data, plots
+from prism.report import data, header, occupancy, plots
 from prism.report.critical import iteration_critical_path
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.6em 0; } td, th { padding: 2px 10px; border-bottom: 1px solid #eee; }
-th { text-align: left; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
+th { text-align: left; } table.facts th { color: #555; font-weight: normal; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: #666; font-size: 0.9em; }
 """
 
@@ -50,6 +50,10 @@ class Page:
             rows.append("<tr>" + "".join(cells) + "</tr>")
         self.parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
 
+    def facts(self, rows: list[tuple[str, str]]) -> None:
+        cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+        self.parts.append(f"<table class='facts'>{cells}</table>")
+
     def figure(self, fig: go.Figure) -> None:
         self.parts.append(fig.to_html(full_html=False, include_plotlyjs=self.n_figures == 0,
                                       div_id=f"prism-plot-{self.n_figures}", config={"displaylogo": False}))
@@ -65,9 +69,10 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} ms"
 
 
-def build(job: str | Path) -> str:
+def build(job: str | Path, ranks: list[int] | None = None) -> str:
     """The report of the job at `job` as one HTML page; `data.ReportError` when the calibrated timeline is
-    missing (the report needs the prediction)."""
+    missing (the report needs the prediction). `ranks`: the ranks the per-rank timeline draws (default: all of
+    them up to 32 ranks, else the critical path's, rank 0 and the last)."""
     job = Path(job)
     calibrated = data.load_timeline(job, "calibrated")
     iters_path = job / "calibrated" / "iterations.parquet"
@@ -87,8 +92,9 @@ def build(job: str | Path) -> str:
     measured = data.job_iteration_time(base_iters) if base_iters is not None and base_iters.height else None
 
     page.parts.append(f"<h1>{html.escape(page.title)}</h1>")
-    page.text(f"{calibrated.world} ranks, {iterations['iteration'].n_unique()} iterations, "
-              f"{calibrated.events.height:,} events; from {job.resolve()}", "note")
+    page.facts(header.facts(job, calibrated.world) + [
+        ("iterations, events", f"{iterations['iteration'].n_unique()} iterations, {calibrated.events.height:,} "
+                               "events (predicted timeline)")])
     summary = [("predicted (calibrated timeline)", predicted)]
     if baseline is not None:
         summary.append(("measured (baseline: the real run)", measured))
@@ -124,15 +130,39 @@ def build(job: str | Path) -> str:
                   f"last, or program order; prism/calibrate/critical_path.py). {path.height} events; time on the "
                   "path by rank and kind:")
         page.table(share.head(12))
-    page.figure(plots.gantt(data.one_iteration(calibrated.events, iterations, shown), path,
-                            f"Predicted timeline of iteration {shown} (black: the critical path)"))
+    window = data.one_iteration(calibrated.events, iterations, shown)
+    classes = occupancy.rank_classes(job, list(range(calibrated.world)))
+    if window.height:
+        lo, hi = int(window["start_ns"].min()), int(window["end_ns"].max())
+        if calibrated.world > occupancy.MAX_RANKS_DRAWN or ranks:
+            page.text(f"All {calibrated.world} ranks, by {'pipeline stage' if classes['class'].n_unique() > 1 else 'class'}: "
+                      "the share of the ranks' time in compute, communication and waiting over the iteration "
+                      "(200 time bins, exact overlaps; prism/report/occupancy.py).")
+            page.figure(plots.occupancy(occupancy.occupancy(window, classes, lo, hi),
+                                        f"Predicted iteration {shown}, every rank, by class"))
+        drawn = occupancy.chosen_ranks(calibrated.world, path, ranks)
+        if len(drawn) < calibrated.world:
+            page.text(f"Ranks drawn one by one below: {', '.join(map(str, drawn))} (the critical path's ranks, rank 0 "
+                      f"and the last, unless chosen: prism report --job {job} --ranks 3,17).", "note")
+        page.figure(plots.gantt(window.filter(pl.col("rank").is_in(drawn)), path,
+                                f"Predicted timeline of iteration {shown} (black: the critical path)", t0=lo))
 
-    page.heading("Compute, communication, idle")
+    page.heading("Compute, communication, idle: % of the iteration")
     own = job / "slices" / "durations.parquet"
     breakdown = data.time_breakdown(calibrated.events, pl.read_parquet(own) if own.is_file() else None)
     if not own.is_file():
         page.text("No slices/durations.parquet: idle time is not separated from communication.", "note")
-    page.figure(plots.breakdown(breakdown))
+    shares = data.iteration_shares(breakdown, iterations)
+    by_class = data.shares_by_class(shares, classes)
+    page.text("Per iteration, not summed over iterations: each rank's compute, communication (its own duration), idle "
+              "(the part of a wait beyond its own duration: blocked on another rank) and other time (between events) "
+              "as a share of its iteration time, mean over iterations >= 1.")
+    page.table(by_class.select("class", "ranks", "iteration_ms", "compute_pct", "communication_pct", "idle_pct",
+                               "other_pct", "compute_ms", "communication_ms", "idle_ms"))
+    if calibrated.world > occupancy.MAX_RANKS_DRAWN:
+        page.figure(plots.breakdown(by_class, x="class"))
+    else:
+        page.figure(plots.breakdown(shares))
 
     page.heading("Peak memory per rank")
     mem = data.peak_memory(calibrated.events)
@@ -143,6 +173,17 @@ def build(job: str | Path) -> str:
 
     if emulation is not None:
         _emulation_section(page, job, emulation, per_rank, predicted)
+        _emulation_memory(page, job)
+    if baseline is None:
+        page.heading("Baseline (the real run)")
+        decided = header.baseline_decision(job)
+        if decided is not None:
+            page.text(f"No baseline: {decided['reason']} (decided on {decided.get('host', '?')}, "
+                      f"{job / 'baseline' / 'decision.json'}). The prediction above is not compared with a real run.")
+        else:
+            page.text(f"No baseline: {job / 'baseline' / 'graph' / 'events.parquet'} is absent (the config's "
+                      "baseline.run is never, or the job was not run by the pipeline). The prediction above is not "
+                      "compared with a real run.")
     if baseline is not None and base_iters is not None:
         page.heading("Prediction against the baseline (the real run)")
         both = per_rank.rename({"median_ms": "predicted_ms"}).join(
@@ -187,6 +228,21 @@ def _emulation_section(page: Page, job: Path, emulation: data.Timeline, per_rank
     if emu and predicted:
         page.figure(plots.iteration_series({"predicted": predicted["gaps_ms"], "emulation": emu["gaps_ms"]},
                                            "The job's iteration times: prediction and emulation"))
+
+
+def _emulation_memory(page: Page, job: Path) -> None:
+    path = job / "emulation" / "memory.parquet"
+    memory = pl.read_parquet(path) if path.is_file() else None
+    page.heading("Emulation: the sandbox ranks' memory")
+    if memory is None or not memory.height or (memory["mem_bytes"] < 0).all():
+        page.text(f"No memory was measured in the emulation ({path}).", "note")
+        return
+    peaks = memory.group_by("rank").agg(peak_mib=pl.col("mem_peak_bytes").max() / 2**20,
+                                        last_mib=pl.col("mem_bytes").last() / 2**20).sort("rank")
+    page.table(peaks)
+    page.figure(plots.emulation_memory(memory.filter(pl.col("mem_bytes") >= 0)))
+    page.text("On CPU: the process's resident set size and its peak (prism/runtime/memory.py); on CUDA: the caching "
+              "allocator's.", "note")
 
 
 __all__ = ["Page", "build"]

@@ -31,16 +31,21 @@ def iteration_time_per_rank(predicted: pl.DataFrame, overall_ms: float | None,
     return _layout(fig, "Iteration time per rank (median over iterations >= 1)", "rank", "ms")
 
 
-def breakdown(table: pl.DataFrame) -> go.Figure:
-    """Stacked bars: compute, communication, idle per rank."""
+def breakdown(table: pl.DataFrame, x: str = "rank") -> go.Figure:
+    """Stacked bars: compute, communication, idle and the rest as % of the iteration, per rank (or rank class:
+    `x`), from `data.iteration_shares`."""
     fig = go.Figure()
-    for column, name, color in (("compute_ms", "compute", KIND_COLORS["compute"]),
-                                ("communication_ms", "communication", KIND_COLORS["collective"]),
-                                ("idle_ms", "idle (blocked on other ranks)", "#BAB0AC")):
-        fig.add_bar(x=table["rank"].to_list(), y=table[column].to_list(), name=name, marker_color=color)
+    for column, name, color in (("compute_pct", "compute", KIND_COLORS["compute"]),
+                                ("communication_pct", "communication", KIND_COLORS["collective"]),
+                                ("idle_pct", "idle (blocked on other ranks)", "#BAB0AC"),
+                                ("other_pct", "other (between events)", "#E8E8E8")):
+        fig.add_bar(x=table[x].to_list(), y=table[column].to_list(), name=name, marker_color=color,
+                    customdata=table.select(column.replace("_pct", "_ms")).to_series().to_list(),
+                    hovertemplate="%{y:.1f} % (%{customdata:.2f} ms an iteration)<extra>" + name + "</extra>")
     fig.update_layout(barmode="stack")
-    return _layout(fig, "Compute, communication and idle per rank (predicted, iterations >= 1, summed)",
-                   "rank", "ms")
+    fig.update_yaxes(range=[0, 100])
+    return _layout(fig, "Compute, communication and idle as % of the iteration (predicted, mean over "
+                   "iterations >= 1)", x, "% of the iteration")
 
 
 def memory(table: pl.DataFrame) -> go.Figure:
@@ -48,13 +53,16 @@ def memory(table: pl.DataFrame) -> go.Figure:
     return _layout(fig, "Peak memory per rank (from the capture)", "rank", "MiB")
 
 
-def gantt(events: pl.DataFrame, path: pl.DataFrame | None, title: str) -> go.Figure:
-    """One horizontal bar per event (rank on y, time on x), coloured by kind; the critical path on top."""
+def gantt(events: pl.DataFrame, path: pl.DataFrame | None, title: str, t0: int | None = None) -> go.Figure:
+    """One horizontal bar per event (rank on y, time on x), coloured by kind; the critical path on top (its part
+    on the ranks drawn). `t0`: the time the x axis starts from (default the first event's)."""
     ev = events.filter(pl.col("kind") != "marker").sort("start_ns")
+    if path is not None:
+        path = path.filter(pl.col("rank").is_in(events["rank"].unique().implode()))
     if ev.height > MAX_GANTT_EVENTS:
         ev = ev.sort(pl.col("end_ns") - pl.col("start_ns"), descending=True).head(MAX_GANTT_EVENTS)
         title += f" (the {MAX_GANTT_EVENTS} longest events)"
-    t0 = int(events["start_ns"].min())
+    t0 = int(events["start_ns"].min()) if t0 is None else t0
     fig = go.Figure()
     for kind, color in KIND_COLORS.items():
         part = ev.filter(pl.col("kind") == kind)
@@ -79,7 +87,44 @@ def gantt(events: pl.DataFrame, path: pl.DataFrame | None, title: str) -> go.Fig
     ranks = sorted(events["rank"].unique().to_list())  # rank 0 on top, in rank order (not first-drawn order)
     fig.update_yaxes(autorange="reversed", type="category", categoryorder="array",
                      categoryarray=[f"rank {r}" for r in ranks])
-    return _layout(fig, title, "us from the iteration's start", "", height=max(300, 60 + 40 * events["rank"].n_unique()))
+    return _layout(fig, title, "us from the iteration's start", "", height=max(300, 60 + 28 * events["rank"].n_unique()))
+
+
+def occupancy(table: pl.DataFrame, title: str) -> go.Figure:
+    """One strip per rank class: the share of its ranks' time in compute, communication and waiting over the
+    iteration (stacked areas, `prism.report.occupancy`): readable at any W."""
+    from plotly.subplots import make_subplots
+
+    names = table["class"].unique(maintain_order=True).to_list()
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.02,
+                        row_titles=[f"{n} ({table.filter(pl.col('class') == n)['ranks'][0]} ranks)" for n in names])
+    for row, name in enumerate(names, start=1):
+        part = table.filter(pl.col("class") == name)
+        for kind, color in (("compute", KIND_COLORS["compute"]), ("communication", KIND_COLORS["collective"]),
+                            ("wait", KIND_COLORS["wait"])):
+            fig.add_scatter(x=part["t_us"].to_list(), y=(100 * part[kind]).to_list(), stackgroup=f"s{row}",
+                            mode="lines", line=dict(width=0, color=color), name=kind, legendgroup=kind,
+                            showlegend=row == 1, row=row, col=1,
+                            hovertemplate="%{y:.0f} % of the ranks' time<extra>" + kind + "</extra>")
+        fig.update_yaxes(range=[0, 100], row=row, col=1, ticksuffix=" %")
+    fig.update_annotations(textangle=0, xanchor="left", font_size=11)
+    _layout(fig, title, "us from the iteration's start", "", height=120 + 90 * len(names))
+    fig.update_layout(margin=dict(l=60, r=150, t=50, b=50))
+    return fig
+
+
+def emulation_memory(table: pl.DataFrame) -> go.Figure:
+    """The sandbox ranks' memory at each marker of their real run in the emulation (emulation/memory.parquet)."""
+    fig = go.Figure()
+    for rank in sorted(table["rank"].unique().to_list()):
+        part = table.filter(pl.col("rank") == rank).sort("t_ns")
+        fig.add_scatter(x=(part["t_ns"] / 1e6).to_list(), y=(part["mem_bytes"] / 2**20).to_list(),
+                        mode="lines", name=f"rank {rank}: memory", customdata=part["marker"].to_list(),
+                        hovertemplate="%{customdata}: %{y:.1f} MiB<extra></extra>")
+        fig.add_scatter(x=(part["t_ns"] / 1e6).to_list(), y=(part["mem_peak_bytes"] / 2**20).to_list(),
+                        mode="lines", line=dict(dash="dot"), name=f"rank {rank}: peak")
+    return _layout(fig, "Sandbox ranks' memory during the emulation (at each marker)", "ms from the emulation's start",
+                   "MiB")
 
 
 def measured_vs_predicted(table: pl.DataFrame, title: str, measured_name: str) -> go.Figure:
@@ -99,4 +144,5 @@ def iteration_series(series: dict[str, list[float]], title: str) -> go.Figure:
     return _layout(fig, title, "iteration", "ms")
 
 
-__all__ = ["breakdown", "gantt", "iteration_series", "iteration_time_per_rank", "measured_vs_predicted", "memory"]
+__all__ = ["breakdown", "emulation_memory", "gantt", "iteration_series", "iteration_time_per_rank",
+           "measured_vs_predicted", "memory", "occupancy"]

@@ -16,11 +16,11 @@ from pathlib import Path
 from prism.artifacts import ArtifactError
 
 
-def write_report(job: Path, out: Path | None = None) -> Path:
+def write_report(job: Path, out: Path | None = None, ranks: list[int] | None = None) -> Path:
     from prism.report.html import build
 
     out = out or job / "report" / "report.html"
-    page = build(job)
+    page = build(job, ranks)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
@@ -31,18 +31,27 @@ def write_report(job: Path, out: Path | None = None) -> Path:
     return out
 
 
+def _ranks(text: str) -> list[int]:
+    try:
+        return sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give rank numbers separated by commas, e.g. 3,17") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>) holding calibrated/")
     parser.add_argument("--out", type=Path, help="HTML file to write (default: JOB/report/report.html)")
+    parser.add_argument("--ranks", type=_ranks, help="ranks the per-rank timeline draws, e.g. 3,17 (default: every "
+                        "rank up to 32, else the critical path's ranks, rank 0 and the last)")
     args = parser.parse_args(argv)
     if not args.job.is_dir():
         print(f"prism report: error: {args.job} is not a job folder: run the pipeline first (make demo, or "
               "snakemake -s workflow/Snakefile --profile profiles/local)", file=sys.stderr)
         return 2
     try:
-        out = write_report(args.job, args.out)
+        out = write_report(args.job, args.out, args.ranks)
     except ArtifactError as exc:
         print(f"prism report: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Slice planner: split the W ranks into slices of at most P ranks that run for real together.
 
-    python -m prism.slices.plan --job DIR --devices P [--representative]   ->  DIR/slices/plan.parquet
+    prism slices plan --job DIR --devices P [--representative]   ->  DIR/slices/plan.parquet
 
 Ranks that communicate most stay together: every pair of ranks gets the bytes they exchange in groups
 small enough to fit in a slice (a TP group, then EP, ...) and in point-to-point messages; clusters are
@@ -124,7 +124,7 @@ def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Tabl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.slices.plan", description=__doc__,
+    parser = argparse.ArgumentParser(prog="prism slices plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True, help="job folder holding graph/")
     parser.add_argument("--devices", type=int, required=True, help="device slots P: at most P ranks a slice")
@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     measured = len(set(table.filter(table["measured"])["slice"].to_pylist()))
     print(f"prism slices plan: {table.num_rows} ranks in {n} slices of at most {args.devices}; "
           f"{measured} measured ({100 * (1 - measured / n):.0f}% of the slice runs saved)")
+    if args.representative and measured == n:
+        print(f"prism slices plan: --representative saved nothing here: no two of the {n} slices hold the same "
+              "classes of equivalent ranks (ranks are equivalent when they sit at the same pipeline stage and issue "
+              "the same sequence of operations), so every slice is measured", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,9 @@
 """Slice run: the ranks of one planned slice run the real program together, every other rank replayed.
 
-    python -m prism.slices.run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
+    prism slices run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
         ->  DIR/slices/slice=K/events.parquet
-    python -m prism.slices.run --job DIR --slice K --timed-by DIR/calibrated_untimed/timeline.parquet
+    prism slices run --job DIR --all      every measured slice of the plan, one after another
+    prism slices run --job DIR --slice K --timed-by DIR/calibrated_untimed/timeline.parquet
         ->  DIR/slices_timed/slice=K/{events,replay}.parquet
 
 Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism launch --mode slice`
@@ -76,7 +77,7 @@ def _capture_dir(job: Path, explicit: Path | None) -> Path:
 def _plan(job: Path, k: int) -> list[int]:
     path = job / "slices" / "plan.parquet"
     if not path.is_file():
-        raise SliceError(f"{path}: missing; run `python -m prism.slices.plan --job {job} --devices P` first")
+        raise SliceError(f"{path}: missing; run `prism slices plan --job {job} --devices P` first")
     try:
         plan = artifacts.read_parquet(path)
     except artifacts.ArtifactError as exc:
@@ -219,11 +220,29 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     return 0
 
 
+def run_all(job: Path, config_json: str | None, capture: Path | None, pin: bool, timed_by: Path | None) -> int:
+    """Every measured slice of the plan in turn; stops at the first that fails (its exit code)."""
+    plan_path = job / "slices" / "plan.parquet"
+    if not plan_path.is_file():
+        raise SliceError(f"{plan_path} is missing: plan the slices first (prism slices plan --job {job} --devices P)")
+    rows = artifacts.read_parquet(plan_path, columns=["slice", "measured"]).to_pylist()
+    ks = sorted({r["slice"] for r in rows if r["measured"]})
+    for i, k in enumerate(ks, start=1):
+        print(f"prism slices run: slice {k} ({i} of {len(ks)} measured)", file=sys.stderr)
+        code = run(job, k, config_json, capture, pin, timed_by)
+        if code:
+            return code
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism.slices.run", description=__doc__,
+    parser = argparse.ArgumentParser(prog="prism slices run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", type=Path, required=True, help="job folder (capture/, graph/, slices/plan.parquet)")
-    parser.add_argument("--slice", type=int, required=True, help="the slice number K in the plan")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--slice", type=int, help="the slice number K in the plan")
+    which.add_argument("--all", action="store_true",
+                       help="every measured slice of the plan (slices/plan.parquet), one after another")
     parser.add_argument("--config-json", help="the job config as JSON (what the Snakefile passes)")
     parser.add_argument("--capture", type=Path, help="the capture folder (default: JOB/capture, or JOB)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the slice ranks to cores")
@@ -232,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"timeline.parquet); writes JOB/{TIMED_DIR}/slice=K")
     args = parser.parse_args(argv)
     try:
+        if args.all:
+            return run_all(args.job, args.config_json, args.capture, not args.no_pin, args.timed_by)
         return run(args.job, args.slice, args.config_json, args.capture, not args.no_pin, args.timed_by)
     except (SliceError, artifacts.ArtifactError) as exc:
         print(f"prism slices run: error: {exc}", file=sys.stderr)

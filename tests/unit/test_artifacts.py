@@ -108,10 +108,10 @@ def test_a_corrupt_data_page_names_the_file_and_the_stage(tmp_path):
 def test_writer_of_names_real_commands(tmp_path):
     job = tmp_path / "j"
     assert artifacts.writer_of(job / "slices" / "slice=3" / "events.parquet") == \
-        f"python -m prism.slices.run --job {job} --slice 3"
-    assert artifacts.writer_of(job / "slices" / "plan.parquet").startswith(f"python -m prism.slices.plan --job {job}")
+        f"prism slices run --job {job} --slice 3"
+    assert artifacts.writer_of(job / "slices" / "plan.parquet").startswith(f"prism slices plan --job {job}")
     assert artifacts.writer_of(job / "slices" / "durations.parquet") == \
-        f"python -m prism.calibrate.from_slices --job {job}"
+        f"prism slices durations --job {job}"
     assert artifacts.writer_of(job / "calibrated" / "timeline.parquet").startswith(f"prism calibrate --job {job}")
 
 

@@ -41,9 +41,9 @@ CASES = {
     "plan reads the graph": (plan.main, ["--devices", "2"], "graph/events.parquet", "prism graph --job {job}"),
     "calibrate reads the graph": (stage.main, [], "graph/events.parquet", "prism graph --job {job}"),
     "from_slices reads a slice": (from_slices.main, [], "slices/slice=0/events.parquet",
-                                  "python -m prism.slices.run --job {job} --slice 0"),
+                                  "prism slices run --job {job} --slice 0"),
     "calibrate reads durations": (stage.main, ["--durations", "{job}/slices/durations.parquet"],
-                                  "slices/durations.parquet", "python -m prism.calibrate.from_slices --job {job}"),
+                                  "slices/durations.parquet", "prism slices durations --job {job}"),
     "summary reads the calibration": (summary.main, [], "calibrated/iterations.parquet", "prism calibrate --job {job}"),
 }
 

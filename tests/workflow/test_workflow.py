@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import json
+import re
 import shutil
 
 import duckdb
@@ -25,19 +26,37 @@ def test_default_config_dry_run(tmp_path):
     out = proc.stdout + proc.stderr
     for rule in ("capture", "graph", "summary"):
         assert f"rule {rule}:" in out or f"\n{rule} " in out, rule
-    # W=16 does not fit this machine's cores: no ground-truth run is scheduled
-    if len(os.sched_getaffinity(0)) < 16:
-        assert "baseline_run" not in out
+    # `baseline: auto` is decided where the baseline would run (the baseline_decision checkpoint), not here on
+    # the submitting host: the dry run schedules the decision, and the run itself only once it is known
+    assert "baseline_decision" in out and "rule baseline_run:" not in out and "rule baseline_graph:" not in out
+
+
+def _decide_the_baseline(results, *config: str):
+    """Run the baseline_decision checkpoint alone (it only writes baseline/decision.json): after it, a dry run knows
+    whether the baseline runs."""
+    target = f"{results}/tiny/baseline/decision.json"
+    proc = snakemake(target, "--profile", "profiles/local", "--configfile", str(data_path("tiny.yaml")),
+                     "--config", f"results={results}", *config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(open(target).read())
 
 
 def test_tiny_config_dry_run_includes_the_baseline(tmp_path):
-    proc = snakemake("--profile", "profiles/local", "-n", "--configfile", str(data_path("tiny.yaml")),
-                     "--config", f"results={tmp_path}")
+    dry = ("--profile", "profiles/local", "-n", "--configfile", str(data_path("tiny.yaml")),
+           "--config", f"results={tmp_path}")
+    proc = snakemake(*dry)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    for rule in ("baseline_run", "baseline_graph", "baseline_summary", "capture", "graph", "summary", "emulate"):
+    for rule in ("baseline_decision", "capture", "graph", "summary", "emulate"):
         assert rule in out, rule
+    assert "rule baseline_run:" not in out  # not before it is decided, where it would run
     assert "--sandbox 1 --devices 1" in out  # the config's emulate section, as the stage's options
+    decided = _decide_the_baseline(tmp_path)  # W=2 fits this machine's cores
+    assert decided["run"] is True, decided
+    out = snakemake(*dry).stdout
+    for rule in ("baseline_run", "baseline_graph", "baseline_summary"):
+        assert f"rule {rule}:" in out, rule
+    assert "baseline_decision" not in out
 
 
 def test_emulate_runs_only_when_the_config_asks(tmp_path):
@@ -61,6 +80,11 @@ def test_rules_get_threads_and_resources_from_the_config(tmp_path):
     """W=2 on P=1: timing-critical stages ask for 2 cores and a node of their own; no bare `python` anywhere."""
     one_slot = tmp_path / "one_slot.yaml"
     one_slot.write_text(data_path("tiny.yaml").read_text() + "capture: {devices: 1}\n")
+    decide = snakemake("--profile", "profiles/slurm", "-n", "--configfile", str(one_slot), "--config",
+                       f"results={tmp_path}", "-p")
+    block = decide.stdout.split("checkpoint baseline_decision:")[1].split("\n\n")[0]
+    assert re.search(r"cpus_per_task=2\b", block) and "exclusive" not in block, block  # what the baseline run would get
+    _decide_the_baseline(tmp_path, "capture={devices: 1}")
     proc = snakemake("--profile", "profiles/slurm", "-n", "--configfile", str(one_slot),
                      "--config", f"results={tmp_path}", "-p")
     out = proc.stdout + proc.stderr
@@ -85,8 +109,6 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     captured = (tiny_reference / "summary.txt").read_text()
     assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
     # the job's catalog holds prediction and baseline side by side: the README's join answers
-    import re
-
     readme = (REPO / "README.md").read_text()
     join = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
     con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
@@ -96,10 +118,15 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     job = tiny_reference / "baseline"
     summary = (job / "summary.txt").read_text()
     assert "ranks: 2" in summary and "iterations: 3" in summary and "iteration time" in summary
-    con = duckdb.connect(str(job / "prism.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM ranks").fetchone()[0] == 2
-    n_comms = con.execute("SELECT count(*) FROM comms").fetchone()[0]
+    # one catalog, written by the catalog rule alone: the baseline's tables are its `baseline` schema
+    assert not (job / "prism.duckdb").exists()
+    con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM baseline.ranks").fetchone()[0] == 2
+    n_comms = con.execute("SELECT count(*) FROM baseline.comms").fetchone()[0]
+    con.close()
     assert n_comms > 0
+    decided = json.loads((job / "decision.json").read_text())
+    assert decided["run"] is True and decided["nproc"] == 2 and "fit" in decided["reason"], decided
     # README query: per-rank iteration time
     q = run_prism(["sql", "--job", str(job), "--csv",
                    "SELECT rank, count(*) AS n FROM events WHERE op = 'iteration_end' GROUP BY rank ORDER BY rank"])

@@ -1,19 +1,21 @@
-# The job's DuckDB catalog, written last so that the prediction and the baseline sit side by side in it.
+# The job's DuckDB catalog (prism.duckdb), written last so that the prediction and the baseline sit side by side in
+# it. This rule alone writes it: no stage touches it.
 
 
 rule catalog:
     input:
         stage_targets(),
+        baseline_summary,
     output:
         f"{JOB_DIR}/prism.duckdb",
     params:
-        job=lambda w, output: os.path.dirname(output[0]),
+        job=in_job(),
     threads: stage_threads("catalog")
     resources:
         **rule_resources("catalog"),
     log:
         f"{JOB_DIR}/logs/catalog.log",
     conda:
-        "../../environment.yml"
+        "../envs/analysis.yaml"
     shell:
         "$PY -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"

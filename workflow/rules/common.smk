@@ -2,17 +2,19 @@
 import json
 import os
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from prism import config as prism_config
 
 if not workflow.overwrite_configfiles:
-    # No --configfile: the embedded default job, with any --config KEY=VALUE on top. (A `configfile:`
-    # directive would deep-merge a user's --configfile into the default job instead.)
+    # No --configfile: the default job (config/config.yaml, the same job as prism/configs/default.yaml), with any
+    # --config KEY=VALUE on top. (A `configfile:` directive would deep-merge a user's --configfile into the
+    # default job instead.)
     from snakemake.utils import update_config
     import yaml
 
-    _job = yaml.safe_load(prism_config.DEFAULT_CONFIG.read_text())
+    _job = yaml.safe_load(open(os.path.join(workflow.basedir, "..", "config", "config.yaml")).read())
     update_config(_job, dict(config))
     config.clear()
     config.update(_job)
@@ -20,6 +22,35 @@ validate(config, "../../schemas/config.schema.yaml")
 JOB = prism_config.from_dict(dict(config), "config")
 config.update(prism_config.with_defaults(dict(config)))  # the schema's defaults, as the stages see them
 JOB_DIR = str(JOB.job_dir)
+
+
+def foreign_run(job_dir):
+    """Why `job_dir` cannot be this pipeline's job folder, or None. A folder holding another run (a `prism
+    launch --out` folder: raw/ at its top, with its own run id) is refused before any job of the pipeline
+    writes into it, which would overwrite that run's graph/ and then refuse "different runs" half-way."""
+    raw = os.path.join(job_dir, "raw")
+    if not os.path.exists(raw):
+        return None
+    try:
+        with open(os.path.join(raw, "meta.json")) as f:
+            run = f"run {json.load(f).get('run_id', '?')}"
+    except (OSError, ValueError):
+        run = "a run"
+    return (f"{job_dir} holds another run: {raw} ({run}) is what `prism launch --out {job_dir}` writes, not this "
+            f"pipeline, which keeps its capture in {job_dir}/capture/; nothing was written. Fix: give this job "
+            "another name (`job:` in the config, or --config job=NAME) or another `results:` folder, or move "
+            f"{job_dir} away")
+
+
+if foreign_run(JOB_DIR):
+    raise WorkflowError(foreign_run(JOB_DIR))
+
+
+def in_job(folder=None):
+    """The job folder (or `folder` inside it) as a rule's param, from JOB_DIR: no rule rebuilds it from its outputs.
+    A function, not a string: Snakemake's lint takes a path string that prefixes an output for a hard-coded one."""
+    path = JOB_DIR if folder is None else f"{JOB_DIR}/{folder}"
+    return lambda wildcards: path
 
 
 def section(name):
@@ -60,13 +91,29 @@ def final_targets():
 
 
 def stage_targets():
-    """What the pipeline produces for the job, before its catalog."""
+    """What the pipeline produces for the job, before its catalog (the baseline's part: `baseline_targets`, an
+    input function of its own, so a dry run shows the rest before the baseline is decided)."""
     targets = [f"{JOB_DIR}/summary.txt"]
     if JOB.emulate.wanted:
         targets.append(f"{JOB_DIR}/emulation/summary.txt")
-    if JOB.baseline.wanted(JOB.nproc):
-        targets.append(f"{JOB_DIR}/baseline/summary.txt")
     return targets
+
+
+def baseline_summary(wildcards):
+    return baseline_targets(wildcards, f"{JOB_DIR}/baseline/summary.txt")
+
+
+def baseline_targets(wildcards, *paths):
+    """`paths` when the baseline runs, else nothing. `baseline.run: auto` is decided where the baseline would run
+    (the baseline_decision checkpoint, on the node that runs it), never on the host that submits the jobs;
+    `never` needs no decision. The decision file itself is always a target, so the report can say why a baseline
+    is missing."""
+    if JOB.baseline.run == "never":
+        return []
+    decision = checkpoints.baseline_decision.get().output[0]
+    with open(decision) as f:
+        ran = json.load(f)["run"]
+    return [decision, *paths] if ran else [decision]
 
 
 # --- Where rules run: interpreter, threads and resources (issue 10). Kept apart from the config loading above. ---
@@ -96,9 +143,11 @@ def stage_resources(stage):
     w = JOB.nproc
     p = JOB.capture.devices
     # ranks (processes) that compute at the same time, each on its own core (CPU) or device (CUDA)
-    ranks = {"baseline_run": w, "capture": p, "slice_run": p, "emulate": JOB.emulate.devices or p}.get(stage)
+    ranks = {"baseline_run": w, "baseline_decision": w, "capture": p, "slice_run": p, "emulate": JOB.emulate.devices or p}.get(stage)
     if ranks is None:  # analysis stages: polars/duckdb/numba over the job's tables
         return {"threads": 2, "mem_mb": 8000, "runtime": 60, "cpus_per_task": 2}
+    if stage == "baseline_decision":  # asks for what the baseline run asks, so it lands where that one would
+        return {"threads": w, "cpus_per_task": w, "mem_mb": 1000, "runtime": 5, **({"gpu": w} if ON_CUDA else {})}
     # a rank that computes holds ~0.5 GiB (torch's pages are shared with the zygote it forked from); capture and
     # slice runs also keep every other rank alive but asleep, at a few MiB each (DESIGN.md: <= 8 MiB private)
     mem_mb = 2000 + 512 * ranks + (16 * w if stage in ("capture", "slice_run", "emulate") else 0)

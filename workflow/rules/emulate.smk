@@ -12,7 +12,7 @@ rule emulate:  # runs alone: the sandbox's timings must not share the machine wi
     output:
         multiext(f"{JOB_DIR}/emulation/", "events.parquet", "iterations.parquet", "memory.parquet", "summary.txt"),
     params:
-        job=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+        job=in_job(),
         options=emulate_options(),
     threads: stage_threads("emulate")
     resources:
@@ -20,6 +20,6 @@ rule emulate:  # runs alone: the sandbox's timings must not share the machine wi
     log:
         f"{JOB_DIR}/logs/emulate.log",
     conda:
-        "../../environment.yml"
+        "../envs/runtime.yaml"
     shell:
         "$PY -m prism.emulate --job {params.job:q} --force {params.options} > {log:q} 2>&1"
