@@ -102,3 +102,52 @@ def make_job(job: Path, baseline: bool = True, emulation: bool = False) -> Path:
         import pyarrow.parquet as pq
         pq.write_table(pa.Table.from_pylist(out), job / "emulation" / "events.parquet")
     return job
+
+
+def make_wide_job(job: Path, world: int = 1024, stages: int = 4, iterations: int = 3) -> Path:
+    """A job of `world` ranks in `stages` pipeline stages, written by hand and calibrated from its own durations:
+    per iteration every rank computes (longer in later stages, and a little by rank), all-reduces over its stage
+    (one collective per stage), waits for it, and ends the iteration. For the report at W=1024 and beyond."""
+    per_stage = world // stages
+    base = {f.name: (-1 if pa.types.is_integer(f.type) else None) for f in schemas.EVENTS}
+    base.update(is_async=True, stream=0, bytes=0, tag=0, microbatch=-1, dtype=None, shape=None)
+    rows, comms = [], {}
+    for rank in range(world):
+        stage = rank // per_stage
+        t = seq = 0
+        for it in range(iterations):
+            cid = it * stages + stage
+            for kind, op, dur in (("compute", "compute", 1_000_000 * (1 + stage) + 997 * (rank % 7)),
+                                  ("collective", "all_reduce", 20_000), ("wait", "wait", 5_000),
+                                  ("marker", "iteration_end", 0)):
+                eid = rank * 100 + seq
+                coll = kind == "collective"
+                rows.append({**base, "event_id": eid, "rank": rank, "seq": seq, "kind": kind, "op": op,
+                             "group": f"s{stage}" if coll else None, "iteration": it, "t_start_ns": t,
+                             "t_end_ns": t + dur, "cpu_ns": dur, "device_ns": dur, "t_complete_ns": t + dur,
+                             "comm_id": cid if coll else -1, "op_event_id": eid - 1 if kind == "wait" else -1,
+                             "bytes": 4096 if coll else 0, "mem_peak_bytes": (64 + stage) * 2**20,
+                             "mem_bytes": 64 * 2**20, "group_seq": it if coll else -1})
+                if coll:
+                    comms.setdefault(cid, {"members": [], "event_ids": []})
+                    comms[cid]["members"].append(rank)
+                    comms[cid]["event_ids"].append(eid)
+                t += dur
+                seq += 1
+    comm_rows = [{"comm_id": cid, "kind": "collective", "op": "all_reduce", "group": f"s{cid % stages}",
+                  "group_seq": cid // stages, "src": -1, "dst": -1, "tag": 0, "n_members": len(c["members"]),
+                  "bytes": 4096, "members": c["members"], "event_ids": c["event_ids"], "iteration": cid // stages,
+                  "t_first_start_ns": 0, "t_last_start_ns": 0, "t_last_end_ns": 0} for cid, c in sorted(comms.items())]
+    folder = job / "graph"
+    write_parquet(pa.Table.from_pylist(rows), folder / "events.parquet", schemas.EVENTS, run_id=RUN_ID)
+    write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS, run_id=RUN_ID)
+    members = [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(stages)]
+    write_parquet(pa.Table.from_pylist([{"group": f"s{s}", "desc": "dp", "size": per_stage, "members": m, "ring": m,
+                                         "backend": "gloo"} for s, m in enumerate(members)]),
+                  folder / "groups.parquet", schemas.GROUPS, run_id=RUN_ID)
+    write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": r // per_stage, "dp": r % per_stage,
+                                         "ep": -1, "n_events": 4 * iterations, "iterations": iterations}
+                                        for r in range(world)]), folder / "ranks.parquet", schemas.RANKS, run_id=RUN_ID)
+    tables, _, _ = calibrate(job)
+    write_outputs(job / "calibrated", tables, run_id=RUN_ID)
+    return job

@@ -70,8 +70,8 @@ def facts(job: Path, world: int) -> list[tuple[str, str]]:
 
 
 def baseline_decision(job: Path) -> dict | None:
-    """baseline/decision.json (the pipeline's `baseline.run` decision, made where the baseline would run), or None."""
-    path = job / "baseline" / "decision.json"
+    """baseline-decision.json (the pipeline's `baseline.run` decision, made where the baseline would run), or None."""
+    path = job / "baseline-decision.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

@@ -179,7 +179,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
         decided = header.baseline_decision(job)
         if decided is not None:
             page.text(f"No baseline: {decided['reason']} (decided on {decided.get('host', '?')}, "
-                      f"{job / 'baseline' / 'decision.json'}). The prediction above is not compared with a real run.")
+                      f"{job / 'baseline-decision.json'}). The prediction above is not compared with a real run.")
         else:
             page.text(f"No baseline: {job / 'baseline' / 'graph' / 'events.parquet'} is absent (the config's "
                       "baseline.run is never, or the job was not run by the pipeline). The prediction above is not "

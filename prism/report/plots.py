@@ -10,8 +10,13 @@ KIND_COLORS = {"compute": "#4C78A8", "collective": "#F58518", "send": "#54A24B",
 MAX_GANTT_EVENTS = 20000  # a browser draws this many bars without trouble
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380) -> go.Figure:
-    if x in ("rank", "iteration"):  # whole numbers: one tick each, not 0.5 steps
+MAX_RANK_TICKS = 32  # up to this many ranks, one category (tick) a rank; beyond, a numeric rank axis
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 380, ranks: int = 0) -> go.Figure:
+    if x == "rank" and ranks > MAX_RANK_TICKS:  # W=1024: a tick per rank would be a black band
+        fig.update_xaxes(type="linear", tickformat="d")
+    elif x in ("rank", "iteration"):  # whole numbers: one tick each, not 0.5 steps
         fig.update_xaxes(type="category" if x == "rank" else "linear", dtick=1)
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height, template="plotly_white",
                       margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2))
@@ -28,7 +33,8 @@ def iteration_time_per_rank(predicted: pl.DataFrame, overall_ms: float | None,
     if overall_ms is not None:
         fig.add_hline(y=overall_ms, line_dash="dash", annotation_text=f"job: {overall_ms:.2f} ms")
     fig.update_layout(barmode="group")
-    return _layout(fig, "Iteration time per rank (median over iterations >= 1)", "rank", "ms")
+    return _layout(fig, "Iteration time per rank (median over iterations >= 1)", "rank", "ms",
+                   ranks=predicted.height)
 
 
 def breakdown(table: pl.DataFrame, x: str = "rank") -> go.Figure:
@@ -50,7 +56,7 @@ def breakdown(table: pl.DataFrame, x: str = "rank") -> go.Figure:
 
 def memory(table: pl.DataFrame) -> go.Figure:
     fig = go.Figure(go.Bar(x=table["rank"].to_list(), y=table["peak_mib"].to_list(), name="peak"))
-    return _layout(fig, "Peak memory per rank (from the capture)", "rank", "MiB")
+    return _layout(fig, "Peak memory per rank (from the capture)", "rank", "MiB", ranks=table.height)
 
 
 def gantt(events: pl.DataFrame, path: pl.DataFrame | None, title: str, t0: int | None = None) -> go.Figure:
@@ -96,7 +102,7 @@ def occupancy(table: pl.DataFrame, title: str) -> go.Figure:
     from plotly.subplots import make_subplots
 
     names = table["class"].unique(maintain_order=True).to_list()
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.02,
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.25 / len(names),
                         row_titles=[f"{n} ({table.filter(pl.col('class') == n)['ranks'][0]} ranks)" for n in names])
     for row, name in enumerate(names, start=1):
         part = table.filter(pl.col("class") == name)
@@ -106,9 +112,10 @@ def occupancy(table: pl.DataFrame, title: str) -> go.Figure:
                             mode="lines", line=dict(width=0, color=color), name=kind, legendgroup=kind,
                             showlegend=row == 1, row=row, col=1,
                             hovertemplate="%{y:.0f} % of the ranks' time<extra>" + kind + "</extra>")
-        fig.update_yaxes(range=[0, 100], row=row, col=1, ticksuffix=" %")
+        fig.update_yaxes(range=[0, 100], tickvals=[0, 50, 100], row=row, col=1, ticksuffix=" %")
     fig.update_annotations(textangle=0, xanchor="left", font_size=11)
-    _layout(fig, title, "us from the iteration's start", "", height=120 + 90 * len(names))
+    _layout(fig, title, "", "", height=140 + 100 * len(names))
+    fig.update_xaxes(title_text="us from the iteration's start", row=len(names), col=1)
     fig.update_layout(margin=dict(l=60, r=150, t=50, b=50))
     return fig
 
@@ -133,7 +140,7 @@ def measured_vs_predicted(table: pl.DataFrame, title: str, measured_name: str) -
     fig.add_bar(x=table["rank"].to_list(), y=table["predicted_ms"].to_list(), name="predicted")
     fig.add_bar(x=table["rank"].to_list(), y=table["measured_ms"].to_list(), name=measured_name)
     fig.update_layout(barmode="group")
-    return _layout(fig, title, "rank", "ms")
+    return _layout(fig, title, "rank", "ms", ranks=table.height)
 
 
 def iteration_series(series: dict[str, list[float]], title: str) -> go.Figure:

@@ -46,7 +46,8 @@ MEASURED_META_KEYS = {"run_id", "started", "wall_s", "capture", "t0_ns", "emulat
 # Parquet key-value metadata naming the run an artifact comes from (a new id every run)
 RUN_ID_KEY = b"prism.run_id"
 # whole files that are reports of measured values or binary catalogs rebuilt from the tables
-MEASURED_FILES = {"summary.txt", "prism.duckdb", "capture_stats.json", ".snakemake_timestamp", "report.html"}
+MEASURED_FILES = {"summary.txt", "prism.duckdb", "capture_stats.json", ".snakemake_timestamp", "report.html",
+                  "baseline-decision.json"}  # the baseline's decision names the host and its cores
 
 
 def path_without_venv() -> str:

@@ -31,12 +31,12 @@ def test_default_config_dry_run(tmp_path):
     assert "baseline_decision" in out and "rule baseline_run:" not in out and "rule baseline_graph:" not in out
 
 
-def _decide_the_baseline(results, *config: str):
-    """Run the baseline_decision checkpoint alone (it only writes baseline/decision.json): after it, a dry run knows
+def _decide_the_baseline(results, configfile=None):
+    """Run the baseline_decision checkpoint alone (it only writes baseline-decision.json): after it, a dry run knows
     whether the baseline runs."""
-    target = f"{results}/tiny/baseline/decision.json"
-    proc = snakemake(target, "--profile", "profiles/local", "--configfile", str(data_path("tiny.yaml")),
-                     "--config", f"results={results}", *config)
+    target = f"{results}/tiny/baseline-decision.json"
+    proc = snakemake(target, "--profile", "profiles/local", "--configfile", str(configfile or data_path("tiny.yaml")),
+                     "--config", f"results={results}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(open(target).read())
 
@@ -84,7 +84,7 @@ def test_rules_get_threads_and_resources_from_the_config(tmp_path):
                        f"results={tmp_path}", "-p")
     block = decide.stdout.split("checkpoint baseline_decision:")[1].split("\n\n")[0]
     assert re.search(r"cpus_per_task=2\b", block) and "exclusive" not in block, block  # what the baseline run would get
-    _decide_the_baseline(tmp_path, "capture={devices: 1}")
+    _decide_the_baseline(tmp_path, one_slot)
     proc = snakemake("--profile", "profiles/slurm", "-n", "--configfile", str(one_slot),
                      "--config", f"results={tmp_path}", "-p")
     out = proc.stdout + proc.stderr
@@ -125,7 +125,7 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     n_comms = con.execute("SELECT count(*) FROM baseline.comms").fetchone()[0]
     con.close()
     assert n_comms > 0
-    decided = json.loads((job / "decision.json").read_text())
+    decided = json.loads((tiny_reference / "baseline-decision.json").read_text())
     assert decided["run"] is True and decided["nproc"] == 2 and "fit" in decided["reason"], decided
     # README query: per-rank iteration time
     q = run_prism(["sql", "--job", str(job), "--csv",

@@ -1,11 +1,12 @@
 # The real run of every rank (ground truth), its graph and its summary. `baseline.run: auto` is decided by the
 # baseline_decision checkpoint, on the machine the baseline run would get (on SLURM: a node with W cores), never on
-# the host that submits the jobs; its decision.json says why a baseline is missing (the report quotes it).
+# the host that submits the jobs; its baseline-decision.json (beside baseline/, which the baseline run clears) says
+# why a baseline is missing (the report quotes it).
 
 
 checkpoint baseline_decision:
     output:
-        f"{JOB_DIR}/baseline/decision.json",
+        f"{JOB_DIR}/baseline-decision.json",
     params:
         section=section("baseline"),
     threads: stage_threads("baseline_decision")
@@ -21,7 +22,7 @@ checkpoint baseline_decision:
 
 rule baseline_run:  # runs alone: its timings must not share the machine with another stage
     input:
-        f"{JOB_DIR}/baseline/decision.json",
+        f"{JOB_DIR}/baseline-decision.json",
     output:
         directory(f"{JOB_DIR}/baseline/raw"),
     params:

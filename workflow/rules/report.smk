@@ -1,5 +1,6 @@
-# The job's HTML report, after calibrate; also after the baseline and the emulation when the config has them
-# (the input function adds their outputs; the baseline's decision.json either way, so the page can say why none ran). The output is report()-wrapped: `snakemake --report` links it.
+# The job's HTML report, after calibrate; also after the baseline and the emulation when the config has them (and
+# after baseline-decision.json either way, so the page can say why no baseline ran). The output is report()-wrapped:
+# `snakemake --report` links it.
 
 
 rule report:
