@@ -35,9 +35,9 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own shard of the synthetic data
+    x = torch.randn(args.batch, 64, generator=data).to(device)
+    y = x[:, :1] * 2 - x[:, 1:2]
     for step in range(args.steps):
-        x = torch.randn(args.batch, 64, generator=data).to(device)
-        y = x[:, :1] * 2 - x[:, 1:2]
         loss = nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
