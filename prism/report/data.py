@@ -173,7 +173,8 @@ def shares_by_class(shares: pl.DataFrame, classes: pl.DataFrame) -> pl.DataFrame
     """`iteration_shares` averaged over the ranks of each class (`occupancy.rank_classes`), with the class's size."""
     value = [c for c in shares.columns if c.endswith(("_ms", "_pct"))]
     return (shares.join(classes, on="rank", how="left").group_by("class")
-            .agg(ranks=pl.len(), **{c: pl.col(c).mean() for c in value}).sort("class"))
+            .agg(ranks=pl.len(), **{c: pl.col(c).mean() for c in value})
+            .sort(pl.col("class").str.extract(r"(-?\d+)$").cast(pl.Int64, strict=False), "class"))  # stage 2 < 10
 
 
 def peak_memory(events: pl.DataFrame) -> pl.DataFrame:

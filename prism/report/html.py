@@ -157,12 +157,15 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     page.text("Per iteration, not summed over iterations: each rank's compute, communication (its own duration), idle "
               "(the part of a wait beyond its own duration: blocked on another rank) and other time (between events) "
               "as a share of its iteration time, mean over iterations >= 1.")
-    page.table(by_class.select("class", "ranks", "iteration_ms", "compute_pct", "communication_pct", "idle_pct",
-                               "other_pct", "compute_ms", "communication_ms", "idle_ms"))
-    if calibrated.world > occupancy.MAX_RANKS_DRAWN:
-        page.figure(plots.breakdown(by_class, x="class"))
-    else:
-        page.figure(plots.breakdown(shares))
+    wide = calibrated.world > occupancy.MAX_RANKS_DRAWN
+    shown_shares = by_class if wide else shares.with_columns(ranks=pl.lit(1))
+    key = "class" if wide else "rank"
+    page.table(shown_shares.select(
+        pl.col(key), "ranks", pl.col("iteration_ms").alias("iteration ms"),
+        *[pl.col(f"{k}_pct").alias(f"{k} %") for k in ("compute", "communication", "idle", "other")],
+        *[pl.col(f"{k}_ms").alias(f"{k} ms") for k in ("compute", "communication", "idle")]).drop(
+        [] if wide else ["ranks"]))
+    page.figure(plots.breakdown(shown_shares, x=key))
 
     page.heading("Peak memory per rank")
     mem = data.peak_memory(calibrated.events)
