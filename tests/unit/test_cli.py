@@ -65,3 +65,42 @@ def test_run_passes_configfiles_as_absolute_paths(tmp_path, monkeypatch):
                                      "b.yaml", "c.yaml", "-j", "2"])
     assert got == ["-n", "--configfile", str(tmp_path / "a.yaml"), "--config", "results=r", "--configfiles",
                    str(tmp_path / "b.yaml"), str(tmp_path / "c.yaml"), "-j", "2"]
+
+
+def test_usage_lines_name_the_prism_command():
+    """Every stage's usage line is the command a user types (`prism graph`, not `python -m prism.graph`)."""
+    for argv, usage in ((["graph"], "usage: prism graph"), (["calibrate"], "usage: prism calibrate"),
+                        (["summary"], "usage: prism summary"), (["slices", "plan"], "usage: prism slices plan"),
+                        (["slices", "run"], "usage: prism slices run"),
+                        (["slices", "durations"], "usage: prism slices durations"),
+                        (["report"], "usage: prism report"), (["baseline"], "usage: prism baseline")):
+        proc = run_prism([*argv, "--help"], timeout=120)
+        assert proc.returncode == 0 and proc.stdout.startswith(usage), (argv, proc.stdout[:200])
+        assert "python -m" not in proc.stdout.splitlines()[0]
+
+
+def test_slices_and_bench_list_their_subcommands():
+    from prism import bench
+
+    for name, table in (("slices", cli.SLICES), ("bench", bench.BENCHES)):
+        proc = run_prism([name, "--help"], timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"usage: prism {name} {{")
+        for sub, (_, help_) in table.items():
+            assert f"  {sub:<10} {help_}" in proc.stdout, (name, sub)
+        wrong = run_prism([name, "nope"], timeout=120)
+        assert wrong.returncode == 2 and "commands:" in wrong.stderr
+
+
+def test_slices_run_all_needs_the_plan(tmp_path):
+    proc = run_prism(["slices", "run", "--job", str(tmp_path), "--all"])
+    assert proc.returncode == 2 and "plan.parquet is missing" in proc.stderr and "prism slices plan" in proc.stderr
+    both = run_prism(["slices", "run", "--job", str(tmp_path), "--all", "--slice", "0"])
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_stages_take_configfile_and_keep_config_as_its_alias(tmp_path):
+    bad = tmp_path / "none.yaml"
+    for flag in ("--configfile", "--config"):
+        proc = run_prism(["capture", flag, str(bad)])
+        assert proc.returncode == 2 and f"config file not found: {bad}" in proc.stderr, (flag, proc.stderr)
