@@ -165,6 +165,10 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
         *[pl.col(f"{k}_pct").alias(f"{k} %") for k in ("compute", "communication", "idle", "other")],
         *[pl.col(f"{k}_ms").alias(f"{k} ms") for k in ("compute", "communication", "idle")]).drop(
         [] if wide else ["ranks"]))
+    sums = shares.select(sum(pl.col(f"{k}_pct") for k in ("compute", "communication", "idle", "other")))
+    if sums.height and float(sums.to_series().max()) > 100.5:
+        page.text("Some ranks' shares add up to more than 100 %: their events overlap (an async op on another stream "
+                  "beside compute or a wait), and each event counts its whole duration.", "note")
     page.figure(plots.breakdown(shown_shares, x=key))
 
     page.heading("Peak memory per rank")
