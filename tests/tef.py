@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+EPS_US = 0.0005  # timestamps are us with ns resolution: ends computed as ts + dur may be off by rounding
+
 
 def _tracks(events: list[dict]) -> dict[tuple, list[dict]]:
     tracks: dict[tuple, list[dict]] = defaultdict(list)
@@ -21,7 +23,7 @@ def _tracks(events: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def _inside(track: list[dict], ts: float) -> bool:
-    return any(e["ts"] <= ts <= e["ts"] + e["dur"] for e in track)
+    return any(e["ts"] - EPS_US <= ts <= e["ts"] + e["dur"] + EPS_US for e in track)
 
 
 def problems(trace: dict, strict_tracks=lambda pid, tid: True, limit: int = 20) -> list[str]:
@@ -39,16 +41,16 @@ def problems(trace: dict, strict_tracks=lambda pid, tid: True, limit: int = 20) 
         bad = [e for e in track if not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0]
         if bad:
             out.append(f"track ({pid}, {tid}): {len(bad)} event(s) without a duration >= 0, e.g. {bad[0]}")
-        unsorted = sum(b["ts"] < a["ts"] for a, b in zip(track, track[1:]))
+        unsorted = sum(b["ts"] < a["ts"] - EPS_US for a, b in zip(track, track[1:]))
         if unsorted:
             out.append(f"track ({pid}, {tid}): {unsorted} event(s) start before the one listed before them")
         stack: list[float] = []  # ends of the enclosing slices
         strict = strict_tracks(pid, tid)
         for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
             start, end = e["ts"], e["ts"] + e["dur"]
-            while stack and stack[-1] <= start:
+            while stack and stack[-1] <= start + EPS_US:
                 stack.pop()
-            if stack and (strict and e["dur"] > 0 or end > stack[-1]):
+            if stack and (strict and e["dur"] > 0 or end > stack[-1] + EPS_US):
                 out.append(f"track ({pid}, {tid}): {e['name']} [{start}, {end}] overlaps a slice ending at "
                            f"{stack[-1]}")
                 break
@@ -64,7 +66,7 @@ def problems(trace: dict, strict_tracks=lambda pid, tid: True, limit: int = 20) 
             out.append(f"flow {fid}: phases {phases}, not one s and one f")
             continue
         s, f = sorted(pair, key=lambda e: e["ph"] != "s")
-        if f["ts"] < s["ts"]:
+        if f["ts"] < s["ts"] - EPS_US:
             out.append(f"flow {fid} ({s['name']}): points backwards, {s['ts']} -> {f['ts']}")
         for end in (s, f):
             if not _inside(tracks.get((end["pid"], end["tid"]), []), end["ts"]):

@@ -17,7 +17,10 @@
   kind, each stream a named track that runs one kernel at a time: compute on the program's stream (7),
   communication on its own (20, kernels ``ncclDevKernel_<op>``, as NCCL's), a communication kernel from the
   op's issue (or the end of the stream's previous kernel, when later) to the end of the wait on it; kernels
-  are linked to their host op by ``correlation``/``External id`` through a ``cuda_runtime`` launch. prism's
+  are linked to their host op by ``correlation``/``External id`` through a ``cuda_runtime`` launch at the
+  op's start. The device's timeline is the host's 1 us later (a launch latency: HTA orders launches and
+  kernels by their time alone, in whole us, so a kernel at its launch's time could be counted before it,
+  a queue of -1); kernels keep their events' durations. prism's
   ranks run on CPU or GPU alike: these "kernels" are prism's events on the rank's device clock.
 
 Idle and waiting, prism's and HTA's (they answer different questions, so their numbers differ):
@@ -140,6 +143,7 @@ def _comm_spans(ev: pl.DataFrame) -> pl.DataFrame:
         kernel_end=pl.max_horizontal("end_ns", pl.col("wait_end").fill_null(0)))
 
 
+LAUNCH_US = 1.0  # the device timeline runs this far behind the host's: a kernel starts after its launch
 HOST_PID = 1000  # a rank's host process is pid HOST_PID + rank; its device is pid 0 (Kineto's device id)
 DEVICE_PID = 0
 
@@ -183,7 +187,7 @@ def kineto(tl: Timeline, rank: int, groups: dict[str, str] | None = None) -> dic
             kargs.update({"Collective name": op, "In msg nelems": int(nbytes), "dtype": "Byte",
                           "Process Group Name": groups.get(group, group or "")})
         out.append({"ph": "X", "cat": "kernel", "name": name, "pid": DEVICE_PID, "tid": device_stream,
-                    "ts": _us(k_start), "dur": _us(k_end - k_start), "args": kargs})
+                    "ts": _us(k_start) + LAUNCH_US, "dur": _us(k_end - k_start), "args": kargs})
     for device_stream in sorted(stream_free):
         what = "communication" if device_stream >= COMM_STREAM else "compute"
         out.append({"ph": "M", "name": "thread_name", "pid": DEVICE_PID, "tid": device_stream,
