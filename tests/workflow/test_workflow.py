@@ -81,6 +81,18 @@ def test_rules_get_threads_and_resources_from_the_config(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.parametrize("artifact", ["graph/events.parquet", "baseline/graph/events.parquet",
+                                      "slices/slice=0/events.parquet", "calibrated/timeline.parquet",
+                                      "calibrated/critical_path.parquet", "emulation/events.parquet"])
+def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
+    """Per (rank, stream), events in order and not overlapping (`prism.schemas.check_timeline`, which every stage
+    runs before it writes): capture, baseline, slice run, calibration, its critical path, emulation."""
+    from prism import schemas
+
+    table = pq.read_table(tiny_reference / artifact)
+    assert table.num_rows and schemas.timeline_problem(table) is None
+
+
 def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     captured = (tiny_reference / "summary.txt").read_text()
     assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
@@ -90,6 +102,7 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     readme = (REPO / "README.md").read_text()
     join = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
     con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
+    con.execute(f"SET file_search_path = '{tiny_reference}'")  # the catalog's paths are relative to the job folder
     rows = con.execute(join).fetchall()
     con.close()
     assert len(rows) == 3 and all(p > 0 and m > 0 for _, p, m in rows[1:]), rows
@@ -97,6 +110,7 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     summary = (job / "summary.txt").read_text()
     assert "ranks: 2" in summary and "iterations: 3" in summary and "iteration time" in summary
     con = duckdb.connect(str(job / "prism.duckdb"), read_only=True)
+    con.execute(f"SET file_search_path = '{job}'")
     assert con.execute("SELECT count(*) FROM ranks").fetchone()[0] == 2
     n_comms = con.execute("SELECT count(*) FROM comms").fetchone()[0]
     assert n_comms > 0
