@@ -234,6 +234,21 @@ EMULATION_EVENTS = pa.schema(
 # 'sandbox' rows for each sandbox rank (its measured timeline).
 EMULATION_ITERATIONS = pa.schema(list(ITERATIONS) + [pa.field("source", _dict, nullable=False)])
 
+# The emulation's figures (`emulation/figures.parquet`, `prism.emulate.results`: what its summary and the report
+# show), ms over the iterations every sandbox rank ran for real: one row for the job (rank -1) and one per sandbox
+# rank. under_sandbox_ms: the job's (its rank's) iteration time in the job under the sandbox's measured behaviour;
+# measured_ms: the sandbox rank's own, measured; delay_ms = measured - under_sandbox: the emulation's own delay.
+EMULATION_FIGURES = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("predicted_ms", pa.float64()),
+        pa.field("under_sandbox_ms", pa.float64()),
+        pa.field("measured_ms", pa.float64()),
+        pa.field("delay_ms", pa.float64()),
+        pa.field("iterations", pa.list_(pa.int32()), nullable=False),
+    ]
+)
+
 # The sandbox ranks' memory at each marker of their real run (`emulation/memory.parquet`).
 EMULATION_MEMORY = pa.schema(
     [
@@ -265,6 +280,7 @@ ALL: dict[str, pa.Schema] = {
     "emulation_events": EMULATION_EVENTS,
     "emulation_iterations": EMULATION_ITERATIONS,
     "emulation_memory": EMULATION_MEMORY,
+    "emulation_figures": EMULATION_FIGURES,
 }
 
 

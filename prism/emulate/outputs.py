@@ -14,7 +14,8 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
   (rank, stream) is one sequence, in order and not overlapping (`prism.schemas.check_timeline`).
 - ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
-- ``memory``: the sandbox ranks' memory at each of their markers.
+- ``memory``: the sandbox ranks' memory at each of their markers;
+- ``figures``: what the summary prints (`prism.emulate.results`), added by `with_figures`.
 """
 
 from __future__ import annotations
@@ -218,10 +219,16 @@ def _memory(sb: pa.Table, t0: int) -> pa.Table:
 
 
 SCHEMAS = {"events": schemas.EMULATION_EVENTS, "iterations": schemas.EMULATION_ITERATIONS,
-           "memory": schemas.EMULATION_MEMORY}
+           "memory": schemas.EMULATION_MEMORY, "figures": schemas.EMULATION_FIGURES}
 
 
 # --------------------------------------------------------------------------------------------- summary
+
+
+def with_figures(em: Emulation, calibrated: pa.Table) -> Emulation:
+    """`em` with its ``figures`` table (`prism.emulate.results`), against the calibrated iterations."""
+    em.tables["figures"] = results.figures_table(results.figures(em.tables["iterations"], calibrated))
+    return em
 
 job_iteration_ns = results.job_iteration_ns  # the one computation, `prism.emulate.results`
 
@@ -244,4 +251,4 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Emulation", "MismatchError", "SCHEMAS", "align", "build", "one_clock", "job_iteration_ns", "summary"]
+__all__ = ["Emulation", "MismatchError", "SCHEMAS", "align", "build", "one_clock", "job_iteration_ns", "summary", "with_figures"]

@@ -14,6 +14,9 @@ over k >= 1 of the gaps between consecutive iteration ends; for one rank, its ow
   replayed ranks beyond what the job would make it wait (the replay running late in wall-clock time, the
   emulation's transport). The job-level figure carries ``program_ms``; ``delay_ms`` is the emulation's
   overhead on the sandbox, reported beside it and never added to the job.
+
+The emulate stage writes them as ``emulation/figures.parquet`` (`figures_table`; `prism sql`'s
+``emulation.figures``), from this same code.
 """
 
 from __future__ import annotations
@@ -126,6 +129,16 @@ def figures(emulation_iterations: pa.Table, calibrated_iterations: pa.Table) -> 
                    [v / 1e6 for v in under.values()], ranks)
 
 
+def figures_table(fig: Figures) -> pa.Table:
+    """The figures as ``emulation/figures.parquet`` holds them (`prism.schemas.EMULATION_FIGURES`)."""
+    rows = [(-1, fig.predicted_ms, fig.under_sandbox_ms, None, None)]
+    rows += [(r.rank, r.predicted_ms, r.program_ms, r.measured_ms, r.delay_ms) for r in fig.ranks]
+    names = ("rank", "predicted_ms", "under_sandbox_ms", "measured_ms", "delay_ms")
+    table = {n: [row[i] for row in rows] for i, n in enumerate(names)}
+    table["iterations"] = [fig.iterations] * len(rows)
+    return pa.table(table)
+
+
 def read_figures(job_dir: str | Path) -> Figures:
     """`figures` of the job folder's ``emulation/iterations.parquet`` and ``calibrated/iterations.parquet``."""
     job_dir = Path(job_dir)
@@ -165,5 +178,5 @@ def rank_table(fig: Figures) -> dict[str, list]:
             "program_ms": [r.program_ms for r in fig.ranks], "delay_ms": [r.delay_ms for r in fig.ranks]}
 
 
-__all__ = ["Figures", "SandboxRank", "compared_iterations", "figures", "job_iteration_ns", "median_ms", "rank_table", "read_figures",
+__all__ = ["Figures", "SandboxRank", "compared_iterations", "figures", "figures_table", "job_iteration_ns", "median_ms", "rank_table", "read_figures",
            "text_lines"]

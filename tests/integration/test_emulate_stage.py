@@ -275,8 +275,8 @@ def test_real_emulation_end_to_end(job):
 
 def test_summary_report_and_bench_show_the_same_figures(job):
     """One set of figures (prism/emulate/results.py): the numbers the emulation's summary prints are those the
-    report's emulation section and the fidelity bench show; the sandbox's time is its program's (what the job
-    under the sandbox carries) plus the emulation's own delay."""
+    report's emulation section, `prism sql`'s emulation.figures and the fidelity bench show; the sandbox's time
+    is its program's (what the job under the sandbox carries) plus the emulation's own delay."""
     import re
 
     from prism.bench.fidelity import emulated_sandbox
@@ -306,6 +306,11 @@ def test_summary_report_and_bench_show_the_same_figures(job):
     row = re.search(r"<tr><td class='n'>2</td>(.*?)</tr>", section).group(1)
     cells = [float(c) for c in re.findall(r"<td class='n'>(-?[\d.]+)</td>", row)]
     assert cells[0] == measured and cells[3] == program and cells[4] == delay
+
+    _, got, _ = prism_sql.run_query(job, "SELECT rank, predicted_ms, under_sandbox_ms, measured_ms, delay_ms "
+                                         "FROM emulation.figures ORDER BY rank")
+    assert [tuple(None if v is None else round(v, 2) for v in row[1:]) for row in got] == [
+        (round(fig.predicted_ms, 2), under, None, None), (round(fig.ranks[0].predicted_ms, 2), program, measured, delay)]
 
     bench = emulated_sandbox(job, pq.read_table(job / "calibrated" / "timeline.parquet"), None)
     assert "error" not in bench, bench
