@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from prism.artifacts import ArtifactError, is_prism_artifact, read_parquet, same_run, write_outputs
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepError, SweepGraph
-from prism.calibrate.critical_path import critical_path
+from prism.calibrate.critical_path import critical_path, last_arrivals
 from prism.calibrate.sweep import Schedule, Timeline, discover
 from prism.iterations import iteration_times
 
@@ -292,13 +292,15 @@ def critical_path_table(job: JobGraph, timeline: Timeline, durations: np.ndarray
     back from the iteration_end marker of that iteration that ended last, through each event's binding
     dependency, stopping before the first event that ended by the previous iteration's job end."""
     parts = []
-    iterations = np.unique(job.iteration[job.iteration_end])
-    for k in iterations.tolist():
-        ends = np.flatnonzero(job.iteration_end & (job.iteration == k))
-        before = np.flatnonzero(job.iteration_end & (job.iteration == k - 1))
+    arrival = last_arrivals(job.graph, timeline.start_ns)
+    marks = np.flatnonzero(job.iteration_end)
+    of = job.iteration[marks]
+    for k in np.unique(of).tolist():
+        ends, before = marks[of == k], marks[of == k - 1]
         stop = int(timeline.end_ns[before].max()) if len(before) else None
         last = int(ends[np.argmax(timeline.end_ns[ends])])
-        path = critical_path(job.graph, timeline.start_ns, timeline.end_ns, last, stop_ns=stop, durations=durations)
+        path = critical_path(job.graph, timeline.start_ns, timeline.end_ns, last, stop_ns=stop, durations=durations,
+                             arrival=arrival)
         parts.append((np.full(len(path), k, dtype=np.int32), np.arange(len(path), dtype=np.int32), path))
     it = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
     step = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int32)

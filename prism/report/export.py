@@ -108,16 +108,17 @@ def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
                     "args": {"name": "program" if stream == 0 else f"stream {stream}"}})
     has_source = "source" in ev.columns
     cols = ["rank", "stream", "kind", "op", "group", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
-    for row in ev.select(cols + (["source"] if has_source else [])).iter_rows(named=True):
-        args = {"event_id": row["event_id"], "seq": row["seq"], "iteration": row["iteration"]}
-        if row["group"] is not None:
-            args["group"] = groups.get(row["group"], row["group"])
-        if row["bytes"]:
-            args["bytes"] = row["bytes"]
-        if has_source:
-            args["source"] = row["source"]
-        out.append({"ph": "X", "name": row["op"], "cat": row["kind"], "pid": row["rank"], "tid": row["stream"],
-                    "ts": _us(row["start_ns"]), "dur": _us(row["end_ns"] - row["start_ns"]), "args": args})
+    for rank, stream, kind, op, group, iteration, seq, event_id, nbytes, start, end, *source in ev.select(
+            cols + (["source"] if has_source else [])).iter_rows():
+        args = {"event_id": event_id, "seq": seq, "iteration": iteration}
+        if group is not None:
+            args["group"] = groups.get(group, group)
+        if nbytes:
+            args["bytes"] = nbytes
+        if source:
+            args["source"] = source[0]
+        out.append({"ph": "X", "name": op, "cat": kind, "pid": rank, "tid": stream, "ts": _us(start),
+                    "dur": _us(end - start), "args": args})
     rows = tl.events.select("rank", "stream", "op", "start_ns", "end_ns").rows()
     flow_id, left_out = 0, 0
     for s, s_ns, d, d_ns in _flows(tl):
