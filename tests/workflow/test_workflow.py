@@ -93,6 +93,22 @@ def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
     assert table.num_rows and schemas.timeline_problem(table) is None
 
 
+def test_the_report_shows_the_emulation_summary_figures(tiny_reference):
+    """The tiny job's real emulation: the report's emulation section holds the summary's figures, verbatim, and
+    the rank's table row the same numbers (prism/emulate/results.py computes both)."""
+    import html
+    import re
+
+    summary = (tiny_reference / "emulation" / "summary.txt").read_text()
+    page = html.unescape((tiny_reference / "report" / "report.html").read_text())
+    section = page[page.index("Emulation: sandbox ranks"):]
+    lines = summary[summary.index("job iteration time"):summary.index("\n\n", summary.index("job iteration time"))]
+    assert lines.strip() and lines in section
+    measured = re.search(r"rank 1: measured ([\d.]+) ms", summary).group(1)
+    row = re.search(r"<tr><td class='n'>1</td><td class='n'>([\d.]+)</td>", section).group(1)
+    assert row == measured
+
+
 def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     captured = (tiny_reference / "summary.txt").read_text()
     assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
