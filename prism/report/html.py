@@ -169,7 +169,8 @@ def _emulation_section(page: Page, job: Path) -> None:
         return
     page.text(f"Sandbox ranks (ran for real in the emulation): {', '.join(str(r.rank) for r in fig.ranks)}; "
               f"iterations compared: {', '.join(map(str, fig.iterations))}.")
-    page.parts.append("<pre>" + html.escape("\n".join(results.text_lines(fig))) + "</pre>")
+    lines = html.escape("\n".join(results.text_lines(fig)))
+    page.parts.append(f"<pre style='white-space: pre-wrap'>{lines}</pre>")
     table = pl.DataFrame(results.rank_table(fig), strict=False)
     page.table(table)
     both = table.select("rank", "predicted_ms", "measured_ms").drop_nulls()
