@@ -219,7 +219,9 @@ CRITICAL_PATH = pa.schema(
 # The emulation (`emulation/events.parquet`): every event of the job on the emulation's clock (ns from its
 # start), the graph's columns as measured by the row's source: 'sandbox' (a sandbox rank's real run),
 # 'replay' (a virtual rank the replay worker drove in wall-clock time), 'computed' (the calibrate sweep with
-# the sandbox's measured durations substituted).
+# the sandbox's measured durations substituted; on a rank with live rows, shifted onto their clock:
+# `prism.emulate.outputs.one_clock`, so each (rank, stream) is one sequence; the unshifted sweep is what
+# `EMULATION_ITERATIONS`' 'computed' rows hold).
 EMULATION_EVENTS = pa.schema(
     list(EVENTS)
     + [
