@@ -93,6 +93,22 @@ def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
     assert table.num_rows and schemas.timeline_problem(table) is None
 
 
+@pytest.mark.parametrize("timeline", ["capture", "calibrated", "baseline", "emulation"])
+def test_the_tiny_jobs_exports_are_valid_traces(tiny_reference, tmp_path, timeline):
+    """Perfetto: tracks sorted, not overlapping, flows forward and none left out (tests/tef.py); Kineto: the same
+    per rank, device streams one kernel at a time."""
+    import json
+
+    from prism.report import export
+    from tests.tef import problems
+
+    trace = json.loads(export.export(tiny_reference, timeline, "perfetto", tmp_path / "t.json").read_text())
+    assert problems(trace) == [] and trace["otherData"]["flows_left_out"] == 0
+    folder = export.export(tiny_reference, timeline, "kineto", tmp_path / "k")
+    for path in sorted(folder.iterdir()):
+        assert problems(json.loads(path.read_text()), strict_tracks=lambda pid, tid: pid == export.DEVICE_PID) == []
+
+
 def test_the_report_shows_the_emulation_summary_figures(tiny_reference):
     """The tiny job's real emulation: the report's emulation section holds the summary's figures, verbatim, and
     the rank's table row the same numbers (prism/emulate/results.py computes both)."""
