@@ -95,15 +95,20 @@ def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
 
 @pytest.mark.parametrize("timeline", ["capture", "calibrated", "baseline", "emulation"])
 def test_the_tiny_jobs_exports_are_valid_traces(tiny_reference, tmp_path, timeline):
-    """Perfetto: tracks sorted, not overlapping, flows forward and none left out (tests/tef.py); Kineto: the same
-    per rank, device streams one kernel at a time."""
+    """Perfetto: tracks sorted, not overlapping, flows forward (tests/tef.py); Kineto: the same per rank, device
+    streams one kernel at a time. The calibrated timeline is one model clock: every arrow is kept. A measured
+    timeline's ranks are separate processes and the emulation's computed rows a model beside measured ones: an
+    arrow whose receiver completed before its sender issued is left out and counted (seen: 1 of 72 arrows)."""
     import json
 
     from prism.report import export
     from tests.tef import problems
 
     trace = json.loads(export.export(tiny_reference, timeline, "perfetto", tmp_path / "t.json").read_text())
-    assert problems(trace) == [] and trace["otherData"]["flows_left_out"] == 0
+    kept = sum(e["ph"] == "s" for e in trace["traceEvents"])
+    left_out = trace["otherData"]["flows_left_out"]
+    assert problems(trace) == [] and kept > 0
+    assert left_out == 0 if timeline == "calibrated" else left_out <= (kept + left_out) // 10
     folder = export.export(tiny_reference, timeline, "kineto", tmp_path / "k")
     for path in sorted(folder.iterdir()):
         assert problems(json.loads(path.read_text()), strict_tracks=lambda pid, tid: pid == export.DEVICE_PID) == []
