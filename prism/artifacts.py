@@ -71,6 +71,15 @@ def conform(table: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:
     return table.select(schema.names).cast(versioned)
 
 
+def check_timeline(table: pa.Table, path: Path) -> None:
+    """`schemas.check_timeline` on a table about to be written to `path`, as an `ArtifactError` (nothing written)."""
+    try:
+        schemas.check_timeline(table, str(path))
+    except schemas.TimelineError as exc:
+        raise ArtifactError(f"{exc}; nothing was written (a defect of the stage that writes it: "
+                            f"{writer_of(path)})") from None
+
+
 def _write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path, write_page_checksum=True)
 
@@ -80,8 +89,10 @@ def write_parquet(table: pa.Table, path: str | Path, schema: pa.Schema, *, run_i
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = _temp_name(path)
+    table = conform(table, schema, run_id)
+    check_timeline(table, path)
     try:
-        _write_table(conform(table, schema, run_id), temp)
+        _write_table(table, temp)
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
@@ -104,6 +115,8 @@ def write_outputs(
     folder = Path(folder)
     table_schemas = table_schemas or schemas.ALL
     conformed = {name: conform(table, table_schemas[name], run_id) for name, table in tables.items()}
+    for name, table in conformed.items():
+        check_timeline(table, folder / f"{name}.parquet")
     if not folder.exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = _temp_name(folder)

@@ -202,10 +202,26 @@ ITERATIONS = pa.schema(
     ]
 )
 
+# The critical path of each iteration of the calibrated timeline (`calibrated/critical_path.parquet`): its events
+# in time order (step 0 first), walked back from the iteration's last iteration_end marker.
+CRITICAL_PATH = pa.schema(
+    [
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("event_id", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+    ]
+)
+
 # The emulation (`emulation/events.parquet`): every event of the job on the emulation's clock (ns from its
 # start), the graph's columns as measured by the row's source: 'sandbox' (a sandbox rank's real run),
 # 'replay' (a virtual rank the replay worker drove in wall-clock time), 'computed' (the calibrate sweep with
-# the sandbox's measured durations substituted).
+# the sandbox's measured durations substituted; on a rank with live rows, shifted onto their clock:
+# `prism.emulate.outputs.one_clock`, so each (rank, stream) is one sequence; the unshifted sweep is what
+# `EMULATION_ITERATIONS`' 'computed' rows hold).
 EMULATION_EVENTS = pa.schema(
     list(EVENTS)
     + [
@@ -219,6 +235,21 @@ EMULATION_EVENTS = pa.schema(
 # for every rank (the substituted sweep: the job's prediction under the sandbox's measured behaviour),
 # 'sandbox' rows for each sandbox rank (its measured timeline).
 EMULATION_ITERATIONS = pa.schema(list(ITERATIONS) + [pa.field("source", _dict, nullable=False)])
+
+# The emulation's figures (`emulation/figures.parquet`, `prism.emulate.results`: what its summary and the report
+# show), ms over the iterations every sandbox rank ran for real: one row for the job (rank -1) and one per sandbox
+# rank. under_sandbox_ms: the job's (its rank's) iteration time in the job under the sandbox's measured behaviour;
+# measured_ms: the sandbox rank's own, measured; delay_ms = measured - under_sandbox: the emulation's own delay.
+EMULATION_FIGURES = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("predicted_ms", pa.float64()),
+        pa.field("under_sandbox_ms", pa.float64()),
+        pa.field("measured_ms", pa.float64()),
+        pa.field("delay_ms", pa.float64()),
+        pa.field("iterations", pa.list_(pa.int32()), nullable=False),
+    ]
+)
 
 # The sandbox ranks' memory at each marker of their real run (`emulation/memory.parquet`).
 EMULATION_MEMORY = pa.schema(
@@ -247,10 +278,63 @@ ALL: dict[str, pa.Schema] = {
     "slice_replay": SLICE_REPLAY,
     "timeline": TIMELINE,
     "iterations": ITERATIONS,
+    "critical_path": CRITICAL_PATH,
     "emulation_events": EMULATION_EVENTS,
     "emulation_iterations": EMULATION_ITERATIONS,
     "emulation_memory": EMULATION_MEMORY,
+    "emulation_figures": EMULATION_FIGURES,
 }
+
+
+# ------------------------------------------------------------------------------------------ one clock
+
+# The time columns of a timeline table, checked in this order: the first pair a table has is its clock
+# (the emulation's events carry the graph's measured t_start_ns too, but start_ns / end_ns are its clock).
+TIME_COLUMNS = (("start_ns", "end_ns"), ("t_start_ns", "t_end_ns"))
+
+
+class TimelineError(ValueError):
+    """A timeline table mixes clocks: a (rank, stream)'s events out of order or overlapping."""
+
+
+def timeline_problem(table: pa.Table) -> str | None:
+    """Why `table` is not one clock per timeline, or None: per (rank, stream) (per rank when the table has no
+    stream column), its events in seq order must not end before they start nor start before the previous
+    one ends. Tables without rank, seq and a pair of `TIME_COLUMNS` are not timelines (None)."""
+    names = set(table.column_names)
+    pair = next((p for p in TIME_COLUMNS if set(p) <= names), None)
+    if pair is None or not {"rank", "seq"} <= names or table.num_rows == 0:
+        return None
+    import numpy as np  # noqa: PLC0415 (numpy only where a timeline is checked)
+
+    rank = table["rank"].to_numpy().astype(np.int64)
+    stream = table["stream"].to_numpy().astype(np.int64) if "stream" in names else np.zeros_like(rank)
+    seq = table["seq"].to_numpy().astype(np.int64)
+    start = table[pair[0]].to_numpy().astype(np.int64)
+    end = table[pair[1]].to_numpy().astype(np.int64)
+    order = np.lexsort((seq, stream, rank))
+    rank, stream, seq, start, end = rank[order], stream[order], seq[order], start[order], end[order]
+    bad = np.flatnonzero(end < start)
+    if len(bad):
+        i = int(bad[0])
+        return (f"rank {rank[i]} stream {stream[i]} seq {seq[i]} ends {start[i] - end[i]} ns before it starts "
+                f"({pair[0]} {start[i]}, {pair[1]} {end[i]}; {len(bad)} such event(s))")
+    same = (rank[1:] == rank[:-1]) & (stream[1:] == stream[:-1])
+    early = np.flatnonzero(same & (start[1:] < end[:-1]))
+    if len(early):
+        i = int(early[0])
+        return (f"rank {rank[i + 1]} stream {stream[i + 1]} seq {seq[i + 1]} starts {end[i] - start[i + 1]} ns before "
+                f"seq {seq[i]} ends ({pair[0]} {start[i + 1]} < {pair[1]} {end[i]}; {len(early)} such overlap(s)): "
+                "two clocks in one timeline")
+    return None
+
+
+def check_timeline(table: pa.Table, what: str) -> None:
+    """Raise `TimelineError` naming `what` (the artifact) when `timeline_problem` finds one: what every stage
+    runs on the timelines it writes (`prism.artifacts.write_outputs`, `write_parquet`)."""
+    problem = timeline_problem(table)
+    if problem is not None:
+        raise TimelineError(f"{what}: not one clock per (rank, stream): {problem}")
 
 
 def with_version(schema: pa.Schema, **extra: str) -> pa.Schema:

@@ -2,8 +2,9 @@
 
 Views, unqualified (kept for compatibility): ``<stage>/<name>.parquet`` -> ``<name>`` (``graph/events.parquet``
 -> ``events``); a Hive-partitioned folder ``<stage>/<key>=*/<name>.parquet`` -> ``<stage>_<name>`` (with the
-partition column). When several stages write the same name, each gets ``<stage>_<name>`` and the plain name
-goes to the earliest stage of the pipeline (graph before calibrated before emulation ...). Raw Arrow streams
+partition column). When several stages write the same name, the plain name goes to the earliest stage of the
+pipeline (graph before calibrated before emulation ...) and each later one gets ``<stage>_<name>``: one view
+per artifact, never two. Raw Arrow streams
 are not exposed.
 
 Side by side, one DuckDB schema per part of the job, so one query compares prediction and truth:
@@ -18,9 +19,14 @@ run; file access is limited to the job folder (DuckDB's ``allowed_directories`` 
 database file, not an in-memory one, read-only; the statement check is what keeps the session read-only.
 An artifact that cannot be read is reported and its view left out; the others stay queryable.
 
-``write_catalog(job_dir)`` saves the same views in ``job_dir/prism.duckdb``. DuckDB resolves a relative
-path in a view against the process's working directory, not the database file, so the catalog holds
-absolute paths: after moving the job folder, write it again (``prism sql --job DIR --write-catalog``).
+``write_catalog(job_dir)`` saves the same views in ``job_dir/prism.duckdb``, naming the files relative to the
+job folder, so that a moved or copied folder reads its own files. DuckDB resolves a relative path against the
+process's working directory (or its ``file_search_path``), not the database file: open the catalog from the
+job folder (``cd results/tiny && duckdb prism.duckdb``), or ``SET file_search_path = 'results/tiny'`` first.
+
+Besides one view per artifact, `prism.sql_views` derives the views users ask for: ``calibrated.events``
+(the timeline with each event's kind, op, group name, rank coordinates, idle), ``calibrated.idle`` (per rank
+and iteration, with its pipeline stage and rank class), ``baseline.iterations``, ``capture.group_names``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Callable
 
 import duckdb
 
-from prism import artifacts
+from prism import artifacts, sql_views
 
 DEFAULT_JOB = Path("results/default")
 CATALOG = "prism.duckdb"
@@ -98,9 +104,8 @@ def discover(job_dir: str | Path) -> list[View]:
     views: list[View] = []
     for name, entries in plain.items():
         entries.sort(key=lambda entry: _stage_rank(entry[0]))
-        views.append(View(name, entries[0][1], False))
-        if len(entries) > 1:
-            views += [View(f"{stage}_{name}" if stage else name, path, False) for stage, path in entries]
+        views.append(View(name, entries[0][1], False))  # the earliest stage's, under the plain name only
+        views += [View(f"{stage}_{name}" if stage else name, path, False) for stage, path in entries[1:]]
     taken = {view.name for view in views}
     for (stage, keys, name), pattern in hive.items():
         view = f"{stage}_{name}"
@@ -152,19 +157,32 @@ def _why_unreadable(view: View, exc: Exception) -> str:
     return f"{view.path}: unreadable ({detail}); re-run the stage that writes it: {artifacts.writer_of(view.path)}"
 
 
-def create_views(con: duckdb.DuckDBPyConnection, views: list[View]) -> dict[str, str]:
-    """Create every view that can be created; return {qualified view name: why it was left out}."""
+def create_views(con: duckdb.DuckDBPyConnection, views: list[View], base: Path | None = None) -> dict[str, str]:
+    """Create every view that can be created, then the derived ones (`prism.sql_views`); return {qualified
+    view name: why it was left out}. `base`: the views name their files relative to it (the connection's
+    ``file_search_path`` must hold it)."""
     skipped: dict[str, str] = {}
+    created: set[str] = set()
     for view in views:
         options = ", hive_partitioning = true" if view.hive else ""
-        name, path = _quote(view.name, '"'), _quote(str(view.path), "'")
+        where = view.path.relative_to(base) if base is not None else view.path
+        name, path = _quote(view.name, '"'), _quote(str(where), "'")
         if view.schema != "main":
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(view.schema, chr(34))}")
             name = f"{_quote(view.schema, chr(34))}.{name}"
         try:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({path}{options})")
+            created.add(view.qualified if view.schema != "main" else f"main.{view.name}")
         except duckdb.Error as exc:
             skipped[view.qualified] = _why_unreadable(view, exc)
+    for schema, view_name, select in sql_views.derived(created):
+        qualified = f"{_quote(schema, chr(34))}.{_quote(view_name, chr(34))}"
+        try:
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema, chr(34))}")
+            con.execute(f"CREATE OR REPLACE VIEW {qualified} AS {select}")
+        except duckdb.Error as exc:
+            skipped[f"{schema}.{view_name}"] = (f"the derived view cannot be built from its artifacts "
+                                                f"({str(exc).splitlines()[0]}); re-run the stages that wrote them")
     return skipped
 
 
@@ -233,8 +251,8 @@ def _report_skipped(skipped: dict[str, str], warn: Callable[[str], None] = _warn
 
 
 def write_catalog(job_dir: str | Path, warn: Callable[[str], None] = _warn) -> Path:
-    """Write ``job_dir/prism.duckdb`` with the views (absolute paths), atomically; return its path. An
-    artifact that cannot be read is reported through `warn` and left out."""
+    """Write ``job_dir/prism.duckdb`` with the views (paths relative to the job folder), atomically; return
+    its path. An artifact that cannot be read is reported through `warn` and left out."""
     job_dir = Path(job_dir)
     views = _views_or_fail(job_dir)
     final = job_dir / CATALOG
@@ -243,7 +261,9 @@ def write_catalog(job_dir: str | Path, warn: Callable[[str], None] = _warn) -> P
     try:
         con = duckdb.connect(str(temp))
         try:
-            _report_skipped(create_views(con, views), warn)
+            # paths relative to the job folder, so that a moved or copied folder reads its own files
+            con.execute(f"SET file_search_path = {_quote(str(job_dir.resolve()), chr(39))}")
+            _report_skipped(create_views(con, views, base=job_dir.resolve()), warn)
         finally:
             con.close()
         os.replace(temp, final)

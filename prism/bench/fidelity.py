@@ -61,6 +61,7 @@ import pyarrow.parquet as pq
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import row
 from prism.bench import fidelity_sandbox
+from prism.emulate import results as emulation_results
 from prism.iterations import iteration_times, job_iteration_ends
 
 MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
@@ -370,7 +371,7 @@ def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict
         return {"error": failed.read_text()[:500]}
     em = pq.read_table(job / "emulation" / "iterations.parquet")
     src = _strings(em.column("source"))
-    rank, it, end = (em.column(c).to_numpy() for c in ("rank", "iteration", "end_ns"))
+    rank = em.column("rank").to_numpy()
     sb = src == "sandbox"
     ranks = sorted(set(rank[sb].tolist()))
     if not ranks:
@@ -378,15 +379,12 @@ def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict
     r = fidelity_sandbox.sandbox_ranks(job, whole_slice=False)[0]
     if r not in ranks:
         return {"error": f"{job / 'emulation'}: the default sandbox rank {r} is not among its sandbox ranks {ranks}"}
-    world = int(rank.max()) + 1
-    comp = src == "computed"
-    out = {"rank": r, "sandbox_ranks": ranks,
-           "sandbox_ms": fidelity_sandbox.rank_iteration_ms(rank[sb], it[sb], end[sb], world)[r],
-           "job_ms": _median_gap_ms(it[comp], end[comp]),  # computed_rank_ms: the rank in that sweep
-           "computed_rank_ms": fidelity_sandbox.rank_iteration_ms(rank[comp], it[comp], end[comp], world)[r]}
-    ci = pq.read_table(job / "calibrated" / "iterations.parquet")
-    out["pred_rank_ms"] = fidelity_sandbox.rank_iteration_ms(*(ci.column(c).to_numpy() for c in
-                                                             ("rank", "iteration", "end_ns")), world)[r]
+    # the figures the emulation's summary and the report show (prism/emulate/results.py)
+    fig = emulation_results.figures(em, pq.read_table(job / "calibrated" / "iterations.parquet"))
+    mine = next(x for x in fig.ranks if x.rank == r)
+    out = {"rank": r, "sandbox_ranks": ranks, "sandbox_ms": mine.measured_ms, "job_ms": fig.under_sandbox_ms,
+           "computed_rank_ms": mine.program_ms, "delay_ms": mine.delay_ms, "pred_rank_ms": mine.predicted_ms,
+           "iterations": fig.iterations}
     if truth0 is not None:
         cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns"]
         real = pq.read_table(truth0 / "graph" / "events.parquet", columns=cols)

@@ -39,21 +39,25 @@ def last_arrivals(graph: SweepGraph, start_ns: np.ndarray) -> np.ndarray:
 
 
 def critical_path(graph: SweepGraph, start_ns: np.ndarray, end_ns: np.ndarray, last_event: int,
-                  stop_ns: int | None = None, durations: np.ndarray | None = None) -> np.ndarray:
+                  stop_ns: int | None = None, durations: np.ndarray | None = None,
+                  arrival: np.ndarray | None = None) -> np.ndarray:
     """The event positions on the critical path ending at `last_event`, in time order (first to last).
 
-    `durations` (int64[n], optional): each event's own duration, the calibrate stage's input."""
+    `durations` (int64[n], optional): each event's own duration, the calibrate stage's input; `arrival`:
+    `last_arrivals` of these starts, when the caller walks several paths of one timeline. Memory: the path's,
+    not the graph's (no per-event array is allocated)."""
     start_ns = np.asarray(start_ns, dtype=np.int64)
     end_ns = np.asarray(end_ns, dtype=np.int64)
     if not 0 <= last_event < graph.n_events:
         raise ValueError(f"last_event {last_event} is not an event position (0..{graph.n_events - 1})")
-    arrival = last_arrivals(graph, start_ns)
-    counts = np.diff(graph.rank_ptr)
-    rank_first = np.repeat(graph.rank_ptr[:-1], counts)
-    counts = np.repeat(counts, counts)  # per event: its rank's number of events
+    arrival = last_arrivals(graph, start_ns) if arrival is None else arrival
+    rank_ptr = graph.rank_ptr
+
+    def rank_of(e: int) -> int:
+        return int(np.searchsorted(rank_ptr, e, side="right")) - 1
+
     path = [last_event]
-    seen = np.zeros(graph.n_events, dtype=bool)
-    seen[last_event] = True
+    seen = {last_event}
     e = last_event
     while True:
         nxt = -1
@@ -61,21 +65,21 @@ def critical_path(graph: SweepGraph, start_ns: np.ndarray, end_ns: np.ndarray, l
             op = int(graph.wait_op[e])
             if op >= 0 and graph.kind[op] in (K_COLLECTIVE, K_RECV) and graph.comm[op] >= 0:
                 a = int(arrival[graph.comm[op]])
-                if a >= 0 and not rank_first[a] <= e < rank_first[a] + counts[a]:
+                if a >= 0 and rank_of(a) != rank_of(e):
                     blocked = (end_ns[e] > start_ns[e] + durations[e] if durations is not None
                                else start_ns[a] > start_ns[e])
                     if blocked:
                         nxt = a
         if nxt < 0:
-            if e == rank_first[e]:
+            if e == rank_ptr[rank_of(e)]:
                 break
             nxt = e - 1
         if stop_ns is not None and end_ns[nxt] <= stop_ns:
             break
-        if seen[nxt]:
+        if nxt in seen:
             raise ValueError(f"the timeline is not causal: the walk back from event {last_event} comes back to "
                              f"{graph.describe(nxt)}")
-        seen[nxt] = True
+        seen.add(nxt)
         path.append(nxt)
         e = nxt
     return np.array(path[::-1], dtype=np.int64)

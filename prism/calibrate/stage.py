@@ -6,7 +6,8 @@
 writes, all or none, ``DIR/calibrated/timeline.parquet`` (every event's start and end on the global
 clock, ns from the job's start, every rank starting at 0) and ``DIR/calibrated/iterations.parquet``
 (iteration k of a rank spans from the end of its (k-1)-th ``iteration_end`` marker, or the rank's first
-event, to the end of its k-th; a rank without markers gets one row per value of ``events.iteration``).
+event, to the end of its k-th; a rank without markers gets one row per value of ``events.iteration``) and
+``DIR/calibrated/critical_path.parquet`` (per iteration, the events on its critical path, `critical_path_table`).
 
 Bad input (missing graph, a dependency cycle, an unmatched comm, a durations table of another graph)
 is one message naming the file and the event, exit status 2, nothing written.
@@ -27,6 +28,7 @@ import pyarrow.compute as pc
 from prism.artifacts import ArtifactError, is_prism_artifact, read_parquet, same_run, write_outputs
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepError, SweepGraph
+from prism.calibrate.critical_path import critical_path, last_arrivals
 from prism.calibrate.sweep import Schedule, Timeline, discover
 from prism.iterations import iteration_times
 
@@ -285,6 +287,29 @@ def iterations_table(job: JobGraph, timeline: Timeline) -> pa.Table:
     })
 
 
+def critical_path_table(job: JobGraph, timeline: Timeline, durations: np.ndarray) -> pa.Table:
+    """Per iteration, the events on its critical path in time order (`prism.calibrate.critical_path`): walked
+    back from the iteration_end marker of that iteration that ended last, through each event's binding
+    dependency, stopping before the first event that ended by the previous iteration's job end."""
+    parts = []
+    arrival = last_arrivals(job.graph, timeline.start_ns)
+    marks = np.flatnonzero(job.iteration_end)
+    of = job.iteration[marks]
+    for k in np.unique(of).tolist():
+        ends, before = marks[of == k], marks[of == k - 1]
+        stop = int(timeline.end_ns[before].max()) if len(before) else None
+        last = int(ends[np.argmax(timeline.end_ns[ends])])
+        path = critical_path(job.graph, timeline.start_ns, timeline.end_ns, last, stop_ns=stop, durations=durations,
+                             arrival=arrival)
+        parts.append((np.full(len(path), k, dtype=np.int32), np.arange(len(path), dtype=np.int32), path))
+    it = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
+    step = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int32)
+    pos = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+    return pa.table({"iteration": it, "step": step, "rank": job.rank[pos], "seq": job.seq[pos],
+                     "event_id": job.event_ids[pos], "start_ns": timeline.start_ns[pos],
+                     "end_ns": timeline.end_ns[pos]})
+
+
 # ----------------------------------------------------------------------------------------------- stage
 
 
@@ -305,7 +330,8 @@ def calibrate(
         schedule, timeline = discover(g, dur, xfer)
     except SweepError as exc:
         raise CalibrateError(f"{job_dir / 'graph' / 'events.parquet'}: {exc}") from exc
-    tables = {"timeline": timeline_table(job, timeline), "iterations": iterations_table(job, timeline)}
+    tables = {"timeline": timeline_table(job, timeline), "iterations": iterations_table(job, timeline),
+              "critical_path": critical_path_table(job, timeline, dur)}
     return tables, schedule, job
 
 
@@ -354,4 +380,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CalibrateError", "JobGraph", "calibrate", "iterations_table", "load_graph", "main", "timeline_table"]
+__all__ = ["CalibrateError", "JobGraph", "calibrate", "critical_path_table", "iterations_table", "load_graph", "main", "timeline_table"]

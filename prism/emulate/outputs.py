@@ -9,16 +9,18 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
 - ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
   (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other
   event — those before any real op could move them and those after the last real op they could reach —
-  from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`).
+  from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`);
+  computed rows keep the sweep's spacing, shifted onto their rank's live rows (`one_clock`), so every
+  (rank, stream) is one sequence, in order and not overlapping (`prism.schemas.check_timeline`).
 - ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
-- ``memory``: the sandbox ranks' memory at each of their markers.
+- ``memory``: the sandbox ranks' memory at each of their markers;
+- ``figures``: what the summary prints (`prism.emulate.results`), added by `with_figures`.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism import artifacts, event_sequence, schemas
+from prism.emulate import results
 from prism.calibrate import substitute
 from prism.calibrate.stage import JobGraph, iterations_table
 from prism.calibrate.sweep import Timeline
-from prism.iterations import job_iteration_ends
 
 class MismatchError(Exception):
     """A sandbox rank's run departs from its capture (exit 1): rank, seq and both sides named."""
@@ -112,6 +114,35 @@ def _as_events(table: pa.Table, start: np.ndarray, end: np.ndarray, source: str)
             .append_column("source", pa.array([source] * table.num_rows, pa.string()).dictionary_encode()))
 
 
+def one_clock(rank_ptr: np.ndarray, source: np.ndarray, computed: Timeline, start: np.ndarray,
+              end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The events' times on the emulation's one clock. Live events (replay, sandbox: `source` != 0) keep their
+    measured times; a computed event keeps the sweep's spacing, shifted onto the live events of its rank:
+
+    - after a live event of its rank: delayed by the lag the last one before it ended with (its measured end
+      minus its swept end, when positive), so the rank's computed tail starts when its live part ended;
+    - before the rank's first live event: moved earlier by as much as that event started before its swept
+      start (when it did), so the computed head ends by the time the live part began.
+
+    Without this a replayed rank's tail kept the sweep's times while its live part ran late in wall-clock
+    time: events starting before the previous one ended, two clocks in one table."""
+    n = len(source)
+    if not n:
+        return start, end
+    idx = np.arange(n, dtype=np.int64)
+    rank_of = np.repeat(np.arange(len(rank_ptr) - 1, dtype=np.int64), np.diff(rank_ptr))
+    live = source != 0
+    prev = np.maximum.accumulate(np.where(live, idx, -1))  # the last live event at or before each event
+    nxt = np.minimum.accumulate(np.where(live, idx, n)[::-1])[::-1]  # the first at or after
+    has_prev = (prev >= 0) & (rank_of[np.clip(prev, 0, n - 1)] == rank_of)
+    has_next = (nxt < n) & (rank_of[np.clip(nxt, 0, n - 1)] == rank_of)
+    lag = np.where(live, np.maximum(0, end - computed.end_ns), 0)
+    lead = np.where(live, np.minimum(0, start - computed.start_ns), 0)
+    shift = np.where(~live & has_prev, lag[np.clip(prev, 0, n - 1)], 0)
+    shift = np.where(~live & ~has_prev & has_next, lead[np.clip(nxt, 0, n - 1)], shift)
+    return start + shift, end + shift
+
+
 def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], durations: np.ndarray,
           transfers: np.ndarray, steps: int | None = None) -> Emulation:
     """The emulation's tables from the launch's OUT folder (see the module docstring).
@@ -143,6 +174,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     start[sb_rows] = col["t_start_ns"] - t0
     end[sb_rows] = col["t_end_ns"] - t0
     source[sb_rows] = 2
+    start, end = one_clock(ptr, source, computed, start, end)
 
     pieces = []
     rest = np.flatnonzero(source == 0)
@@ -167,8 +199,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
         it_computed.append_column("source", pa.array(["computed"] * it_computed.num_rows).dictionary_encode()),
         it_sb.append_column("source", pa.array(["sandbox"] * it_sb.num_rows).dictionary_encode()),
     ])
-    per_rank = [set(it_sb.filter(pc.equal(it_sb["rank"], r))["iteration"].to_pylist()) for r in sandbox]
-    measured = sorted(set.intersection(*per_rank)) if per_rank else []
+    measured = results.compared_iterations(iterations)
 
     memory = _memory(sb, t0) if sb is not None else None
     tables = {"events": events, "iterations": iterations}
@@ -188,64 +219,36 @@ def _memory(sb: pa.Table, t0: int) -> pa.Table:
 
 
 SCHEMAS = {"events": schemas.EMULATION_EVENTS, "iterations": schemas.EMULATION_ITERATIONS,
-           "memory": schemas.EMULATION_MEMORY}
+           "memory": schemas.EMULATION_MEMORY, "figures": schemas.EMULATION_FIGURES}
 
 
 # --------------------------------------------------------------------------------------------- summary
 
 
-def job_iteration_ns(iterations: pa.Table, keep: list[int] | None = None) -> dict[int, int]:
-    """Per iteration k >= 1, the job's iteration time: the gap between the ends of iterations k-1 and k over
-    the ranks in `iterations` (the one definition, `prism.iterations`), among the iterations in `keep`."""
-    it = np.asarray(iterations["iteration"].to_pylist(), dtype=np.int64)
-    end = np.asarray(iterations["end_ns"].to_pylist(), dtype=np.int64)
-    if keep is not None:
-        mask = np.isin(it, np.asarray(list(keep), dtype=np.int64))
-        it, end = it[mask], end[mask]
-    keys = np.unique(it)
-    ends = job_iteration_ends(it, end)
-    return {int(k): int(b - a) for k, a, b in zip(keys[1:], ends[:-1], ends[1:])}
+def with_figures(em: Emulation, calibrated: pa.Table) -> Emulation:
+    """`em` with its ``figures`` table (`prism.emulate.results`), against the calibrated iterations."""
+    em.tables["figures"] = results.figures_table(results.figures(em.tables["iterations"], calibrated))
+    return em
 
-
-def steady_ms(per_iter: dict[int, int]) -> float | None:
-    """The median of the job's iteration times (None with fewer than two iterations)."""
-    vals = list(per_iter.values())
-    return statistics.median(vals) / 1e6 if vals else None
+job_iteration_ns = results.job_iteration_ns  # the one computation, `prism.emulate.results`
 
 
 def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | None, seconds: float) -> str:
-    keep = em.measured_iterations
-    it = em.tables["iterations"]
-    computed = it.filter(pc.equal(it["source"].cast(pa.string()), "computed"))
-    sandbox = it.filter(pc.equal(it["source"].cast(pa.string()), "sandbox"))
-    cal = steady_ms(job_iteration_ns(calibrated, keep))
-    emu = steady_ms(job_iteration_ns(computed, keep))
+    fig = results.figures(em.tables["iterations"], calibrated)
+    keep = fig.iterations
     stats = em.meta.get("emulation", {})
-
-    def ms(v):
-        return "n/a" if v is None else f"{v:.2f} ms"
-
-    delta = f" ({100 * (emu - cal) / cal:+.1f} % vs calibrated)" if cal and emu is not None else ""
     lines = [
         f"prism emulate of {job_dir}: sandbox rank(s) {','.join(map(str, em.sandbox))} of W={em.meta.get('world_size')}"
         f" on {em.meta.get('devices') or devices or '?'} device(s), {len(keep)} iteration(s) emulated ({', '.join(map(str, keep))}), "
         f"{seconds:.1f} s",
         "",
-        "job iteration time (median gap between consecutive iteration ends, prism/iterations.py):",
-        f"  calibrated prediction:                         {ms(cal)}",
-        f"  under the sandbox's measured behaviour:        {ms(emu)}{delta}",
-        "sandbox ranks' own iteration time (median):",
+        *results.text_lines(fig),
     ]
-    for r in em.sandbox:
-        mine = sandbox.filter(pc.equal(sandbox["rank"], r))
-        pred = calibrated.filter(pc.equal(calibrated["rank"], r))
-        lines.append(f"  rank {r}: measured {ms(steady_ms(job_iteration_ns(mine, keep)))}, calibrated prediction "
-                     f"{ms(steady_ms(job_iteration_ns(pred, keep)))}")
     if stats:
         lines += ["", "emulation: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))]
     lines += ["", f"artifacts: {job_dir / 'emulation'}/{{events,iterations,memory}}.parquet, logs/rank=R.log",
-              f"query: prism sql --job {job_dir} \"SELECT source, count(*) FROM emulation_events GROUP BY 1\""]
+              f"query: prism sql --job {job_dir} \"SELECT source, count(*) FROM emulation.events GROUP BY 1\""]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Emulation", "MismatchError", "SCHEMAS", "align", "build", "job_iteration_ns", "steady_ms", "summary"]
+__all__ = ["Emulation", "MismatchError", "SCHEMAS", "align", "build", "one_clock", "job_iteration_ns", "summary", "with_figures"]

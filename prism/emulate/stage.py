@@ -1,7 +1,7 @@
 """The emulate stage: chosen sandbox ranks run the job's real program inside the replayed W-rank job.
 
     prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
-        ->  DIR/emulation/{events,iterations,memory}.parquet, logs/rank=R.log, summary.txt, meta.json
+        ->  DIR/emulation/{events,iterations,memory,figures}.parquet, logs/rank=R.log, summary.txt, meta.json
 
 ``--what-if-args 'ARGS'`` appends ARGS to the program of the sandbox ranks (a changed program whose
 communication is the capture's). SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
@@ -123,7 +123,8 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
         code = launch(cmd, run_dir) if launch is not None else _run(cmd, launch_log)
         if code != 0:
             raise LaunchFailed(code, ranks)
-        em = outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps)
+        em = outputs.with_figures(outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps),
+                                  calibrated)
         result = staging / "emulation"
         artifacts.write_outputs(result, em.tables, outputs.SCHEMAS, run_id=job.meta["run_id"])
         logs = sorted((run_dir / "logs").glob("rank=*.log"))

@@ -12,13 +12,25 @@ from prism.calibrate.stage import load_graph
 
 
 def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: int) -> pl.DataFrame:
-    """The events on the critical path of `iteration` in the calibrated timeline, in time order.
+    """The events on the critical path of `iteration` in the calibrated timeline, in time order: the calibrate
+    stage's ``calibrated/critical_path.parquet`` when the job has it (what ``calibrated.critical_path`` shows),
+    else walked here.
 
     `events`: the calibrated timeline (`prism.report.data.load_timeline(job, "calibrated").events`). The
     walk starts at the iteration_end marker of `iteration` that ended last and stops before the first event
     that ended by the previous iteration's job end (the iteration's start). Uses the durations
     the calibration used (``slices/durations.parquet``) when present, to tell a blocked wait."""
     job = Path(job)
+    written = job / "calibrated" / "critical_path.parquet"
+    if written.is_file():  # the calibrate stage's, walked with the durations it swept (`critical_path_table`)
+        path = pl.read_parquet(written, columns=["iteration", "step", "event_id"])
+        path = path.filter(pl.col("iteration") == iteration)
+        if not path.height:
+            raise ValueError(f"{written}: no critical path of iteration {iteration}")
+        rows = path.join(events, on="event_id", how="inner").sort("step")
+        if rows.height != path.height:
+            raise ValueError(f"{written}: its event ids are not the calibrated timeline's; re-run prism calibrate")
+        return rows.select("event_id", "rank", "seq", "kind", "op", "group", "stream", "start_ns", "end_ns")
     graph = load_graph(job)
     ordered = events.sort("rank", "seq")
     if not np.array_equal(ordered["event_id"].to_numpy(), graph.event_ids):

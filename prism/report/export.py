@@ -3,17 +3,35 @@
     prism export --job DIR --timeline capture|calibrated|baseline|emulation --format perfetto|kineto [--out P]
 
 - ``perfetto``: one Chrome trace-event JSON file (ui.perfetto.dev, chrome://tracing): one process per rank,
-  one thread (track) per stream, one complete ("X") event per event, and flow arrows (``ph: s/f``) for each
-  communication: from the send to the receiver's wait (or the recv), and from a collective's last arrival to
-  every other member's wait (or the member). Default: ``DIR/export/<timeline>.perfetto.json``.
+  one thread (track) per stream, one complete ("X") event per event, sorted by start on each track (a track's
+  events never overlap: `prism.schemas.check_timeline` holds every timeline to that), args naming the group
+  and its ranks (``tp[0,1]``), and flow arrows (``ph: s/f``) for each communication, forward in time: from
+  the send's issue to the receiver's completion (the end of its wait, or the recv), and from a collective's
+  last arrival (the issue of the member that came last) to every other member's completion.
+  Default: ``DIR/export/<timeline>.perfetto.json``.
 - ``kineto``: one file per rank, ``DIR/export/<timeline>.kineto/rank-R.json``, in the PyTorch profiler's
   (Kineto's) layout that Holistic Trace Analysis reads: ``distributedInfo`` (rank, world_size),
   ``deviceProperties``, and ``traceEvents``: a ``ProfilerStep#k`` annotation per iteration (HTA's iterations),
-  every event a ``cpu_op`` on the rank's host thread
-  and, for compute and communication, a ``kernel`` on a device stream (compute on the program's stream,
-  communication on its own stream named ``ncclDevKernel_<op>``, spanning from the op's issue to the end of
-  the wait on it), linked by ``correlation``/``External id`` through a ``cuda_runtime`` launch. prism's
+  every event a ``cpu_op`` on the rank's host thread (pid ``1000 + rank``) and, for compute and
+  communication, a ``kernel`` on the device (pid 0, as Kineto numbers a process's device) on one stream per
+  kind, each stream a named track that runs one kernel at a time: compute on the program's stream (7),
+  communication on its own (20, kernels ``ncclDevKernel_<op>``, as NCCL's), a communication kernel from the
+  op's issue (or the end of the stream's previous kernel, when later) to the end of the wait on it; kernels
+  are linked to their host op by ``correlation``/``External id`` through a ``cuda_runtime`` launch at the
+  op's start. The device's timeline is the host's 1 us later (a launch latency: HTA orders launches and
+  kernels by their time alone, in whole us, so a kernel at its launch's time could be counted before it,
+  a queue of -1); kernels keep their events' durations. prism's
   ranks run on CPU or GPU alike: these "kernels" are prism's events on the rank's device clock.
+
+Idle and waiting, prism's and HTA's (they answer different questions, so their numbers differ):
+
+- the report's *idle* (`prism.report.data.time_breakdown`) is the part of a rank's waits beyond their own
+  duration: the time the rank was blocked on other ranks (a slow peer, a late collective member);
+- HTA's *idle* (temporal breakdown) is the time no kernel runs on the device. A communication kernel here
+  spans the rank's wait on it, as an NCCL kernel spins on the device while its peers arrive, so the time
+  prism calls idle HTA counts as communication ("non-compute"), and HTA's idle is only the host-side gaps
+  (markers, op issue between kernels); HTA's ``kernel_wait`` is the gap between consecutive kernels, and its
+  queue length the launches not yet run, both >= 0 because each stream runs one kernel at a time.
 
 Timestamps are microseconds (floats, ns resolution) from the timeline's first event. Files are written to a
 temp name and renamed.
@@ -43,26 +61,44 @@ def _us(ns) -> float:
     return round(float(ns) / 1e3, 3)
 
 
-def _flows(tl: Timeline) -> list[tuple[int, int]]:
-    """(source row, destination row) of `tl.events` per communication arrow (see the module docstring)."""
+def group_names(job: str | Path, timeline: str) -> dict[str, str]:
+    """{group id: its name and ranks, e.g. "tp[0,1]"} from the graph's ``groups.parquet`` of the timeline
+    (``baseline/graph/`` for the baseline, ``graph/`` otherwise); {} when it is not there."""
+    folder = Path(job) / ("baseline/graph" if timeline == "baseline" else "graph")
+    path = folder / "groups.parquet"
+    if not path.is_file():
+        return {}
+    groups = pl.read_parquet(path, columns=["group", "desc", "members"])
+    return {g: f"{d or 'group ' + g}[{','.join(map(str, sorted(m)))}]"
+            for g, d, m in groups.iter_rows()}
+
+
+def _flows(tl: Timeline) -> list[tuple[int, int, int, int]]:
+    """(source row, its time, destination row, its time) of `tl.events` per communication arrow: from the issue
+    of a send (a p2p pair), or of the member that arrived last (a collective), to every other member's
+    completion: the end of its wait on the op (else the op's own end)."""
     ev = tl.events.with_row_index("row")
-    ops = ev.filter(pl.col("comm_id") >= 0).select("row", "event_id", "comm_id", "kind", "start_ns")
-    waits = ev.filter(pl.col("op_event_id") >= 0).select(pl.col("op_event_id").alias("event_id"),
-                                                          pl.col("row").alias("wait_row"))
+    ops = ev.filter(pl.col("comm_id") >= 0).select("row", "event_id", "comm_id", "kind", "start_ns", "end_ns")
+    waits = (ev.filter(pl.col("op_event_id") >= 0).sort("end_ns")
+             .group_by("op_event_id").agg(wait_row=pl.col("row").last(), wait_end=pl.col("end_ns").last())
+             .rename({"op_event_id": "event_id"}))
     ops = ops.join(waits, on="event_id", how="left").with_columns(
-        dst=pl.coalesce("wait_row", "row"))
-    # source: the send of a p2p pair, else the member issued last (ties: the larger row)
+        dst=pl.coalesce("wait_row", "row"), dst_ns=pl.coalesce("wait_end", "end_ns"))
     ops = ops.with_columns(prio=(pl.col("kind") == "send").cast(pl.Int64))
     src = (ops.sort("comm_id", "prio", "start_ns", "row")
-           .group_by("comm_id", maintain_order=True).agg(src=pl.col("row").last()))
+           .group_by("comm_id", maintain_order=True).agg(src=pl.col("row").last(), src_ns=pl.col("start_ns").last()))
     pairs = ops.join(src, on="comm_id").filter((pl.col("row") != pl.col("src")) & (pl.col("kind") != "send"))
     pairs = pairs.sort("comm_id", "row")
-    return list(zip(pairs["src"].to_list(), pairs["dst"].to_list()))
+    return list(zip(*(pairs[c].to_list() for c in ("src", "src_ns", "dst", "dst_ns"))))
 
 
-def perfetto(tl: Timeline) -> dict:
-    """The Chrome trace-event JSON of a timeline (a dict for json.dump)."""
-    ev = tl.events
+def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
+    """The Chrome trace-event JSON of a timeline (a dict for json.dump). `groups`: {group id: name}
+    (`group_names`), shown in the events' args. Flows run forward in time, from the sender's issue (or the
+    collective's last arrival) to the receiver's completion; an arrow that would point backwards (a measured
+    timeline whose ranks' clocks disagree) is left out and counted in ``otherData.flows_left_out``."""
+    groups = groups or {}
+    ev = tl.events.sort("rank", "stream", "start_ns", "seq")
     out: list[dict] = []
     for rank in sorted(ev["rank"].unique().to_list()):
         out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -70,25 +106,34 @@ def perfetto(tl: Timeline) -> dict:
     for rank, stream in ev.select("rank", "stream").unique().sort("rank", "stream").iter_rows():
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": stream,
                     "args": {"name": "program" if stream == 0 else f"stream {stream}"}})
-    rows = ev.select("rank", "stream", "kind", "op", "group", "iteration", "seq", "event_id", "bytes",
-                     "start_ns", "end_ns").rows()
-    for rank, stream, kind, op, group, iteration, seq, event_id, nbytes, start, end in rows:
+    has_source = "source" in ev.columns
+    cols = ["rank", "stream", "kind", "op", "group", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
+    for rank, stream, kind, op, group, iteration, seq, event_id, nbytes, start, end, *source in ev.select(
+            cols + (["source"] if has_source else [])).iter_rows():
         args = {"event_id": event_id, "seq": seq, "iteration": iteration}
         if group is not None:
-            args["group"] = group
+            args["group"] = groups.get(group, group)
         if nbytes:
             args["bytes"] = nbytes
+        if source:
+            args["source"] = source[0]
         out.append({"ph": "X", "name": op, "cat": kind, "pid": rank, "tid": stream, "ts": _us(start),
                     "dur": _us(end - start), "args": args})
-    for flow_id, (s, d) in enumerate(_flows(tl), start=1):
+    rows = tl.events.select("rank", "stream", "op", "start_ns", "end_ns").rows()
+    flow_id, left_out = 0, 0
+    for s, s_ns, d, d_ns in _flows(tl):
+        if d_ns < s_ns:
+            left_out += 1
+            continue
+        flow_id += 1
         src, dst = rows[s], rows[d]
-        mid_s = (src[9] + src[10]) // 2
-        mid_d = (dst[9] + dst[10]) // 2
-        common = {"name": src[3], "cat": "comm", "id": flow_id}
-        out.append({**common, "ph": "s", "pid": src[0], "tid": src[1], "ts": _us(mid_s)})
-        out.append({**common, "ph": "f", "bp": "e", "pid": dst[0], "tid": dst[1], "ts": _us(mid_d)})
+        common = {"name": src[2], "cat": "comm", "id": flow_id}
+        # the arrow's head inside the destination slice (binding "e": the enclosing slice), at its completion
+        head = max(dst[3], s_ns, d_ns - 1) if d_ns > dst[3] else d_ns
+        out.append({**common, "ph": "s", "pid": src[0], "tid": src[1], "ts": _us(s_ns)})
+        out.append({**common, "ph": "f", "bp": "e", "pid": dst[0], "tid": dst[1], "ts": _us(head)})
     return {"traceEvents": out, "displayTimeUnit": "ns",
-            "otherData": {"prism_timeline": tl.name, "world_size": tl.world}}
+            "otherData": {"prism_timeline": tl.name, "world_size": tl.world, "flows_left_out": left_out}}
 
 
 def _comm_spans(ev: pl.DataFrame) -> pl.DataFrame:
@@ -99,41 +144,57 @@ def _comm_spans(ev: pl.DataFrame) -> pl.DataFrame:
         kernel_end=pl.max_horizontal("end_ns", pl.col("wait_end").fill_null(0)))
 
 
-def kineto(tl: Timeline, rank: int) -> dict:
-    """The Kineto-style trace of one rank (a dict for json.dump)."""
-    ev = tl.events.filter(pl.col("rank") == rank)
+LAUNCH_US = 1.0  # the device timeline runs this far behind the host's: a kernel starts after its launch
+HOST_PID = 1000  # a rank's host process is pid HOST_PID + rank; its device is pid 0 (Kineto's device id)
+DEVICE_PID = 0
+
+
+def kineto(tl: Timeline, rank: int, groups: dict[str, str] | None = None) -> dict:
+    """The Kineto-style trace of one rank (a dict for json.dump); see the module docstring."""
+    groups = groups or {}
+    ev = tl.events.filter(pl.col("rank") == rank).sort("seq")
     spans = {row: end for row, end in _comm_spans(ev).select("row", "kernel_end").iter_rows()}
+    host = HOST_PID + rank
     out: list[dict] = [
-        {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} (host)"}},
-        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "device 0"}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "program"}},
+        {"ph": "M", "name": "process_name", "pid": host, "tid": 0, "args": {"name": f"rank {rank} (host)"}},
+        {"ph": "M", "name": "process_name", "pid": DEVICE_PID, "tid": 0, "args": {"name": f"rank {rank} device"}},
+        {"ph": "M", "name": "thread_name", "pid": host, "tid": 1, "args": {"name": "program"}},
     ]
     steps = ev.group_by("iteration").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("iteration")
     for iteration, start, end in steps.rows():  # HTA splits a trace into iterations by these
-        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{iteration}", "pid": rank,
+        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{iteration}", "pid": host,
                     "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": {"External id": 0}})
     rows = ev.select("kind", "op", "group", "iteration", "event_id", "bytes", "start_ns", "end_ns", "stream").rows()
     correlation = 0
+    stream_free: dict[int, int] = {}  # each device stream runs one kernel at a time: when it is free again
     for i, (kind, op, group, iteration, event_id, nbytes, start, end, stream) in enumerate(rows):
         correlation += 1
         args = {"External id": correlation, "event_id": event_id, "iteration": iteration}
         out.append({"ph": "X", "cat": "cpu_op" if kind != "marker" else "user_annotation", "name": op,
-                    "pid": rank, "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": args})
+                    "pid": host, "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": args})
         if kind not in ("compute", "collective", "send", "recv"):
             continue
         comm = kind != "compute"
         name = f"ncclDevKernel_{op}" if comm else f"prism_compute_{op}"
         device_stream = (COMM_STREAM if comm else COMPUTE_STREAM) + stream
-        kernel_end = spans.get(i, end) if comm else end
-        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": rank, "tid": 1,
+        k_start = max(start, stream_free.get(device_stream, start))
+        k_end = max(k_start, spans.get(i, end) if comm else end)
+        stream_free[device_stream] = k_end
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": host, "tid": 1,
                     "ts": _us(start), "dur": 0.0, "args": {"correlation": correlation, "External id": correlation}})
         kargs = {"device": 0, "stream": device_stream, "correlation": correlation, "External id": correlation,
                  "event_id": event_id}
         if comm:
             kargs.update({"Collective name": op, "In msg nelems": int(nbytes), "dtype": "Byte",
-                          "Process Group Name": group or ""})
-        out.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": device_stream, "ts": _us(start),
-                    "dur": _us(kernel_end - start), "args": kargs})
+                          "Process Group Name": groups.get(group, group or "")})
+        out.append({"ph": "X", "cat": "kernel", "name": name, "pid": DEVICE_PID, "tid": device_stream,
+                    "ts": _us(k_start) + LAUNCH_US, "dur": _us(k_end - k_start), "args": kargs})
+    for device_stream in sorted(stream_free):
+        what = "communication" if device_stream >= COMM_STREAM else "compute"
+        out.append({"ph": "M", "name": "thread_name", "pid": DEVICE_PID, "tid": device_stream,
+                    "args": {"name": f"stream {device_stream} ({what})"}})
+    # each track in time order, an enclosing slice before what it encloses
+    out.sort(key=lambda e: (e["ph"] != "M", e["pid"], e["tid"], e.get("ts", 0), -e.get("dur", 0)))
     return {
         "schemaVersion": 1,
         "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": tl.world},
@@ -167,17 +228,18 @@ def export(job: str | Path, timeline: str, fmt: str, out: str | Path | None = No
     if fmt == "perfetto":
         path = Path(out) if out else job / "export" / f"{timeline}.perfetto.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, perfetto(tl))
+        _write_json(path, perfetto(tl, group_names(job, timeline)))
         return path
     folder = Path(out) if out else job / "export" / f"{timeline}.kineto"
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    groups = group_names(job, timeline)
     try:
         for rank in np.unique(tl.events["rank"].to_numpy()).tolist():
             # '"rank": R' with a space: HTA finds a file's rank with the regex '"rank":\s+(\d+)'
-            _write_json(staging / f"rank-{rank}.json", kineto(tl, rank), separators=(", ", ": "))
+            _write_json(staging / f"rank-{rank}.json", kineto(tl, rank, groups), separators=(", ", ": "))
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
+from prism.emulate import results
 from prism.report import data, header, occupancy, plots
 from prism.report.critical import iteration_critical_path
 
@@ -83,11 +84,9 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     predicted = data.job_iteration_time(iterations)
     per_rank = data.per_rank_iteration(iterations)
 
-    baseline = emulation = None
+    baseline = None
     if (job / "baseline" / "graph" / "events.parquet").is_file():
         baseline = data.load_timeline(job, "baseline")
-    if (job / "emulation" / "events.parquet").is_file():
-        emulation = data.load_timeline(job, "emulation")
     base_iters = data.marker_iterations(baseline.events) if baseline else None
     measured = data.job_iteration_time(base_iters) if base_iters is not None and base_iters.height else None
 
@@ -178,8 +177,9 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     else:
         page.figure(plots.memory(mem))
 
+    if (job / "emulation" / "iterations.parquet").is_file():
+        _emulation_section(page, job)
     if emulation is not None:
-        _emulation_section(page, job, emulation, per_rank, predicted)
         _emulation_memory(page, job)
     if baseline is None:
         page.heading("Baseline (the real run)")
@@ -209,32 +209,26 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     return page.render()
 
 
-def _emulation_section(page: Page, job: Path, emulation: data.Timeline, per_rank: pl.DataFrame,
-                       predicted: dict | None) -> None:
+def _emulation_section(page: Page, job: Path) -> None:
+    """The sandbox's figures, computed by `prism.emulate.results` (the numbers the emulation's summary prints)."""
     page.heading("Emulation: sandbox ranks measured vs predicted")
-    ev = emulation.events
-    if "source" not in ev.columns:
-        page.text(f"{job / 'emulation' / 'events.parquet'} has no source column: sandbox ranks unknown.", "note")
-        return
-    sandbox = sorted(ev.filter(pl.col("source") == "sandbox")["rank"].unique().to_list())
-    path = job / "emulation" / "iterations.parquet"
-    iters = pl.read_parquet(path) if path.is_file() else data.marker_iterations(ev)
-    if "duration_ns" not in iters.columns:
-        iters = data.marker_iterations(ev)
-    measured = data.per_rank_iteration(iters.filter(pl.col("rank").is_in(sandbox)))
-    both = per_rank.rename({"median_ms": "predicted_ms"}).join(
-        measured.rename({"median_ms": "measured_ms"}), on="rank", how="inner")
-    if not both.height:
+    fig = results.read_figures(job)
+    if not fig.ranks:
         page.text(f"No sandbox rank with iteration times in {job / 'emulation'}.", "note")
         return
-    page.text(f"Sandbox ranks (ran for real in the emulation): {', '.join(map(str, sandbox))}.")
-    page.table(both.with_columns(
-        error_pct=100 * (pl.col("predicted_ms") - pl.col("measured_ms")) / pl.col("measured_ms")))
-    page.figure(plots.measured_vs_predicted(both, "Sandbox ranks: median iteration time", "emulation (sandbox)"))
-    emu = data.job_iteration_time(iters)
-    if emu and predicted:
-        page.figure(plots.iteration_series({"predicted": predicted["gaps_ms"], "emulation": emu["gaps_ms"]},
-                                           "The job's iteration times: prediction and emulation"))
+    page.text(f"Sandbox ranks (ran for real in the emulation): {', '.join(str(r.rank) for r in fig.ranks)}; "
+              f"iterations compared: {', '.join(map(str, fig.iterations))}.")
+    lines = html.escape("\n".join(results.text_lines(fig)))
+    page.parts.append(f"<pre style='white-space: pre-wrap'>{lines}</pre>")
+    table = pl.DataFrame(results.rank_table(fig), strict=False)
+    page.table(table)
+    both = table.select("rank", "predicted_ms", "measured_ms").drop_nulls()
+    if both.height:
+        page.figure(plots.measured_vs_predicted(both, "Sandbox ranks: median iteration time", "emulation (sandbox)"))
+    if fig.predicted_gaps_ms and fig.under_sandbox_gaps_ms:
+        page.figure(plots.iteration_series({"predicted": fig.predicted_gaps_ms,
+                                            "under the sandbox": fig.under_sandbox_gaps_ms},
+                                           "The job's iteration times: prediction and under the sandbox"))
 
 
 def _emulation_memory(page: Page, job: Path) -> None:

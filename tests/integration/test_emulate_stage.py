@@ -60,6 +60,10 @@ def test_a_partial_replay_the_sweep_computes_the_rest(job):
     mine = events[events["rank"] == 3]
     assert sorted(mine[mine.source == "replay"].seq) == list(range(3, 9))
     assert set(mine[mine.source != "replay"].source) == {"computed"} and len(mine) == int((graph["rank"] == 3).sum())
+    # replayed and computed rows of a rank: one sequence on one clock, the tail after the replay included
+    assert schemas.timeline_problem(pq.read_table(job / "emulation" / "events.parquet")) is None
+    tail = mine[mine.seq >= 9]
+    assert tail.start_ns.iloc[0] >= mine[mine.seq == 8].end_ns.iloc[0]
 
 
 def test_outputs_on_one_clock(job):
@@ -267,3 +271,48 @@ def test_real_emulation_end_to_end(job):
     diag = meta["emulation"]["rank_diagnostics"]["3"]  # the sandbox rank's (emulated_works._HOPS, thread_cpu)
     assert diag["protocol_ops"] > 0 and diag["exchange_s"] > 0 and diag["by_op"], diag
     assert diag["threads_cpu_s"]["MainThread"] > 0 and "prism-emu-g" in diag["threads_cpu_s"], diag
+
+
+def test_summary_report_and_bench_show_the_same_figures(job):
+    """One set of figures (prism/emulate/results.py): the numbers the emulation's summary prints are those the
+    report's emulation section, `prism sql`'s emulation.figures and the fidelity bench show; the sandbox's time
+    is its program's (what the job under the sandbox carries) plus the emulation's own delay."""
+    import re
+
+    from prism.bench.fidelity import emulated_sandbox
+    from prism.emulate import results
+    from prism.report.html import build
+
+    em, text = stage.emulate(job, "pp=last,tp=0,dp=0", launch=fake_launcher(job, [2], [3], scale=3.0))
+    fig = results.read_figures(job)
+
+    def number(pattern: str, source: str) -> float:
+        return float(re.search(pattern, source).group(1))
+
+    assert number(r"calibrated prediction: +([\d.]+) ms", text) == round(fig.predicted_ms, 2)
+    under = number(r"under the sandbox's measured behaviour: +([\d.]+) ms", text)
+    measured = number(r"rank 2: measured ([\d.]+) ms", text)
+    program = number(r"program ([\d.]+) ms", text)
+    delay = number(r"emulation delay (-?[\d.]+) ms", text)
+    assert abs(measured - (program + delay)) <= 0.011
+    # a 3x slower sandbox compute is the program's: the job under the sandbox is slower than predicted
+    assert program > number(r"calibrated prediction ([\d.]+) ms$", text.splitlines()[6]) and under > fig.predicted_ms
+
+    page = build(job)
+    section = page[page.index("Emulation: sandbox ranks"):]
+    # the summary's lines, verbatim, and the rank's row of the table with the same numbers
+    for line in results.text_lines(fig):
+        assert line.replace("'", "&#x27;") in section
+    row = re.search(r"<tr><td class='n'>2</td>(.*?)</tr>", section).group(1)
+    cells = [float(c) for c in re.findall(r"<td class='n'>(-?[\d.]+)</td>", row)]
+    assert cells[0] == measured and cells[3] == program and cells[4] == delay
+
+    _, got, _ = prism_sql.run_query(job, "SELECT rank, predicted_ms, under_sandbox_ms, measured_ms, delay_ms "
+                                         "FROM emulation.figures ORDER BY rank")
+    assert [tuple(None if v is None else round(v, 2) for v in row[1:]) for row in got] == [
+        (round(fig.predicted_ms, 2), under, None, None), (round(fig.ranks[0].predicted_ms, 2), program, measured, delay)]
+
+    bench = emulated_sandbox(job, pq.read_table(job / "calibrated" / "timeline.parquet"), None)
+    assert "error" not in bench, bench
+    assert (round(bench["sandbox_ms"], 2), round(bench["job_ms"], 2), round(bench["computed_rank_ms"], 2)) == (
+        measured, under, program)

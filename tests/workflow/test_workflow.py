@@ -105,6 +105,55 @@ def test_rules_get_threads_and_resources_from_the_config(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.parametrize("artifact", ["graph/events.parquet", "baseline/graph/events.parquet",
+                                      "slices/slice=0/events.parquet", "calibrated/timeline.parquet",
+                                      "calibrated/critical_path.parquet", "emulation/events.parquet"])
+def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
+    """Per (rank, stream), events in order and not overlapping (`prism.schemas.check_timeline`, which every stage
+    runs before it writes): capture, baseline, slice run, calibration, its critical path, emulation."""
+    from prism import schemas
+
+    table = pq.read_table(tiny_reference / artifact)
+    assert table.num_rows and schemas.timeline_problem(table) is None
+
+
+@pytest.mark.parametrize("timeline", ["capture", "calibrated", "baseline", "emulation"])
+def test_the_tiny_jobs_exports_are_valid_traces(tiny_reference, tmp_path, timeline):
+    """Perfetto: tracks sorted, not overlapping, flows forward (tests/tef.py); Kineto: the same per rank, device
+    streams one kernel at a time. The calibrated timeline is one model clock: every arrow is kept. A measured
+    timeline's ranks are separate processes and the emulation's computed rows a model beside measured ones: an
+    arrow whose receiver completed before its sender issued is left out and counted (seen: 1 of 72 arrows)."""
+    import json
+
+    from prism.report import export
+    from tests.tef import problems
+
+    trace = json.loads(export.export(tiny_reference, timeline, "perfetto", tmp_path / "t.json").read_text())
+    kept = sum(e["ph"] == "s" for e in trace["traceEvents"])
+    left_out = trace["otherData"]["flows_left_out"]
+    assert problems(trace) == [] and kept > 0
+    assert left_out == 0 if timeline == "calibrated" else left_out <= (kept + left_out) // 10
+    folder = export.export(tiny_reference, timeline, "kineto", tmp_path / "k")
+    for path in sorted(folder.iterdir()):
+        assert problems(json.loads(path.read_text()), strict_tracks=lambda pid, tid: pid == export.DEVICE_PID) == []
+
+
+def test_the_report_shows_the_emulation_summary_figures(tiny_reference):
+    """The tiny job's real emulation: the report's emulation section holds the summary's figures, verbatim, and
+    the rank's table row the same numbers (prism/emulate/results.py computes both)."""
+    import html
+    import re
+
+    summary = (tiny_reference / "emulation" / "summary.txt").read_text()
+    page = html.unescape((tiny_reference / "report" / "report.html").read_text())
+    section = page[page.index("Emulation: sandbox ranks"):]
+    lines = summary[summary.index("job iteration time"):summary.index("\n\n", summary.index("job iteration time"))]
+    assert lines.strip() and lines in section
+    measured = re.search(r"rank 1: measured ([\d.]+) ms", summary).group(1)
+    row = re.search(r"<tr><td class='n'>1</td><td class='n'>([\d.]+)</td>", section).group(1)
+    assert row == measured
+
+
 def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     captured = (tiny_reference / "summary.txt").read_text()
     assert "capture: 2 ranks on 2 device slots" in captured and "mode: capture, device: cpu" in captured
@@ -112,6 +161,7 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     readme = (REPO / "README.md").read_text()
     join = re.search(r'prism sql --job results/tiny "\n(.*?)"\n```', readme, re.S).group(1)
     con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
+    con.execute(f"SET file_search_path = '{tiny_reference}'")  # the catalog's paths are relative to the job folder
     rows = con.execute(join).fetchall()
     con.close()
     assert len(rows) == 3 and all(p > 0 and m > 0 for _, p, m in rows[1:]), rows
@@ -121,6 +171,7 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     # one catalog, written by the catalog rule alone: the baseline's tables are its `baseline` schema
     assert not (job / "prism.duckdb").exists()
     con = duckdb.connect(str(tiny_reference / "prism.duckdb"), read_only=True)
+    con.execute(f"SET file_search_path = '{tiny_reference}'")  # the catalog's paths are relative to the job folder
     assert con.execute("SELECT count(*) FROM baseline.ranks").fetchone()[0] == 2
     n_comms = con.execute("SELECT count(*) FROM baseline.comms").fetchone()[0]
     con.close()
