@@ -179,7 +179,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
 
     if (job / "emulation" / "iterations.parquet").is_file():
         _emulation_section(page, job)
-    if emulation is not None:
+    if (job / "emulation" / "events.parquet").is_file():
         _emulation_memory(page, job)
     if baseline is None:
         page.heading("Baseline (the real run)")
