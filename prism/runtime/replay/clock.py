@@ -6,11 +6,12 @@ communications (those with a sandbox rank) run live; the others keep their calib
 real comm can move them) or are computed afterwards by the emulate stage's sweep (after the last real comm
 that could see them).
 
-The live events follow the calibrate sweep's rules (`prism/calibrate/sweep.py`): each rank's events run
-back to back from the calibrated start of its first live event; a compute event or an issue lasts its
-calibrated duration, the issue being the rank's arrival at its comm; a virtual-only comm completes at its
-last arrival + its calibrated transfer (p2p: max(recv arrival, send arrival + transfer)); a wait on a
-collective or a recv ends at max(start + its own time, the completion), a wait on a send after its own time.
+The live events follow the clock rule the calibrate sweep follows, from the one module both import
+(`prism.clock_rule`): each rank's events run back to back from the calibrated start of its first live event;
+a compute event or an issue lasts its calibrated duration, the issue being the rank's arrival at its comm; a
+virtual-only comm completes at its last arrival + its calibrated transfer (p2p: max(recv arrival, send
+arrival + transfer)); a wait on a collective or a recv ends its own time after max(its start, the
+completion), a wait on a send after its own time.
 A comm with a sandbox rank is real: the worker's thread for it calls `gate(comm)` (returns once every
 virtual member's arrival is known, sleeping until t0 + the last one on the wall clock) and `complete(comm)`
 once the real operation completed; the ranks parked on it then go on from that time.
@@ -57,6 +58,7 @@ import pyarrow.parquet as pq
 from numba import njit
 
 from prism import schemas
+from prism.clock_rule import collective_done, ends, p2p_done, wait_ends
 from prism.runtime.replay import cone as cones
 from prism.runtime.replay.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
 
@@ -91,10 +93,10 @@ def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_s
                     park_head[c] = r
                     break
                 s = t
-                e = max(t + dur[i], done)
+                e = wait_ends(t, dur[i], done)
             else:
                 s = t
-                e = t + dur[i]
+                e = ends(t, dur[i])
                 if k != PLAIN and k < WAIT and c >= 0:  # an issue: the rank arrives at comm c
                     acc[c] = max(acc[c], s)
                     if k == ARRIVE_SEND:
@@ -104,9 +106,9 @@ def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_s
                     pending[c] -= 1
                     if pending[c] == 0 and not real[c]:
                         if p2p[c]:
-                            completion[c] = max(acc_recv[c], acc_send[c] + xfer[c])
+                            completion[c] = p2p_done(acc_recv[c], acc_send[c], xfer[c])
                         else:
-                            completion[c] = acc[c] + xfer[c]
+                            completion[c] = collective_done(acc[c], xfer[c])
                         u = park_head[c]
                         while u >= 0:
                             nxt = park_next[u]
@@ -165,9 +167,9 @@ class TimedReplay:
         self.xfer, self.p2p, self.real = job.xfer, job.p2p, job.real
         self.completion = np.full(m, NEG, dtype=np.int64)
         ready = (self.pending == 0) & ~job.real
-        self.completion[ready] = np.where(job.p2p[ready], np.maximum(self.acc_recv[ready], self.acc_send[ready]
-                                                                     + job.xfer[ready]),
-                                          self.acc[ready] + job.xfer[ready])
+        self.completion[ready] = np.where(job.p2p[ready],
+                                          p2p_done(self.acc_recv[ready], self.acc_send[ready], job.xfer[ready]),
+                                          collective_done(self.acc[ready], job.xfer[ready]))
         self.park_head = np.full(m, -1, dtype=np.int64)
         self.park_next = np.full(len(ranks), -1, dtype=np.int64)
         self.stack = np.empty(len(ranks), dtype=np.int64)
