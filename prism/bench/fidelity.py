@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                              "--out, write it and the JSON it scored there")
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print the tables and means of results files (fidelity.json, e.g. "
-                             "docs/fidelity/*.json)")
+                             "docs/results/fidelity/*.json)")
     args = parser.parse_args(argv)
     if args.summarize:
         try:
