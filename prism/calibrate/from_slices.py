@@ -72,6 +72,29 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     return total, count
 
 
+def member_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+                  replayed: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Per comm, the smallest delay among one slice run's measured members (`slice_delays`' delays): when the
+    comm's first member saw it complete, from the last issue (int64 max where none was measured)."""
+    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
+    ops = rows[is_op[rows]]
+    last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
+    np.maximum.at(last_start, comm[ops], t_start[ops])
+    if replayed is not None and len(replayed[0]):
+        np.maximum.at(last_start, replayed[0], replayed[1])
+    seen = np.full(len(kind), -1, dtype=np.int64)
+    counts = ops[kind[ops] != K_SEND]
+    seen[counts] = t_complete[counts]
+    waits = rows[kind[rows] == K_WAIT]
+    target = wait_op[waits]
+    ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
+    seen[target[ok]] = t_end[waits[ok]]
+    members = ops[seen[ops] >= 0]
+    out = np.full(n_comms, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(out, comm[members], np.maximum(seen[members] - last_start[comm[members]], 0))
+    return out
+
+
 def _replayed(path: Path, comm_position: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
     """A timed slice's replay issues as (comm index, t_issue_ns); None for an untimed slice (no file)."""
     if not path.is_file():
@@ -146,8 +169,8 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     measured = np.zeros(n, dtype=bool)
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
-    total = np.zeros(g.n_comms, dtype=np.int64)
-    count = np.zeros(g.n_comms, dtype=np.int64)
+    first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
+    runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
         path = job_dir / slices_dir / f"slice={k}" / "events.parquet"
@@ -172,10 +195,10 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
                            ("t_complete_ns", t_complete)):
             dest[rows] = ev[name].to_numpy()
         measured[rows] = True
-        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
-                                    _replayed(path.with_name("replay.parquet"), comm_position))
-        total += part
-        count += n_part
+        replayed = _replayed(path.with_name("replay.parquet"), comm_position)
+        np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
+                                        replayed), out=first)
+        runs.append((rows, replayed))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
@@ -187,18 +210,26 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
             raise CalibrateError(f"rank {dst} and rank {src} (class {classes[dst]!r}) have different event "
                                  "counts: the plan's rank classes do not fit this graph; plan again (python -m "
                                  f"prism.slices.plan --job {job_dir} ...) or plan without --representative")
-        for arr in (device, cpu, t_start, t_end, t_complete):
-            arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]
         source[dst_rows] = src_rows
     if not measured.all():
         missing = int(np.flatnonzero(~measured)[0])
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
-                              t_complete, g.n_comms)
-    known = count > 0
-    transfer[known] = total[known] // count[known]
+    known = first != np.iinfo(np.int64).max
+    transfer[known] = first[known]
+    # each slice's events by the measured-run rule, on that slice's clock (its own last issues)
+    own = rules.own_ns(g.kind, device, cpu)
+    dur = np.zeros(n, dtype=np.int64)
+    for rows, replayed in runs:
+        keep = np.zeros(n, dtype=bool)
+        keep[rows] = True
+        ts, te, tc = (np.where(keep, a, -1) for a in (t_start, t_end, t_complete))
+        part, _ = rules.measured_run(g.kind, g.comm, g.wait_op, own, ts, te, tc, g.n_comms, transfer=transfer,
+                                     issues=replayed)
+        dur[rows] = part[rows]
+    borrowed = source >= 0
+    dur[borrowed] = dur[source[borrowed]]
     transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
     durations = pa.table({"event_id": pa.array(job.event_ids, pa.int64()), "duration_ns": pa.array(dur, pa.int64())})
     transfers = pa.table({"comm_id": pa.array(job.comm_ids, pa.int64()), "transfer_ns": pa.array(transfer, pa.int64())})
