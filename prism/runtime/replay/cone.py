@@ -58,6 +58,7 @@ class Job:
     end: np.ndarray  # int64[n]: calibrated end
     dur: np.ndarray  # int64[n]: what the replay lasts (a WAIT: its own time besides waiting)
     xfer: np.ndarray  # int64[m]: calibrated transfer (completion - last arrival; p2p: - the send's arrival)
+    completion: np.ndarray  # int64[m]: calibrated completion (its earliest blocking wait's end; NEG: none)
     virtual: np.ndarray  # bool[n]: a virtual rank's event kept for the replay (within --steps-limit)
     after: np.ndarray  # bool[n]
     before: np.ndarray  # bool[n]
@@ -161,7 +162,7 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
     after, before = cone(rank, code, comm, real, virtual)
     return Job(pos=order.astype(np.int64), rank=rank, seq=_np(ev["seq"]).astype(np.int64), iteration=iteration,
                code=code, comm=comm, comm_ids=comm_ids, p2p=p2p, real=real, start=start, end=end, dur=dur,
-               xfer=xfer, virtual=virtual, after=after, before=before, live=after & before)
+               xfer=xfer, completion=np.where(waited, done, NEG).astype(np.int64), virtual=virtual, after=after, before=before, live=after & before)
 
 
 def cone(rank: np.ndarray, code: np.ndarray, comm: np.ndarray, real: np.ndarray, virtual: np.ndarray):
