@@ -170,6 +170,8 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
     first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
+    total = np.zeros(g.n_comms, dtype=np.int64)  # the members' delays (their mean: the untimed pass's rule)
+    count = np.zeros(g.n_comms, dtype=np.int64)
     runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
@@ -198,6 +200,9 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         replayed = _replayed(path.with_name("replay.parquet"), comm_position)
         np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
                                         replayed), out=first)
+        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)
+        total += part
+        count += n_part
         runs.append((rows, replayed))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
@@ -216,10 +221,22 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         missing = int(np.flatnonzero(~measured)[0])
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
-    known = first != np.iinfo(np.int64).max
-    transfer[known] = first[known]
-    # each slice's events by the measured-run rule, on that slice's clock (its own last issues)
     own = rules.own_ns(g.kind, device, cpu)
+    known = count > 0
+    if not runs or any(replayed is None for _, replayed in runs):
+        # an untimed pass: the replayed members' issue times are not known on the slice's clock, so a member's
+        # lag behind the first member cannot be told from its wait for a late replayed peer: the mean delay
+        # for every member, each event's own time by the bare graph's rules (docs/fidelity.md, session 9)
+        for arr in (device, cpu, t_start, t_end, t_complete):
+            arr[source >= 0] = arr[source[source >= 0]]
+        dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
+                                  t_complete, g.n_comms)
+        transfer[known] = total[known] // count[known]
+        transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
+        return _tables(job, dur, transfer)
+    transfer[known] = first[known]
+    # a timed pass: each slice's events by the measured-run rule, on that slice's clock (its last issues,
+    # replayed members' included)
     dur = np.zeros(n, dtype=np.int64)
     for rows, replayed in runs:
         keep = np.zeros(n, dtype=bool)
@@ -231,6 +248,10 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     borrowed = source >= 0
     dur[borrowed] = dur[source[borrowed]]
     transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
+    return _tables(job, dur, transfer)
+
+
+def _tables(job, dur: np.ndarray, transfer: np.ndarray) -> tuple[pa.Table, pa.Table]:
     durations = pa.table({"event_id": pa.array(job.event_ids, pa.int64()), "duration_ns": pa.array(dur, pa.int64())})
     transfers = pa.table({"comm_id": pa.array(job.comm_ids, pa.int64()), "transfer_ns": pa.array(transfer, pa.int64())})
     return durations, transfers

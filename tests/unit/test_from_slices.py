@@ -153,17 +153,16 @@ def _times(ranks: set[int]):
     return times
 
 
-def test_transfer_is_the_first_measured_members_delay(tmp_path):
+def test_transfer_is_the_mean_of_every_measured_members_delay(tmp_path):
     job = _job(tmp_path, ["mark"] * 4)
     _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
     _write_slice(job, 0, _times({0, 1}))
     _write_slice(job, 1, _times({2, 3}))
     durations, transfers = from_slices(job)
     # iteration 0: slice 0's last issue 1200 -> delays 300, 500; slice 1's last issue 80 -> 120, 300
-    #   the first member to see it: 120 (each later member's lag is its wait's own time: durations.measured_run;
-    #   the mean, 305, was the rule before prism/clock_rule.py kept the lags)
-    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200; the first: 80
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
+    #   mean (300 + 500 + 120 + 300) / 4 = 305 (the bare graph's rule, the smallest, would give 120)
+    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200; mean 780 / 4 = 195
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [305, 195]
     by = _by_rank_kind(job, durations)
     for r in range(4):
         assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # the slice run's device time
@@ -185,8 +184,8 @@ def test_unmeasured_ranks_borrow_by_rank_class_not_by_position(tmp_path):
     by = _by_rank_kind(job, durations)
     assert by[3, "compute"] == [COMPUTE[0], COMPUTE[0] + 1]  # rank 3 (class X) takes rank 0's
     assert by[2, "compute"] == [COMPUTE[1], COMPUTE[1] + 1]  # rank 2 (class Y) takes rank 1's
-    # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200 (the first member's: 300, 200)
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [300, 200]
+    # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [400, 250]
 
 
 def test_a_comm_among_borrowed_ranks_takes_its_representatives_transfer(tmp_path):
@@ -199,11 +198,11 @@ def test_a_comm_among_borrowed_ranks_takes_its_representatives_transfer(tmp_path
     comm_of = {(e["rank"], e["iteration"]): e["comm_id"] for e in _events(job).iter_rows(named=True)
                if e["kind"] == "collective"}
     by_id = dict(zip(transfers.column("comm_id").to_pylist(), transfers.column("transfer_ns").to_pylist()))
-    # the {0, 1} all_reduce measured in slice 0: iteration 0 delays 300, 500; iteration 1 300, 200: the first's
-    assert [by_id[comm_of[0, k]] for k in (0, 1)] == [300, 200]
+    # the {0, 1} all_reduce measured in slice 0: iteration 0 delays 300, 500; iteration 1 300, 200
+    assert [by_id[comm_of[0, k]] for k in (0, 1)] == [400, 250]
     # the {2, 3} all_reduce ran in no slice; ranks 2 and 3 stand in for 1 and 0: the same comms' transfer
     # (without borrowing it would keep the bare graph's: 0, nobody in the capture waited on it)
-    assert [by_id[comm_of[2, k]] for k in (0, 1)] == [300, 200]
+    assert [by_id[comm_of[2, k]] for k in (0, 1)] == [400, 250]
 
 
 def test_representatives_pair_ranks_of_a_class_in_rank_order():
@@ -244,3 +243,32 @@ def test_cuda_slices_time_compute_by_the_gpu_clock_not_the_launch_time(tmp_path)
     _write_slice(job, 0, broken)
     with pytest.raises(CalibrateError, match=r"negative duration"):
         from_slices(job)
+
+
+def test_a_timed_pass_takes_the_first_members_delay_and_keeps_each_members_lag(tmp_path):
+    """With the replayed members' issues known (a timed slice's replay.parquet), the measured-run rule
+    (`durations.measured_run`): a comm's transfer is its first member's delay, from the last issue replayed
+    ones included; a later member's lag is its own time (here the all_reduce has no wait: the lag is in no
+    event, only the transfer shows); compute takes the longer of its wall span and device time."""
+    job = _job(tmp_path, ["mark"] * 4)
+    _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
+    _write_slice(job, 0, _times({0, 1}))
+    _write_slice(job, 1, _times({2, 3}))
+    comms = sorted({e["comm_id"] for e in _events(job).iter_rows(named=True) if e["kind"] == "collective"})
+    run_id = artifacts.read_run_id(job / "graph" / "events.parquet")
+    for k, issues in ((0, [1300, 5150]), (1, [60, 905])):  # slice 0's replayed peers issued last in iteration 0
+        folder = job / "slices" / f"slice={k}"
+        (folder.parent.parent / "slices_timed" / f"slice={k}").mkdir(parents=True, exist_ok=True)
+        for name in ("events.parquet",):
+            (job / "slices_timed" / f"slice={k}" / name).write_bytes((folder / name).read_bytes())
+        artifacts.write_parquet(pa.table({"comm_id": pa.array(comms, pa.int64()),
+                                          "t_issue_ns": pa.array(issues, pa.int64())}),
+                                job / "slices_timed" / f"slice={k}" / "replay.parquet", schemas.SLICE_REPLAY,
+                                run_id=run_id)
+    durations, transfers = from_slices(job, "slices_timed")
+    # iteration 0: slice 0's last issue max(1200, 1300) -> delays 200, 400; slice 1's 80 -> 120, 300: first 120
+    # iteration 1: slice 0's 5150 -> 250, 150; slice 1's 910 -> 80, 200: first 80
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
+    by = _by_rank_kind(job, durations)
+    for r in range(4):
+        assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # device time > its 5 ns span
