@@ -20,7 +20,14 @@ measured members of all slices. (The bare graph takes the smallest, because a ca
 long after completion; a slice rank never waits for a device slot. Members of a collective see its
 completion at different times -- gloo's ring finishes member by member -- and the next op of the group
 starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted the
-TP/EP layouts by 18-28 %, docs/fidelity.md.) Ranks whose slice was not measured (the planner's
+TP/EP layouts by 18-28 %, docs/fidelity.md.) With `--slices slices_timed` (every slice has its `replay.parquet`: the replayed members' issues are known on
+the slice's clock) the rule is the measured run's (`durations.measured_run`, the inputs of `prism.clock_rule`):
+a comm's transfer is its *first* measured member's delay, each member's wait keeps its lag behind that as its own
+time, and compute takes the longer of its wall span and its device time; on the truths' own measurements this is
+exact (`prism.bench.fidelity_model`, docs/fidelity.md, session 9). An untimed pass keeps the mean rule above: it
+does not know when the replay server issued the replayed members, so a member's lag cannot be told from its wait
+for a late replayed peer.
+Ranks whose slice was not measured (the planner's
 `--representative`) take the events of the rank of the same ``rank_class`` in the slice that measures
 theirs (`representatives`); a comm among such ranks only takes the transfer of the comms their
 representatives' events belong to. Comms no slice saw complete otherwise keep the bare graph's transfer.
