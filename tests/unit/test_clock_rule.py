@@ -86,3 +86,18 @@ def test_the_runtime_clock_gives_the_sweeps_times(job, tmp_path):
     at = np.searchsorted(tj.event_ids, replay.job.pos[replay.live_pos])
     assert np.array_equal(tj.event_ids[at], pos)
     assert np.array_equal(replay.start, tl.start_ns[at]) and np.array_equal(replay.end, tl.end_ns[at])
+
+
+def test_the_rule_is_neutral_and_both_sides_import_it():
+    """clock_rule imports nothing of prism's (the layering rule: a module both sides share); the sweep, its
+    reference and the runtime's timed replay and cone all take their rule from it."""
+    from pathlib import Path
+
+    import prism
+    from tests.unit.test_runtime_layering import imported_modules
+
+    root = Path(prism.__file__).parent
+    assert {m.split(".")[0] for m in imported_modules(root / "clock_rule.py")} <= {"__future__", "numpy", "numba"}
+    for user in ("calibrate/sweep.py", "calibrate/schedule.py", "calibrate/reference.py", "runtime/replay/clock.py",
+                 "runtime/replay/cone.py"):
+        assert "prism.clock_rule" in imported_modules(root / user), user
