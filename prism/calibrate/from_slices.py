@@ -50,6 +50,26 @@ from prism.calibrate.stage import CalibrateError, load_graph
 _I64_MIN = np.iinfo(np.int64).min
 
 
+def _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+            replayed: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(measured members, their delays) of one slice run (see `slice_delays`)."""
+    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
+    ops = rows[is_op[rows]]
+    last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
+    np.maximum.at(last_start, comm[ops], t_start[ops])
+    if replayed is not None and len(replayed[0]):
+        np.maximum.at(last_start, replayed[0], replayed[1])
+    seen = np.full(len(kind), -1, dtype=np.int64)
+    counts = ops[kind[ops] != K_SEND]
+    seen[counts] = t_complete[counts]
+    waits = rows[kind[rows] == K_WAIT]
+    target = wait_op[waits]
+    ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
+    seen[target[ok]] = t_end[waits[ok]]
+    members = ops[seen[ops] >= 0]
+    return members, np.maximum(seen[members] - last_start[comm[members]], 0)
+
+
 def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
                  replayed: tuple[np.ndarray, np.ndarray] | None = None):
     """What one slice run (its rows only) measured of each comm: (sum of member delays, members counted).
@@ -58,23 +78,10 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     wait's end, or its recorded completion without a wait). The members are the slice's, plus, in a timed
     slice run, the replayed ones: `replayed` = (comm, when the replay server issued it) on the slice's clock.
     Sends say nothing (a send completes locally)."""
-    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
-    ops = rows[is_op[rows]]
-    last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
-    np.maximum.at(last_start, comm[ops], t_start[ops])
-    if replayed is not None and len(replayed[0]):
-        np.maximum.at(last_start, replayed[0], replayed[1])
-    seen = np.full(len(kind), -1, dtype=np.int64)
-    counts = ops[kind[ops] != K_SEND]
-    seen[counts] = t_complete[counts]
-    waits = rows[kind[rows] == K_WAIT]
-    target = wait_op[waits]
-    ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
-    seen[target[ok]] = t_end[waits[ok]]
-    members = ops[seen[ops] >= 0]
+    members, delay = _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows, n_comms, replayed)
     total = np.zeros(n_comms, dtype=np.int64)
     count = np.zeros(n_comms, dtype=np.int64)
-    np.add.at(total, comm[members], np.maximum(seen[members] - last_start[comm[members]], 0))
+    np.add.at(total, comm[members], delay)
     np.add.at(count, comm[members], 1)
     return total, count
 
@@ -83,22 +90,9 @@ def member_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndar
                   replayed: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Per comm, the smallest delay among one slice run's measured members (`slice_delays`' delays): when the
     comm's first member saw it complete, from the last issue (int64 max where none was measured)."""
-    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
-    ops = rows[is_op[rows]]
-    last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
-    np.maximum.at(last_start, comm[ops], t_start[ops])
-    if replayed is not None and len(replayed[0]):
-        np.maximum.at(last_start, replayed[0], replayed[1])
-    seen = np.full(len(kind), -1, dtype=np.int64)
-    counts = ops[kind[ops] != K_SEND]
-    seen[counts] = t_complete[counts]
-    waits = rows[kind[rows] == K_WAIT]
-    target = wait_op[waits]
-    ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
-    seen[target[ok]] = t_end[waits[ok]]
-    members = ops[seen[ops] >= 0]
+    members, delay = _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows, n_comms, replayed)
     out = np.full(n_comms, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(out, comm[members], np.maximum(seen[members] - last_start[comm[members]], 0))
+    np.minimum.at(out, comm[members], delay)
     return out
 
 
