@@ -126,7 +126,14 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
     replay = TimedReplay(folder / "graph" / "events.parquet", folder / "calibrated" / "timeline.parquet", {sandbox})
     job = replay.job
     real = [int(c) for c in job.comm_ids[replay.driven_mask]]
-    replay.simulate({c: int(tl.comm_end_ns[c]) for c in real})
+    # a real comm completes when its first member sees it: the cone's completion (`prism.clock_rule`: a wait
+    # ends its own time after the completion; a bare graph's waits have their CPU time as own time)
+    waits = np.flatnonzero((g.kind == KINDS.index("wait")) & (g.wait_op >= 0))
+    seen = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)
+    on = g.comm[g.wait_op[waits]]
+    blocking = (on >= 0) & (g.kind[g.wait_op[waits]] != KINDS.index("send"))
+    np.minimum.at(seen, on[blocking], tl.end_ns[waits[blocking]])
+    replay.simulate({c: int(seen[c]) if seen[c] != np.iinfo(np.int64).max else int(tl.comm_end_ns[c]) for c in real})
     issue = (job.code >= ARRIVE) & (job.code <= ARRIVE_RECV) & job.virtual
     want = np.full(len(job.comm_ids), -(2**62), dtype=np.int64)
     np.maximum.at(want, job.comm[issue], job.start[issue])

@@ -2,7 +2,7 @@
 
 The JSON (``fidelity.json``, a list of records) is the bench's raw result and the only input of its
 tables: ``prism bench fidelity --summarize FILE ...`` prints the tables and means of committed JSON files
-and runs nothing, so every figure in docs/fidelity.md can be recomputed from ``docs/fidelity/*.json``.
+and runs nothing, so every figure in docs/fidelity.md can be recomputed from ``docs/results/fidelity/*.json``.
 
 A record: ``config, world, devices, layout`` (the config), ``truth_ms`` (each truth run's iteration time),
 ``pred_ms`` / ``bare_ms`` (each prism run's prediction, calibrated from its slice runs / from the bare

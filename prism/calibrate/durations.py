@@ -155,3 +155,54 @@ def read_transfers(path: str | Path, comm_ids: np.ndarray) -> np.ndarray:
     table = _read_table(path, TRANSFERS_COLUMNS, "transfers")
     return _by_id(path, table.column("comm_id").to_numpy(), table.column("transfer_ns").to_numpy(),
                   comm_ids, "comm")
+
+
+def measured_run(
+    kind: np.ndarray,
+    comm: np.ndarray,
+    wait_op: np.ndarray,
+    own: np.ndarray,
+    t_start_ns: np.ndarray,
+    t_end_ns: np.ndarray,
+    t_complete_ns: np.ndarray,
+    n_comms: int,
+    transfer: np.ndarray | None = None,
+    issues: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(durations, transfer) of a run whose ranks ran for real on one clock each (a real run, a slice run):
+    what each event cost the way the run spent it, in the terms of the clock rule (`prism.clock_rule`).
+
+    - compute: the longer of its wall span (``t_end_ns - t_start_ns``) and its device time: on CPU the rank
+      spends the span, not only its thread's CPU time (the truths' compute spans are 1.017-1.067x their CPU
+      time on the 16-core host: a rank is descheduled, waits on memory); on CUDA the GPU time of its kernels
+      (from CUDA events), which a launch's host span does not show;
+    - a comm's transfer: the *first* member's delay (last issue -> it saw completion: `bare_graph`'s
+      rule), unless `transfer` gives it (several slice runs measure one comm);
+    - a wait on a collective or a recv: its own time after the comm's completion on this run's clock,
+      ``end - max(start, last issue + transfer)`` (`clock_rule.wait_own`): the member's lag behind the
+      first member to see the completion, and its copy-out;
+    - everything else as `bare_graph` (ops their issue span, markers and waits on sends their own time).
+
+    `own`, `comm`, `wait_op`, `n_comms` as for `bare_graph`; events of ranks this run did not measure hold
+    -1 times (their durations are meaningless: the caller replaces them); `issues` = (comm, issue time) of
+    members issued outside these events on the same clock (a timed slice run's replayed members).
+    """
+    from prism.clock_rule import wait_own
+
+    durations, first = bare_graph(kind, comm, wait_op, own, t_start_ns, t_end_ns, t_complete_ns, n_comms)
+    transfer = first if transfer is None else np.asarray(transfer, dtype=np.int64)
+    span = np.maximum(t_end_ns - t_start_ns, 0)
+    durations = np.where(kind == K_COMPUTE, np.maximum(span, durations), durations)
+    is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
+    ops = np.flatnonzero(is_op & (t_start_ns >= 0))
+    last_start = np.full(n_comms, np.iinfo(np.int64).min // 4, dtype=np.int64)
+    np.maximum.at(last_start, comm[ops], t_start_ns[ops])
+    if issues is not None and len(issues[0]):  # issues of members not among the events (a timed slice's replay)
+        np.maximum.at(last_start, issues[0], issues[1])
+    waits = np.flatnonzero((kind == K_WAIT) & (wait_op >= 0))
+    target = wait_op[waits]
+    blocking = kind[target] != K_SEND
+    waits, target = waits[blocking], target[blocking]
+    c = comm[target]
+    durations[waits] = wait_own(t_start_ns[waits], t_end_ns[waits], last_start[c] + transfer[c])
+    return durations.astype(np.int64), transfer

@@ -20,7 +20,14 @@ measured members of all slices. (The bare graph takes the smallest, because a ca
 long after completion; a slice rank never waits for a device slot. Members of a collective see its
 completion at different times -- gloo's ring finishes member by member -- and the next op of the group
 starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted the
-TP/EP layouts by 18-28 %, docs/fidelity.md.) Ranks whose slice was not measured (the planner's
+TP/EP layouts by 18-28 %, docs/fidelity.md.) With `--slices slices_timed` (every slice has its `replay.parquet`: the replayed members' issues are known on
+the slice's clock) the rule is the measured run's (`durations.measured_run`, the inputs of `prism.clock_rule`):
+a comm's transfer is its *first* measured member's delay, each member's wait keeps its lag behind that as its own
+time, and compute takes the longer of its wall span and its device time; on the truths' own measurements this is
+exact (`prism.bench.fidelity_model`, docs/fidelity.md, session 9). An untimed pass keeps the mean rule above: it
+does not know when the replay server issued the replayed members, so a member's lag cannot be told from its wait
+for a late replayed peer.
+Ranks whose slice was not measured (the planner's
 `--representative`) take the events of the rank of the same ``rank_class`` in the slice that measures
 theirs (`representatives`); a comm among such ranks only takes the transfer of the comms their
 representatives' events belong to. Comms no slice saw complete otherwise keep the bare graph's transfer.
@@ -43,14 +50,9 @@ from prism.calibrate.stage import CalibrateError, load_graph
 _I64_MIN = np.iinfo(np.int64).min
 
 
-def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
-                 replayed: tuple[np.ndarray, np.ndarray] | None = None):
-    """What one slice run (its rows only) measured of each comm: (sum of member delays, members counted).
-
-    A member's delay: from the last issue among the comm's members to when the member saw it complete (its
-    wait's end, or its recorded completion without a wait). The members are the slice's, plus, in a timed
-    slice run, the replayed ones: `replayed` = (comm, when the replay server issued it) on the slice's clock.
-    Sends say nothing (a send completes locally)."""
+def _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+            replayed: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(measured members, their delays) of one slice run (see `slice_delays`)."""
     is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
     ops = rows[is_op[rows]]
     last_start = np.full(n_comms, _I64_MIN, dtype=np.int64)
@@ -65,11 +67,33 @@ def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarr
     ok = (target >= 0) & (kind[np.maximum(target, 0)] != K_SEND)
     seen[target[ok]] = t_end[waits[ok]]
     members = ops[seen[ops] >= 0]
+    return members, np.maximum(seen[members] - last_start[comm[members]], 0)
+
+
+def slice_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+                 replayed: tuple[np.ndarray, np.ndarray] | None = None):
+    """What one slice run (its rows only) measured of each comm: (sum of member delays, members counted).
+
+    A member's delay: from the last issue among the comm's members to when the member saw it complete (its
+    wait's end, or its recorded completion without a wait). The members are the slice's, plus, in a timed
+    slice run, the replayed ones: `replayed` = (comm, when the replay server issued it) on the slice's clock.
+    Sends say nothing (a send completes locally)."""
+    members, delay = _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows, n_comms, replayed)
     total = np.zeros(n_comms, dtype=np.int64)
     count = np.zeros(n_comms, dtype=np.int64)
-    np.add.at(total, comm[members], np.maximum(seen[members] - last_start[comm[members]], 0))
+    np.add.at(total, comm[members], delay)
     np.add.at(count, comm[members], 1)
     return total, count
+
+
+def member_delays(kind, comm, wait_op, t_start, t_end, t_complete, rows: np.ndarray, n_comms: int,
+                  replayed: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Per comm, the smallest delay among one slice run's measured members (`slice_delays`' delays): when the
+    comm's first member saw it complete, from the last issue (int64 max where none was measured)."""
+    members, delay = _delays(kind, comm, wait_op, t_start, t_end, t_complete, rows, n_comms, replayed)
+    out = np.full(n_comms, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(out, comm[members], delay)
+    return out
 
 
 def _replayed(path: Path, comm_position: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -146,8 +170,10 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     measured = np.zeros(n, dtype=bool)
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
-    total = np.zeros(g.n_comms, dtype=np.int64)
+    first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
+    total = np.zeros(g.n_comms, dtype=np.int64)  # the members' delays (their mean: the untimed pass's rule)
     count = np.zeros(g.n_comms, dtype=np.int64)
+    runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
         path = job_dir / slices_dir / f"slice={k}" / "events.parquet"
@@ -172,10 +198,13 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
                            ("t_complete_ns", t_complete)):
             dest[rows] = ev[name].to_numpy()
         measured[rows] = True
-        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
-                                    _replayed(path.with_name("replay.parquet"), comm_position))
+        replayed = _replayed(path.with_name("replay.parquet"), comm_position)
+        np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
+                                        replayed), out=first)
+        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)
         total += part
         count += n_part
+        runs.append((rows, replayed))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
@@ -187,19 +216,43 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
             raise CalibrateError(f"rank {dst} and rank {src} (class {classes[dst]!r}) have different event "
                                  "counts: the plan's rank classes do not fit this graph; plan again (prism slices "
                                  f"plan --job {job_dir} ...) or plan without --representative")
-        for arr in (device, cpu, t_start, t_end, t_complete):
-            arr[dst_rows] = arr[src_rows]
         measured[dst_rows] = measured[src_rows]
         source[dst_rows] = src_rows
     if not measured.all():
         missing = int(np.flatnonzero(~measured)[0])
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
-                              t_complete, g.n_comms)
+    own = rules.own_ns(g.kind, device, cpu)
     known = count > 0
-    transfer[known] = total[known] // count[known]
+    if not runs or any(replayed is None for _, replayed in runs):
+        # an untimed pass: the replayed members' issue times are not known on the slice's clock, so a member's
+        # lag behind the first member cannot be told from its wait for a late replayed peer: the mean delay
+        # for every member, each event's own time by the bare graph's rules (docs/fidelity.md, session 9)
+        for arr in (device, cpu, t_start, t_end, t_complete):
+            arr[source >= 0] = arr[source[source >= 0]]
+        dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
+                                  t_complete, g.n_comms)
+        transfer[known] = total[known] // count[known]
+        transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
+        return _tables(job, dur, transfer)
+    transfer[known] = first[known]
+    # a timed pass: each slice's events by the measured-run rule, on that slice's clock (its last issues,
+    # replayed members' included)
+    dur = np.zeros(n, dtype=np.int64)
+    for rows, replayed in runs:
+        keep = np.zeros(n, dtype=bool)
+        keep[rows] = True
+        ts, te, tc = (np.where(keep, a, -1) for a in (t_start, t_end, t_complete))
+        part, _ = rules.measured_run(g.kind, g.comm, g.wait_op, own, ts, te, tc, g.n_comms, transfer=transfer,
+                                     issues=replayed)
+        dur[rows] = part[rows]
+    borrowed = source >= 0
+    dur[borrowed] = dur[source[borrowed]]
     transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
+    return _tables(job, dur, transfer)
+
+
+def _tables(job, dur: np.ndarray, transfer: np.ndarray) -> tuple[pa.Table, pa.Table]:
     durations = pa.table({"event_id": pa.array(job.event_ids, pa.int64()), "duration_ns": pa.array(dur, pa.int64())})
     transfers = pa.table({"comm_id": pa.array(job.comm_ids, pa.int64()), "transfer_ns": pa.array(transfer, pa.int64())})
     return durations, transfers

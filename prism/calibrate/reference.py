@@ -21,6 +21,7 @@ from prism.calibrate.arrays import (
     validate,
 )
 from prism.calibrate.sweep import Timeline
+from prism.clock_rule import collective_done, ends, p2p_done, wait_ends
 
 
 def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Timeline:
@@ -51,8 +52,8 @@ def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Tim
         if p2p[c]:
             send = next(e for e in members[c] if kind[e] == K_SEND)
             recv = next(e for e in members[c] if kind[e] == K_RECV)
-            return max(start[recv], start[send] + xfer[c])
-        return max(issued) + xfer[c]
+            return int(p2p_done(start[recv], start[send], xfer[c]))
+        return int(collective_done(max(issued), xfer[c]))
 
     cursor = ptr[:-1]
     clock = [0] * w
@@ -63,12 +64,12 @@ def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Tim
             while cursor[r] < ptr[r + 1]:
                 e = cursor[r]
                 t = clock[r]
-                finish = t + dur[e]
+                finish = int(ends(t, dur[e]))
                 if kind[e] == K_WAIT and kind[wait_op[e]] != K_SEND:  # sends complete locally
                     done = completion(comm[wait_op[e]])
                     if done is None:
                         break
-                    finish = max(finish, done)
+                    finish = int(wait_ends(t, dur[e], done))
                 start[e], end[e] = t, finish
                 clock[r] = finish
                 cursor[r] += 1

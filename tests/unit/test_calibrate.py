@@ -97,8 +97,8 @@ def test_sync_all_reduce_starts_when_the_last_member_arrives():
     ], transfer={"A": 5})
     start, end, cstart, cend = times(syn)
     assert cstart == [50] and cend == [55]  # rank 1 issued last, at 50
-    assert end[:4] == [10, 11, 55, 59]  # rank 0's wait: max(11 + 1, 50 + 5)
-    assert end[4:] == [50, 52, 55, 59]
+    assert end[:4] == [10, 11, 56, 60]  # rank 0's wait: max(11, 50 + 5) + its own 1 (clock_rule.wait_ends)
+    assert end[4:] == [50, 52, 56, 60]
     assert start[2] == 11 and start[6] == 52
 
 
@@ -109,7 +109,7 @@ def test_recv_waits_for_a_late_send():
     ], transfer={"m": 7})
     start, end, cstart, cend = times(syn)
     assert end[:3] == [100, 103, 104]  # the send completes locally
-    assert end[3:] == [2, 107, 117]  # the recv completes at send issue (100) + transfer (7)
+    assert end[3:] == [2, 108, 118]  # the recv completes at send issue (100) + transfer (7); own 1 after
     assert cstart == [100] and cend == [107]
 
 
@@ -131,7 +131,7 @@ def test_async_op_overlaps_compute():
     _, end, _, cend = times(syn)
     assert cend == [20]
     assert end[:3] == [1, 101, 102]  # the transfer is hidden behind the compute
-    assert end[3:] == [1, 20]
+    assert end[3:] == [1, 21]  # completion 20 + own 1
 
 
 def test_op_without_wait_never_blocks():
@@ -141,7 +141,7 @@ def test_op_without_wait_never_blocks():
     ], transfer={"A": 10})
     _, end, cstart, cend = times(syn)
     assert end[:3] == [5, 8, 9]
-    assert end[3:] == [1000, 1001, 1010]
+    assert end[3:] == [1000, 1001, 1011]
     assert cstart == [1000] and cend == [1010]
 
 

@@ -17,19 +17,19 @@ def timed(programs, transfer=None):
 
 
 def test_a_wait_on_a_late_rank_jumps_to_that_rank():
-    # rank 0: compute 0-10, coll 10-11, wait 11-55 (rank 1 issued at 50, transfer 5), compute 55-59
-    # rank 1: compute 0-50, coll 50-52, wait 52-55, compute 55-58 (shorter: not the last)
+    # rank 0: compute 0-10, coll 10-11, wait 11-56 (rank 1 issued at 50, transfer 5, own 1), compute 56-60
+    # rank 1: compute 0-50, coll 50-52, wait 52-56, compute 56-59 (shorter: not the last)
     syn, start, end = timed([
         [("compute", 10), ("coll", "A", 1), ("wait", 1, 1), ("compute", 4)],
         [("compute", 50), ("coll", "A", 2), ("wait", 1, 1), ("compute", 3)],
     ], transfer={"A": 5})
-    assert end.tolist() == [10, 11, 55, 59, 50, 52, 55, 58]
+    assert end.tolist() == [10, 11, 56, 60, 50, 52, 56, 59]
     assert last_arrivals(syn.graph, start).tolist() == [5]  # rank 1's member, issued at 50
     path = critical_path(syn.graph, start, end, last_event=3)
     # rank 0's last compute <- its wait <- rank 1's collective (issued last) <- rank 1's first compute
     assert path.tolist() == [4, 5, 2, 3]
     with_durations = critical_path(syn.graph, start, end, 3, durations=syn.durations)
-    assert with_durations.tolist() == [4, 5, 2, 3]  # the wait took 44 > its own 1: blocked
+    assert with_durations.tolist() == [4, 5, 2, 3]  # the wait took 45 > its own 1: blocked
 
 
 def test_a_wait_whose_comm_had_arrived_follows_program_order():
@@ -43,25 +43,25 @@ def test_a_wait_whose_comm_had_arrived_follows_program_order():
 
 
 def test_recv_waits_for_the_send_and_the_walk_stops_at_stop_ns():
-    # rank 0: compute 0-100, send 100-103, wait 103-104; rank 1: recv 0-2, wait 2-107 (send 100 + 7),
-    # compute 107-117
+    # rank 0: compute 0-100, send 100-103, wait 103-104; rank 1: recv 0-2, wait 2-108 (send 100 + 7, own 1),
+    # compute 108-118
     syn, start, end = timed([
         [("compute", 100), ("send", "m", 3), ("wait", 1, 1)],
         [("recv", "m", 2), ("wait", 0, 1), ("compute", 10)],
     ], transfer={"m": 7})
-    assert end.tolist() == [100, 103, 104, 2, 107, 117]
+    assert end.tolist() == [100, 103, 104, 2, 108, 118]
     assert critical_path(syn.graph, start, end, 5).tolist() == [0, 1, 4, 5]
     assert critical_path(syn.graph, start, end, 5, stop_ns=100).tolist() == [1, 4, 5]
 
 
 def test_transfer_bound_wait_jumps_only_with_durations():
     # both ranks issue at 2 (the tie goes to the later event: rank 1's), rank 0's wait starts at 3 and ends
-    # at 2 + 50 (transfer) = 52: only the durations (own 1, took 49) tell that the wait was blocked
+    # at 2 + 50 (transfer) + 1 (own) = 53: only the durations (own 1, took 50) tell that the wait was blocked
     syn, start, end = timed([
         [("compute", 2), ("coll", "A", 1), ("wait", 1, 1)],
         [("compute", 2), ("coll", "A", 1), ("wait", 1, 1)],
     ], transfer={"A": 50})
-    assert start.tolist() == [0, 2, 3, 0, 2, 3] and end.tolist() == [2, 3, 52, 2, 3, 52]
+    assert start.tolist() == [0, 2, 3, 0, 2, 3] and end.tolist() == [2, 3, 53, 2, 3, 53]
     assert last_arrivals(syn.graph, start).tolist() == [4]
     assert critical_path(syn.graph, start, end, 2).tolist() == [0, 1, 2]  # issued at 2, not after 3
     assert critical_path(syn.graph, start, end, 2, durations=syn.durations).tolist() == [3, 4, 2]

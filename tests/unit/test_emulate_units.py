@@ -90,8 +90,9 @@ def test_substituted_sweep_delays_what_depends_on_the_sandbox():
     assert new.tolist() == [30, 2, 1, 4, 20, 1, 0, 5]
     assert dur.tolist() == [10, 1, 0, 5, 20, 1, 0, 5]  # the calibrated ones are left alone
     t = substitute.sweep(job, new, xfer)
-    # rank 0: 0-30, issue 30-32, wait until max(32+1, 30+3) = 33, 33-37; rank 1 waits for rank 0's arrival
-    assert t.end_ns.tolist() == [30, 32, 33, 37, 20, 21, 33, 38]
+    # rank 0: 0-30, issue 30-32, wait until max(32, 30+3) + its own 1 = 34, 34-38; rank 1 waits for rank 0's
+    # arrival (completion 33, own 0)
+    assert t.end_ns.tolist() == [30, 32, 34, 38, 20, 21, 33, 38]
 
 
 def test_lengthen_after_marker():

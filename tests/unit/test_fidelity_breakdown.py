@@ -28,18 +28,23 @@ def test_a_folder_without_runs_is_one_error(tmp_path: Path, capsys):
 
 
 def test_the_committed_breakdown_is_what_the_committed_tables_give(tmp_path: Path):
-    """docs/fidelity/logs/breakdown-device-4.txt (cited in docs/fidelity.md) from the committed tables."""
+    """docs/results/fidelity/logs/breakdown-device-4.txt (cited in docs/fidelity.md) from the committed tables."""
     import tarfile
 
     from tests.conftest import REPO
 
-    with tarfile.open(REPO / "docs" / "fidelity" / "artifacts" / "device-4-tables.tar.xz") as tar:
+    with tarfile.open(REPO / "docs" / "results" / "fidelity" / "artifacts" / "device-4-tables.tar.xz") as tar:
         tar.extractall(tmp_path, members=[m for m in tar.getmembers() if m.name.startswith("./a/dp8-var/")],
                        filter="data")
     got = fb.breakdown(tmp_path / "a" / "dp8-var")[1:] + fb.ops(tmp_path / "a" / "dp8-var", 3)[1:]
-    log = (REPO / "docs" / "fidelity" / "logs" / "breakdown-device-4.txt").read_text().splitlines()
+    log = (REPO / "docs" / "results" / "fidelity" / "logs" / "breakdown-device-4.txt").read_text().splitlines()
     start = log.index("a/dp8-var")
-    assert got[:9] == log[start + 1:start + 10]
+    # the "sweep of truth0" line is the model's: the log predates session 9's clock rule (prism/clock_rule.py),
+    # under which the same sweep gives another figure (docs/fidelity.md, "The model on the truth's own inputs")
+    model = [i for i, line in enumerate(got[:9]) if "sweep of truth0" in line]
+    assert len(model) == 1 and "sweep of truth0" in log[start + 1 + model[0]]
+    keep = [i for i in range(9) if i != model[0]]
+    assert [got[i] for i in keep] == [log[start + 1 + i] for i in keep]
     ops_at = [i for i, line in enumerate(log) if line == "a/dp8-var"][1]
     assert got[9:] == log[ops_at + 1:ops_at + 1 + len(got) - 9]
-    assert any("sweep of truth0" in line and "-3.2 %" in line for line in got)
+    assert "(truth0 itself 213.25 ms" in got[model[0]]

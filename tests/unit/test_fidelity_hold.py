@@ -117,7 +117,7 @@ def test_docs_local_session_8_figures_are_what_show_prints():
     for line in rows:
         config = line.split("|")[1].split(",")[0].strip()
         which = "rank" if ", rank " in line else "slice"
-        path = root / "docs" / "fidelity" / "local-s8" / f"{config}-{which}.json"
+        path = root / "docs" / "results" / "fidelity" / "local-s8" / f"{config}-{which}.json"
         out = report(json.loads(path.read_text()))
         cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
         before_runs, before_med, before_comp, after, after_comp = cells[2], cells[3], cells[4], cells[5], cells[6]

@@ -240,7 +240,7 @@ def test_readme_fidelity_figures_are_what_the_committed_json_gives():
     claims = re.findall(r"`((?:[\w.-]+\.json ?)+)`: \**([\d.]+) %", text)
     assert len(claims) == 12, claims
     for files, mean in claims:
-        out = summarize([root / "docs" / "fidelity" / f for f in files.split()])
+        out = summarize([root / "docs" / "results" / "fidelity" / f for f in files.split()])
         last = [line for line in out.splitlines() if line.startswith("calibrated from slices:")][-1]
         assert last.startswith(f"calibrated from slices: mean |error| {mean} %"), (files, last)
 

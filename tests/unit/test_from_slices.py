@@ -243,3 +243,32 @@ def test_cuda_slices_time_compute_by_the_gpu_clock_not_the_launch_time(tmp_path)
     _write_slice(job, 0, broken)
     with pytest.raises(CalibrateError, match=r"negative duration"):
         from_slices(job)
+
+
+def test_a_timed_pass_takes_the_first_members_delay_and_keeps_each_members_lag(tmp_path):
+    """With the replayed members' issues known (a timed slice's replay.parquet), the measured-run rule
+    (`durations.measured_run`): a comm's transfer is its first member's delay, from the last issue replayed
+    ones included; a later member's lag is its own time (here the all_reduce has no wait: the lag is in no
+    event, only the transfer shows); compute takes the longer of its wall span and device time."""
+    job = _job(tmp_path, ["mark"] * 4)
+    _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
+    _write_slice(job, 0, _times({0, 1}))
+    _write_slice(job, 1, _times({2, 3}))
+    comms = sorted({e["comm_id"] for e in _events(job).iter_rows(named=True) if e["kind"] == "collective"})
+    run_id = artifacts.read_run_id(job / "graph" / "events.parquet")
+    for k, issues in ((0, [1300, 5150]), (1, [60, 905])):  # slice 0's replayed peers issued last in iteration 0
+        folder = job / "slices" / f"slice={k}"
+        (folder.parent.parent / "slices_timed" / f"slice={k}").mkdir(parents=True, exist_ok=True)
+        for name in ("events.parquet",):
+            (job / "slices_timed" / f"slice={k}" / name).write_bytes((folder / name).read_bytes())
+        artifacts.write_parquet(pa.table({"comm_id": pa.array(comms, pa.int64()),
+                                          "t_issue_ns": pa.array(issues, pa.int64())}),
+                                job / "slices_timed" / f"slice={k}" / "replay.parquet", schemas.SLICE_REPLAY,
+                                run_id=run_id)
+    durations, transfers = from_slices(job, "slices_timed")
+    # iteration 0: slice 0's last issue max(1200, 1300) -> delays 200, 400; slice 1's 80 -> 120, 300: first 120
+    # iteration 1: slice 0's 5150 -> 250, 150; slice 1's 910 -> 80, 200: first 80
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
+    by = _by_rank_kind(job, durations)
+    for r in range(4):
+        assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # device time > its 5 ns span

@@ -230,3 +230,19 @@ def test_transfer_hold_releases_at_last_arrival_plus_transfer(tmp_path):
         replay.stop()
         loop.join(5)
         assert floor_ms <= waited_ms < floor_ms + 500, (hold, waited_ms)
+
+
+def test_each_real_exchange_reports_how_late_it_completed_against_the_model(tmp_path):
+    """SPEC's A (real, an all_reduce): virtual arrivals at 100 and 50, calibrated transfer 50, calibrated
+    completion 200; completing it ~1 s after t0 is ~1 s late against both; stats() carries it by op."""
+    replay = TimedReplay(*_job(tmp_path), sandbox={0})
+    replay.stack[:] = np.arange(len(replay.live_ranks))
+    replay._step(len(replay.live_ranks))
+    assert replay.arrival(0) == 100
+    replay.t0_ns = time.monotonic_ns() - 1_000_000_000
+    replay.complete(0)
+    late = replay.stats()["exchange_late_by_op"]
+    assert list(late) == ["all_reduce"] and late["all_reduce"]["n"] == 1
+    got = late["all_reduce"]
+    assert 1000 - 0.00015 <= got["vs_model_max_ms"] < 1500  # now - (100 + 50 ns)
+    assert got["vs_model_max_ms"] - got["vs_calibrated_max_ms"] == pytest.approx(200e-6 - 150e-6, abs=1e-9)

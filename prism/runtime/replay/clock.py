@@ -6,11 +6,12 @@ communications (those with a sandbox rank) run live; the others keep their calib
 real comm can move them) or are computed afterwards by the emulate stage's sweep (after the last real comm
 that could see them).
 
-The live events follow the calibrate sweep's rules (`prism/calibrate/sweep.py`): each rank's events run
-back to back from the calibrated start of its first live event; a compute event or an issue lasts its
-calibrated duration, the issue being the rank's arrival at its comm; a virtual-only comm completes at its
-last arrival + its calibrated transfer (p2p: max(recv arrival, send arrival + transfer)); a wait on a
-collective or a recv ends at max(start + its own time, the completion), a wait on a send after its own time.
+The live events follow the clock rule the calibrate sweep follows, from the one module both import
+(`prism.clock_rule`): each rank's events run back to back from the calibrated start of its first live event;
+a compute event or an issue lasts its calibrated duration, the issue being the rank's arrival at its comm; a
+virtual-only comm completes at its last arrival + its calibrated transfer (p2p: max(recv arrival, send
+arrival + transfer)); a wait on a collective or a recv ends its own time after max(its start, the
+completion), a wait on a send after its own time.
 A comm with a sandbox rank is real: the worker's thread for it calls `gate(comm)` (returns once every
 virtual member's arrival is known, sleeping until t0 + the last one on the wall clock) and `complete(comm)`
 once the real operation completed; the ranks parked on it then go on from that time.
@@ -57,6 +58,7 @@ import pyarrow.parquet as pq
 from numba import njit
 
 from prism import schemas
+from prism.clock_rule import collective_done, ends, p2p_done, wait_ends
 from prism.runtime.replay import cone as cones
 from prism.runtime.replay.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
 
@@ -91,10 +93,10 @@ def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_s
                     park_head[c] = r
                     break
                 s = t
-                e = max(t + dur[i], done)
+                e = wait_ends(t, dur[i], done)
             else:
                 s = t
-                e = t + dur[i]
+                e = ends(t, dur[i])
                 if k != PLAIN and k < WAIT and c >= 0:  # an issue: the rank arrives at comm c
                     acc[c] = max(acc[c], s)
                     if k == ARRIVE_SEND:
@@ -104,9 +106,9 @@ def _advance(code, dur, comm, hi, cursor, clock, start, end, pending, acc, acc_s
                     pending[c] -= 1
                     if pending[c] == 0 and not real[c]:
                         if p2p[c]:
-                            completion[c] = max(acc_recv[c], acc_send[c] + xfer[c])
+                            completion[c] = p2p_done(acc_recv[c], acc_send[c], xfer[c])
                         else:
-                            completion[c] = acc[c] + xfer[c]
+                            completion[c] = collective_done(acc[c], xfer[c])
                         u = park_head[c]
                         while u >= 0:
                             nxt = park_next[u]
@@ -165,9 +167,9 @@ class TimedReplay:
         self.xfer, self.p2p, self.real = job.xfer, job.p2p, job.real
         self.completion = np.full(m, NEG, dtype=np.int64)
         ready = (self.pending == 0) & ~job.real
-        self.completion[ready] = np.where(job.p2p[ready], np.maximum(self.acc_recv[ready], self.acc_send[ready]
-                                                                     + job.xfer[ready]),
-                                          self.acc[ready] + job.xfer[ready])
+        self.completion[ready] = np.where(job.p2p[ready],
+                                          p2p_done(self.acc_recv[ready], self.acc_send[ready], job.xfer[ready]),
+                                          collective_done(self.acc[ready], job.xfer[ready]))
         self.park_head = np.full(m, -1, dtype=np.int64)
         self.park_next = np.full(len(ranks), -1, dtype=np.int64)
         self.stack = np.empty(len(ranks), dtype=np.int64)
@@ -199,6 +201,7 @@ class TimedReplay:
         self.error: str | None = None
         self._inbox: list[tuple[int, int]] = []
         self.late_ns: list[int] = []  # per gated comm: how long the virtual clock made it wait past its time
+        self.exchange_late: dict[str, list[tuple[int, int]]] = defaultdict(list)  # op -> (vs model, vs calibrated)
         self.kernel_s = 0.0  # wall time in the kernel
         self.kernel_cpu_s = 0.0  # its thread's CPU time (what a loaded machine does not inflate)
         self.events_run = 0
@@ -210,14 +213,21 @@ class TimedReplay:
     def _names(self, sb: np.ndarray) -> None:
         """collective (group, group_seq) -> comm_id, and the comm_ids of each p2p channel's messages."""
         cols = ["kind", "group", "group_seq", "peer", "tag", "comm_id", "rank", "seq"]
+        if "op" in pq.read_schema(self.events_path).names:  # (a hand-made graph may lack it)
+            cols.append("op")
         rows = np.sort(self.job.pos[sb])
         table = _take_rows(self.events_path, cols, rows) if len(rows) else None
         self.collective_comm: dict[tuple[str, int], int] = {}
         self.p2p_comms: dict[tuple, list[int]] = defaultdict(list)  # (group, src, dst, tag) -> comms in order
+        self.op_of: dict[int, str] = {}  # comm index -> its op (all_reduce, all_to_all, send, ...)
         if table is None:
             return
         table = table.sort_by([("rank", "ascending"), ("seq", "ascending")])
         for r in table.to_pylist():
+            i = self.index.get(r["comm_id"])
+            if i is not None and (i not in self.op_of or r["kind"] == schemas.KIND_SEND):
+                p2p = r["kind"] in (schemas.KIND_SEND, schemas.KIND_RECV)
+                self.op_of[i] = "send/recv" if p2p else str(r.get("op") or r["kind"])
             if r["kind"] == schemas.KIND_COLLECTIVE:
                 self.collective_comm[(r["group"], r["group_seq"])] = r["comm_id"]
             elif r["kind"] == schemas.KIND_SEND and r["peer"] not in self.sandbox:
@@ -279,7 +289,16 @@ class TimedReplay:
         i = self.index.get(comm, -1) if comm >= 0 else -1
         if i < 0:
             return
-        self.feed(comm, max(time.monotonic_ns(), not_before) - self.t0_ns)
+        now = time.monotonic_ns() - self.t0_ns
+        if self.driven_mask[i] and self.pending[i] == 0:
+            # the emulation's own delay on this exchange: its real completion against the model's for the
+            # arrivals as they happened (the virtual ones live, + the calibrated transfer), and against the
+            # calibrated completion (which the sandbox's own speed moves as well: the program's behaviour)
+            model = int(self.acc[i]) + max(0, int(self.xfer[i]))
+            calibrated = int(self.job.completion[i])
+            self.exchange_late[self.op_of.get(i, "?")].append(
+                (now - model, now - calibrated if calibrated != NEG else 0))
+        self.feed(comm, max(now + self.t0_ns, not_before) - self.t0_ns)
 
     def feed(self, comm: int, t_ns: int) -> None:
         """Real comm `comm` completed at `t_ns` (ns from t0): the loop goes on from there."""
@@ -358,10 +377,26 @@ class TimedReplay:
                 raise RuntimeError(f"no real comm of {sorted(left)} has every virtual arrival")
             self._step(self._release(self.index[c], left.pop(c)))
 
+    def exchange_delays(self) -> dict[str, dict]:
+        """Per op kind of the real exchanges: how late each completed against the model (ms; median, p95,
+        max, mean over n). ``vs_model``: against the model's completion for the arrivals as they happened (the
+        last live virtual arrival + the calibrated transfer): the emulation's own delay, and a sandbox member
+        arriving later than its virtual peers; ``vs_calibrated``: against the calibrated timeline's completion,
+        which the sandbox's own speed moves too (the program's behaviour)."""
+        out = {}
+        for op, pairs in sorted(self.exchange_late.items()):
+            a = np.asarray(pairs, dtype=np.float64) / 1e6
+            out[op] = {"n": len(pairs), **{f"{name}_{stat}_ms": float(f(a[:, j])) for j, name in
+                                           enumerate(("vs_model", "vs_calibrated")) for stat, f in
+                                           (("median", np.median), ("p95", lambda x: np.percentile(x, 95)),
+                                            ("max", np.max), ("mean", np.mean))}}
+        return out
+
     def stats(self) -> dict:
         live, virtual = self.job.cone_size
         late = np.asarray(self.late_ns or [0], dtype=np.int64)
         return {"cone_live_events": live, "virtual_events": virtual, "replayed_events": int(self.events_run),
+                "exchange_late_by_op": self.exchange_delays(),
                 "real_comms_gated": len(self.late_ns), "gate_late_max_ms": float(late.max()) / 1e6,
                 "gate_late_total_ms": float(late.sum()) / 1e6, "replay_setup_s": self.setup_s,
                 "replay_setup_cpu_s": self.setup_cpu_s, "replay_kernel_s": self.kernel_s,

@@ -1,6 +1,6 @@
 """The sandbox's dependency cone in a calibrated job: which virtual events must run in wall-clock time.
 
-The model is the calibrate sweep's (`prism/calibrate/sweep.py`): program order within a rank; a comm's
+The model is the calibrate sweep's (`prism.clock_rule`, the one definition both import): program order within a rank; a comm's
 completion follows its members' issues (arrivals); a wait on a collective or on a recv ends no earlier than
 that completion (a wait on a send is local). A *real* comm has a sandbox member: it happens for real.
 
@@ -31,10 +31,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prism import schemas
+from prism.clock_rule import NEG, transfer_of, wait_own
 
 # event codes of the timed replay (`timed_replay._advance`)
 PLAIN, ARRIVE, ARRIVE_SEND, ARRIVE_RECV, WAIT, LOCAL_WAIT = 0, 1, 2, 3, 4, 5
-NEG = -(2**62)  # "not known yet"; far from int64's limits so that adding a transfer cannot wrap
 
 
 class ConeError(ValueError):
@@ -58,6 +58,7 @@ class Job:
     end: np.ndarray  # int64[n]: calibrated end
     dur: np.ndarray  # int64[n]: what the replay lasts (a WAIT: its own time besides waiting)
     xfer: np.ndarray  # int64[m]: calibrated transfer (completion - last arrival; p2p: - the send's arrival)
+    completion: np.ndarray  # int64[m]: calibrated completion (its earliest blocking wait's end; NEG: none)
     virtual: np.ndarray  # bool[n]: a virtual rank's event kept for the replay (within --steps-limit)
     after: np.ndarray  # bool[n]
     before: np.ndarray  # bool[n]
@@ -148,11 +149,12 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
     np.minimum.at(done, comm[blocking], end[blocking])
     waited = done != np.iinfo(np.int64).max
     base = np.where(p2p, acc_send, acc)
-    xfer = np.where(waited & (base > NEG), np.maximum(done - base, 0), 0).astype(np.int64)
+    xfer = np.where(waited & (base > NEG), transfer_of(done, base), 0).astype(np.int64)
     dur = np.maximum(end - start, 0)
-    # a blocking wait that ended at its comm's completion waited: its own time is 0; one that ended later
-    # ended by its own time (the sweep: end = max(start + own, completion))
-    dur[blocking & (end <= done[np.maximum(comm, 0)])] = 0
+    # a blocking wait's own time is what it lasts past max(its start, the completion) (`clock_rule.wait_ends`;
+    # the completion taken as its comm's earliest wait end, so the first member to see it has 0)
+    w = np.flatnonzero(blocking)
+    dur[w] = wait_own(start[w], end[w], done[comm[w]])
 
     virtual = ~in_sandbox
     if steps_limit is not None:
@@ -160,7 +162,7 @@ def load(events_path: Path, timeline_path: Path, sandbox, steps_limit: int | Non
     after, before = cone(rank, code, comm, real, virtual)
     return Job(pos=order.astype(np.int64), rank=rank, seq=_np(ev["seq"]).astype(np.int64), iteration=iteration,
                code=code, comm=comm, comm_ids=comm_ids, p2p=p2p, real=real, start=start, end=end, dur=dur,
-               xfer=xfer, virtual=virtual, after=after, before=before, live=after & before)
+               xfer=xfer, completion=np.where(waited, done, NEG).astype(np.int64), virtual=virtual, after=after, before=before, live=after & before)
 
 
 def cone(rank: np.ndarray, code: np.ndarray, comm: np.ndarray, real: np.ndarray, virtual: np.ndarray):
