@@ -2,13 +2,15 @@
 # Phase 1 with the representative slices at scale on the 16-core accelerator host, CPU only (issue 25).
 #   scripts/device_scale_slices.sh OUT WEAK_BUDGET_S WEAK_SIZES COST_BUDGET_S COST_SIZES
 # e.g. scripts/device_scale_slices.sh $OUT 250 16,128,1024 290 1024,2048,4096:
-#   1. weak scaling: `prism bench capture --weak --pipeline --slices --emulate` (tp2·pp2·ep2·dp(W/8): a rank's
+#   1. weak scaling: `prism bench capture --weak --pipeline --slices --emulate` (tp2·pp2·ep2·dp(W/4): a rank's
 #      work fixed, DP grows) -> OUT/weak.{log,json}
 #   2. cost against W: the same on the bench's scale layouts (`capture_scale.LAYOUTS`) -> OUT/cost.{log,json}
 # Each: capture on P=$DEVICES (16) slots, graph, plan --representative, every measured slice run for real,
 # durations/transfers from the slices (borrowed by rank class), calibrate from them, emulate one sandbox
 # rank, summary, report; a size whose extrapolated cost does not fit what is left of its budget is not
-# started and says so. The host lacks polars and duckdb: unpacked wheels as *.tar.xz in $PKGS (default .whl).
+# started and says so. The host lacks polars, duckdb and jsonschema (+ attrs, referencing, rpds-py,
+# jsonschema-specifications; `prism.slices.run` reads the config): wheels (cp312) or unpacked wheels as *.tar.xz
+# in $PKGS (default .whl).
 set -uo pipefail
 out=$1 wbudget=$2 wsizes=$3 cbudget=$4 csizes=$5 py=${PYTHON:-python3}
 source scripts/device_site.sh

@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --pipeline: run the representative slices and calibrate from them, then (with "
                              "--emulate) emulate, summary and report (prism.bench.scale_slices)")
     parser.add_argument("--weak", action="store_true",
-                        help="weak-scaling layouts tp2·pp2·ep2·dp(W/8): a rank's work fixed, DP grows with W")
+                        help="weak-scaling layouts tp2·pp2·ep2·dp(W/4): a rank's work fixed, DP grows with W")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: skip a size whose extrapolated capture would not end in time")
     parser.add_argument("--json", type=Path, help="write the rows to this file (after each size)")

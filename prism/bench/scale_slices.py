@@ -8,7 +8,7 @@ then `summary` and `report`. Each stage: wall s and max RSS; the slice runs also
 one. The calibrated iteration time (median over iterations >= 1 of the job's iteration, `calibrated/`)
 goes in the row: the number the weak-scaling table compares across W.
 
-Weak scaling (`--weak`): the layouts tp2·pp2·ep2·dp(W/8) keep a rank's work fixed (its microbatches, its
+Weak scaling (`--weak`): the layouts tp2·pp2·ep2·dp(W/4) keep a rank's work fixed (its microbatches, its
 layers, its experts) while DP grows with W, so what changes with W is the DP gradient all-reduce's members
 (and so its ring) and the EP all-to-all's partners' timing, not the compute.
 """
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-WEAK = {w: (2, 2, w // 8, 2) for w in (16, 128, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
+WEAK = {w: (2, 2, w // 4, 2) for w in (16, 128, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
 
 
 def _folder_bytes(path: Path) -> int:
