@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-WEAK = {w: (2, 2, w // 4, 2) for w in (16, 128, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
+WEAK = {w: (2, 2, w // 4, 2) for w in (16, 64, 128, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
 
 
 def _folder_bytes(path: Path) -> int:
