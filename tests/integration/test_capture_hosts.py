@@ -148,6 +148,14 @@ def test_a_host_that_dies_stops_every_host(tmp_path):
     assert not (out / "raw").exists() and not list(out.glob(".raw.tmp-*"))
 
 
+def test_a_rank_that_fails_on_one_host_stops_every_host(tmp_path):
+    out, results = _two_hosts(tmp_path, [PROG, "--steps", "5", "--fail-rank", "6"])
+    (code0, text0), (code1, text1) = results
+    assert code1 == 3 and "rank 6 failed with exit code 3" in text1, text1
+    assert code0 != 0 and "host 1 (" in text0 and "rank 6 failed (exit code 3)" in text0, text0
+    assert not (out / "raw").exists() and not list(out.glob(".raw.tmp-*"))
+
+
 def test_a_rendezvous_that_never_completes(tmp_path):
     tmp_path.mkdir(exist_ok=True)
     out, port = tmp_path / "job", free_port()
