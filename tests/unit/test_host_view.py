@@ -40,3 +40,26 @@ def test_a_host_coordinator_completes_a_collective_when_the_remote_members_arriv
     assert not c.all_exited()
     c.handle(1, ("exit", 0))
     assert c.all_exited()
+
+
+def test_host_options_are_checked_before_anything_starts():
+    import pytest
+
+    from prism.runtime.launch.launch_spec import LaunchError, parse, validate
+
+    prog = ["-m", "prism.workloads.moe_gpt"]
+    cases = {
+        ("--nnodes", "2", "--node-rank", "2"): "--node-rank 2 outside 0..1",
+        ("--nnodes", "2", "--mode", "real"): "spreads a capture over hosts",
+        ("--nnodes", "2", "--mode", "capture", "--master-addr", "h0"): "--nnodes needs --master-port",
+        ("--nnodes", "2", "--mode", "capture", "--master-port", "29500"): "--nnodes needs --master-addr",
+        ("--nnodes", "2", "--mode", "capture", "--master-port", "29500", "--master-addr", "h0"): "--nnodes needs --out",
+    }
+    for opts, message in cases.items():
+        spec = parse(["--nproc", "2", *opts, *prog])
+        with pytest.raises(LaunchError, match=message):
+            validate(spec)
+    spec = parse(["--nproc", "1", "--nnodes", "2", "--node-rank", "1", "--mode", "capture", "--master-port", "29500",
+                  "--master-addr", "h0", "--out", "/tmp/x", *prog])
+    validate(spec)  # one rank a host is a capture of two ranks
+    assert (spec.nnodes, spec.node_rank, spec.master_addr) == (2, 1, "h0")
