@@ -143,7 +143,7 @@ def test_a_host_that_dies_stops_every_host(tmp_path):
     assert "step=3 " in log0.read_text(), log0.read_text()
     os.killpg(procs[1].pid, signal.SIGKILL)  # host 1: its launcher, zygote and ranks, at once
     (code0, text0), (code1, _) = _finish(procs)
-    assert code0 != 0 and code1 == -signal.SIGKILL
+    assert code0 == 1 and code1 == -signal.SIGKILL
     assert "host 1 (" in text0 and "went away" in text0, text0
     assert not (out / "raw").exists() and not list(out.glob(".raw.tmp-*"))
 
@@ -152,7 +152,7 @@ def test_a_rank_that_fails_on_one_host_stops_every_host(tmp_path):
     out, results = _two_hosts(tmp_path, [PROG, "--steps", "5", "--fail-rank", "6"])
     (code0, text0), (code1, text1) = results
     assert code1 == 3 and "rank 6 failed with exit code 3" in text1, text1
-    assert code0 != 0 and "host 1 (" in text0 and "rank 6 failed (exit code 3)" in text0, text0
+    assert code0 == 1 and "host 1 (" in text0 and "rank 6 failed (exit code 3)" in text0, text0
     assert not (out / "raw").exists() and not list(out.glob(".raw.tmp-*"))
 
 

@@ -114,6 +114,13 @@ class CoordinatorLink:
         if self.route is not None and self.error is None and not self.coord.crashed:
             self.error = self.route.hang(self.coord)
 
+    def error_code(self) -> int:
+        """The exit code of a capture stopped by `error`: 86 (a hang or mismatch here), or 1 when it was
+        another host that failed or went away."""
+        from prism.runtime import watchdog
+
+        return 1 if self.route is not None and self.route.failed_peer else watchdog.HANG_EXIT_CODE
+
     def _dropped(self, paths: list[str]) -> None:
         if paths:
             self._doomed.put(paths)

@@ -253,8 +253,8 @@ def supervise(spec: dict) -> int:
         return 3
     if link is not None:
         link.close()
-        if link.error:
-            return watchdog.HANG_EXIT_CODE
+        if link.error:  # a hang or a mismatch (86); over hosts, another host that failed (1)
+            return link.error_code()
     if hang.exists():
         print(f"[prism] run stopped: {hang.read_text()}", file=sys.stderr)
         return watchdog.HANG_EXIT_CODE
