@@ -21,9 +21,9 @@ fi
 for t in "$whl"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || exit; }; done
 export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
 # The host's Python packages have no byte-code cache it may write: every process that imports torch compiles
-# torch._dynamo & co. again (~8.5 s of each capture's zygote start, docs/scale/s7/probe). PYCACHE=1: one
+# torch._dynamo & co. again (~8.5 s of each capture's zygote start, docs/results/scale/s7/probe). PYCACHE=1: one
 # writable cache (the first process compiles, the later ones load). Off by default: with it, W=1024's ranks
-# had 14.7 MiB private each instead of 10.8 (docs/scale/s7/call2, not understood yet).
+# had 14.7 MiB private each instead of 10.8 (docs/results/scale/s7/call2, not understood yet).
 [ "${PYCACHE:-0}" = 1 ] && export PYTHONPYCACHEPREFIX=/tmp/prism-pycache
 # W=8192 needs 32,832 open files with pipes for the ranks' output (prism falls back to files, 16,448, where
 # the hard limit is lower: prism.runtime.launch.limits.rank_output); try to raise the hard limit first (root only)

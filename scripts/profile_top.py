@@ -1,7 +1,7 @@
 """The hottest functions of a py-spy profile in raw (collapsed stacks) form, e.g. the zygote's during a capture
-(docs/scale/s7/probe/zygote-w1024.txt.gz, written by `py-spy record --format raw`):
+(docs/results/scale/s7/probe/zygote-w1024.txt.gz, written by `py-spy record --format raw`):
 
-    python3 scripts/profile_top.py docs/scale/s7/probe/zygote-w1024.txt.gz [--top 25] [--rate 100]
+    python3 scripts/profile_top.py docs/results/scale/s7/probe/zygote-w1024.txt.gz [--top 25] [--rate 100]
 
 Prints the samples (and seconds at the sampling rate) per function by itself (self) and with what it called
 (inclusive), and how many fall under the zygote's phases: imports and warm-up, immortalising, the fork loop,

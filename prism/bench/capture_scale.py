@@ -40,8 +40,8 @@ CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 WARMUP = "prism.workloads.moe_gpt"  # preloaded: its `prism_warmup` runs once in the zygote
 
 
-def workload_args(w: int, steps: int) -> list[str]:
-    return layout_args(*LAYOUTS[w], steps)
+def workload_args(w: int, steps: int, layouts: dict | None = None) -> list[str]:
+    return layout_args(*(layouts or LAYOUTS)[w], steps)
 
 
 def layout_args(tp: int, pp: int, dp: int, ep: int, steps: int) -> list[str]:
@@ -166,11 +166,13 @@ def _stop_process(proc: subprocess.Popen) -> None:
 
 
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
-            warmup: bool = True, timeout: float | None = None, emulate: bool = False) -> dict:
+            warmup: bool = True, timeout: float | None = None, emulate: bool = False, slices: bool = False,
+            layouts: dict | None = None) -> dict:
+    layouts = layouts or LAYOUTS
     job = work / f"w{w}"
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(w), "--mode", "capture", "--devices",
            str(devices), "--out", str(job), "--force", "--progress"] + ([] if payloads else ["--no-payloads"]) \
-        + (["--preload", WARMUP] if warmup else []) + workload_args(w, steps)
+        + (["--preload", WARMUP] if warmup else []) + workload_args(w, steps, layouts)
     cg = _cgroup()
     start = time.monotonic()
     log = open(work / f"w{w}-capture.log", "w")
@@ -211,7 +213,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     events = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
     cap = meta["capture"]
     row = {
-        "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), "wall_s": wall,
+        "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
         "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"], "events": events,
         "events_per_s": events / wall, "raw_bytes": _folder_bytes(job / "raw"),
         "graph_bytes": _folder_bytes(job / "graph"), "payload_bytes": _folder_bytes(job / "payloads"),
@@ -234,6 +236,11 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         row["calibrate_s"], row["calibrate_rss"] = _stage(
             [sys.executable, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}", left())
         row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
+    if pipeline and slices:  # the representative slices run, then the calibration from them (`scale_slices`)
+        from prism.bench import scale_slices
+
+        row["bare_calibrate_s"], row["bare_calibrate_rss"] = row["calibrate_s"], row["calibrate_rss"]
+        row.update(scale_slices.run(job, _stage, left))
     if pipeline and emulate:
         from prism.bench.emulate import emulate_once  # (it imports this module)
 
@@ -247,6 +254,10 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
                         "emulate_iteration_s": em["iteration_s"],
                         "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
                         "emulation_bytes": _folder_bytes(job / "emulation")})
+    if pipeline and slices:
+        from prism.bench import scale_slices
+
+        row.update(scale_slices.after_emulate(job, _stage, left))
     shutil.rmtree(job, ignore_errors=True)
     return row
 
@@ -324,6 +335,12 @@ def print_table(rows: list[dict], args) -> None:
                   f"{r['emulation_bytes'] / mib:8.2f}")
 
 
+def scale_slices_tables(rows: list[dict]) -> None:
+    from prism.bench.scale_slices import print_tables
+
+    print_tables(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism bench capture", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -335,15 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", action="store_true", help="also time the slice plan and calibration")
     parser.add_argument("--emulate", action="store_true",
                         help="with --pipeline: also time `prism emulate` of one sandbox rank (the default SPEC)")
+    parser.add_argument("--slices", action="store_true",
+                        help="with --pipeline: run the representative slices and calibrate from them, then (with "
+                             "--emulate) emulate, summary and report (prism.bench.scale_slices)")
+    parser.add_argument("--weak", action="store_true",
+                        help="weak-scaling layouts tp2·pp2·ep2·dp(W/4): a rank's work fixed, DP grows with W")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: skip a size whose extrapolated capture would not end in time")
     parser.add_argument("--json", type=Path, help="write the rows to this file (after each size)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: a temporary one)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    bad = [s for s in sizes if s not in LAYOUTS]
+    from prism.bench.scale_slices import WEAK
+
+    layouts = WEAK if args.weak else LAYOUTS
+    bad = [s for s in sizes if s not in layouts]
     if bad:
-        print(f"prism bench capture: no layout for W={bad}; choose from {sorted(LAYOUTS)}", file=sys.stderr)
+        print(f"prism bench capture: no layout for W={bad}; choose from {sorted(layouts)}", file=sys.stderr)
         return 2
     work = args.out or Path(tempfile.mkdtemp(prefix="prism-bench-capture-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -355,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         if left is not None and done:
             last = done[-1]
             per_rank = (last["wall_s"] + last["graph_s"] + last.get("plan_s", 0) + last.get("calibrate_s", 0)
-                        + last.get("emulate_s", 0)) / last["W"]
+                        + last.get("emulate_s", 0) + last.get("slices_run_s", 0) + last.get("bare_calibrate_s", 0)
+                        + last.get("from_slices_s", 0) + last.get("summary_s", 0) + last.get("report_s", 0)) / last["W"]
             guess = per_rank * w
             if guess > left:
                 rows.append({"W": w, "skipped": f"extrapolated {guess:.0f} s (from W={last['W']}) > {left:.0f} s "
@@ -370,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  W={w} ...", file=sys.stderr, flush=True)
         try:
             rows.append(run_one(w, args.devices, args.steps, not args.no_payloads, work, args.pipeline,
-                                not args.no_warmup, timeout=left, emulate=args.emulate))
+                                not args.no_warmup, timeout=left, emulate=args.emulate, slices=args.slices,
+                                layouts=layouts))
         except RuntimeError as exc:
             lines = [l for l in str(exc).splitlines() if l.strip()]
             rows.append({"W": w, "skipped": " ".join(dict.fromkeys([lines[0], lines[-1]]))})
@@ -378,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print_table(rows, args)
+        scale_slices_tables(rows)
     if rows and rows[-1].get("skipped"):
         print_table(rows, args)
+        scale_slices_tables(rows)
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if any(not r.get("skipped") for r in rows) else 1

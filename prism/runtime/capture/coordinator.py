@@ -55,6 +55,7 @@ class KeyState:
     mismatch: str | None = None  # why the members disagree (such a collective never completes)
 
     matched: tuple | None = None  # an any-source recv ("a" key): the message ("p" key) it received
+    local_members: int = 0  # a capture over hosts: the members on this host (0: all of them are)
 
     def complete(self) -> bool:
         if self.mismatch:
@@ -66,7 +67,7 @@ class KeyState:
         return len(self.arrived) == len(self.members)
 
     def readers(self) -> int:
-        return 1 if self.p2p else len(self.members)
+        return 1 if self.p2p else (self.local_members or len(self.members))
 
 
 @dataclass
@@ -83,8 +84,12 @@ class RankState:
 
 
 class Coordinator:
-    def __init__(self, world: int, slots: int, policy: SwapPolicy | None = None, sticky: bool = False) -> None:
+    def __init__(self, world: int, slots: int, policy: SwapPolicy | None = None, sticky: bool = False,
+                 local: range | None = None) -> None:
         self.world = world
+        # a capture over hosts (`host_bridge`): the ranks this coordinator runs; the others' arrivals come
+        # through `arrive_remote`, and they count neither for a hang nor for the end
+        self.local = local
         self.slots = slots
         self.policy = policy  # device-state decisions (None: host memory, nothing moves)
         self.sticky = sticky  # a rank always runs on slot rank % slots (CUDA: its context's GPU)
@@ -96,7 +101,12 @@ class Coordinator:
         self.free_slots = list(range(slots))
         heapq.heapify(self.free_slots)
         self.ranks = [RankState() for _ in range(world)]
-        self.counts = {"new": world, "runnable": 0, "running": 0, "blocked": 0, "exited": 0}
+        self.counts = {"new": world, "runnable": 0, "running": 0, "blocked": 0, "exited": 0, "remote": 0}
+        if local is not None:
+            for r in range(world):
+                if r not in local:
+                    self.ranks[r].state = "remote"
+            self.counts.update(new=len(local), remote=world - len(local))
         self.crashed = False  # a rank exited non-zero or vanished: the supervisor reports it
         self._current = -1  # the rank whose message is being handled
         self.keys: dict[tuple, KeyState] = {}
@@ -178,6 +188,8 @@ class Coordinator:
         st = self.keys.get(key)
         if st is None:
             st = self.keys[key] = KeyState(key[0] in ("p", "a"), members)
+            if self.local is not None and key[0] == "c":
+                st.local_members = sum(1 for m in members if m in self.local)
         elif info.role == "member" and st.mismatch is None:
             first = next(iter(st.arrived.values()), None)
             if first is not None:
@@ -205,6 +217,13 @@ class Coordinator:
                 if prs.state == "blocked" and key in prs.waiting and self._ready(prs):
                     self._set(peer, "runnable")
                     heapq.heappush(self.runnable, (prs.logical_ns, peer))
+
+    def arrive_remote(self, rank: int, key: tuple, members: tuple, info: tuple) -> list[tuple[int, tuple]]:
+        """A rank of another host arrived (its contribution already in this host's shared memory)."""
+        self.messages += 1
+        self._current = -1
+        self._arrive(rank, key, tuple(members), Arrival(*info))
+        return self.schedule()
 
     def _match_any(self, where: tuple) -> None:
         """Pair any-source recvs on (group, dst, tag) with sent messages no specific recv has claimed."""
@@ -282,7 +301,7 @@ class Coordinator:
         return c["running"] == 0 and c["runnable"] == 0 and c["new"] == 0 and c["blocked"] > 0
 
     def all_exited(self) -> bool:
-        return self.counts["exited"] == self.world
+        return self.counts["exited"] == self.world - self.counts["remote"]
 
     # -- diagnosis ------------------------------------------------------------------------------------
     def group_label(self, name: str) -> str:
@@ -306,6 +325,8 @@ class Coordinator:
         rs = self.ranks[rank]
         if rs.state == "exited":
             return f"rank {rank} has exited (code {rs.exit_code})"
+        if rs.state == "remote":
+            return f"rank {rank} runs on another host"
         if rs.state in ("running", "runnable", "new"):
             return f"rank {rank} is running"
         parts = []
@@ -330,7 +351,7 @@ class Coordinator:
                 seen.add(key)
                 lines.append("  " + self._explain(key, st))
         exited = [r for r, rs in enumerate(self.ranks) if rs.state == "exited"]
-        if exited and len(exited) < self.world:
+        if exited and len(exited) < self.world - self.counts["remote"]:
             lines.append(f"  finished ranks: {_ranges(exited)}")
         return "\n".join(lines)
 

@@ -31,7 +31,14 @@ class CoordinatorLink:
         capacity = spec.get("device_memory_bytes")
         self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
         policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
-        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
+        view = spec.get("hosts")  # a capture over hosts: this host's ranks, the others' through the bridge
+        self.view = None
+        if view is not None:
+            from prism.runtime.launch.hosts import HostView
+
+            self.view = HostView.from_dict(view)
+        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky,
+                                 local=self.view.ranks() if self.view else None)
         self.pids = spec["pids"]
         self.immortal = spec.get("immortal")
         self.fork_s = spec.get("fork_s")
@@ -42,9 +49,10 @@ class CoordinatorLink:
         self.error: str | None = None
         self.last_progress = time.monotonic()
         self.started = (time.monotonic(), time.process_time())  # the coordinator's wall and CPU from here
-        # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
-        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
-                                   wait_for_workers=False)
+        # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it (over
+        # hosts: in host 0's launcher, for as long as any host runs)
+        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"],
+                                   is_master=self.view is None, wait_for_workers=False)
         from prism.runtime.capture.client import key_name
         from prism.runtime.capture.coordinator import CaptureError
 
@@ -59,9 +67,14 @@ class CoordinatorLink:
         for rank, sock in ctl.items():
             out.sel.register(sock.fileno(), selectors.EVENT_READ, lambda r=rank: self.on_readable(r))
         self.sel = out.sel
+        self.route = None
+        if self.view is not None:
+            from prism.runtime.capture.host_route import HostRoute
+
+            self.route = HostRoute(self.store, self.view, spec["host_records"], self.shm_dir)
+            out.sel.register(self.route.bridge.wake_r.fileno(), selectors.EVENT_READ, self.on_bridge)
 
     def on_readable(self, rank: int) -> None:
-        key_name = self._key_name
         sock = self.socks[rank]
         try:
             data = sock.recv(1 << 20)
@@ -73,10 +86,47 @@ class CoordinatorLink:
                 self.coord.exited(rank, None)  # no "exit" message first: the rank crashed
                 replies = self.coord.schedule()
             else:
-                replies = self.coord.handle(rank, pickle.loads(data))
+                msg = pickle.loads(data)
+                if self.route is not None and msg[0] == "arrive":
+                    self.route.outgoing(rank, msg)
+                replies = self.coord.handle(rank, msg)
+                if self.route is not None and msg[0] == "arrive":
+                    self._dropped(self.route.sent_away(self.coord, msg))
         except self._errors as exc:
             self.error = str(exc)
             return
+        self._apply(replies)
+
+    def on_bridge(self) -> None:
+        """Arrivals from other hosts (their files already here), or a host that stopped."""
+        try:
+            replies, error = self.route.incoming(self.coord)
+        except self._errors as exc:
+            self.error = str(exc)
+            return
+        if error and self.error is None:
+            self.error = error
+        self._apply(replies)
+
+    def poll(self) -> None:
+        """Called by the supervisor now and then: over hosts, a hang is named once this host's ranks all
+        waited, with no word from the other hosts, for the host hang time (`host_route`)."""
+        if self.route is not None and self.error is None and not self.coord.crashed:
+            self.error = self.route.hang(self.coord)
+
+    def error_code(self) -> int:
+        """The exit code of a capture stopped by `error`: 86 (a hang or mismatch here), or 1 when it was
+        another host that failed or went away."""
+        from prism.runtime import watchdog
+
+        return 1 if self.route is not None and self.route.failed_peer else watchdog.HANG_EXIT_CODE
+
+    def _dropped(self, paths: list[str]) -> None:
+        if paths:
+            self._doomed.put(paths)
+
+    def _apply(self, replies: list) -> None:
+        key_name = self._key_name
         for p_key, a_key in self.coord.file_moves:  # a message received by an any-source recv
             try:
                 os.replace(self.shm_dir / key_name(p_key), self.shm_dir / key_name(a_key))
@@ -106,15 +156,19 @@ class CoordinatorLink:
                     paths += [f"{stem}-r{i}" for i in range(self._group_size(key))]
             self._doomed.put(paths)
             self.coord.finished_keys.clear()
-        if self.error is None and not self.coord.crashed and self.coord.stuck():
+        if self.error is None and not self.coord.crashed and self.coord.stuck() and self.route is None:
             # (a crashed rank is reported by the supervisor with its traceback instead)
             self.error = self.coord.diagnose()
 
     def _group_size(self, key: tuple) -> int:
         return len(self.coord.groups.get(key[1], (None, ()))[1]) or 0
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
+        if self.route is not None:  # the other hosts hear whether this one finished or failed, and why
+            self.route.close(self.coord, reason or self.error)
         stats = dict(self.coord.stats(), **self.devices.stats())
+        if self.route is not None:
+            stats["bridge"] = self.route.stats()
         # the coordinator's (this process's) CPU seconds against the wall from the forks to the end: near 1,
         # the single coordinator thread is what bounds the capture
         stats["coordinator_wall_s"] = round(time.monotonic() - self.started[0], 3)

@@ -29,10 +29,12 @@ def run_rank(spec: dict, rank: int) -> int:
     """In the forked child: become rank `rank` and run the program; returns the exit code."""
     die_with_parent()
     world = spec["nproc"]
+    hosts = spec.get("hosts") or {"nproc": world, "node_rank": 0, "nnodes": 1}  # over hosts: torchrun's per-host view
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), ROLE_NAME="default",
-        GROUP_WORLD_SIZE="1", MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
+        RANK=str(rank), LOCAL_RANK=str(rank - hosts["node_rank"] * hosts["nproc"]), WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(hosts["nproc"]), GROUP_RANK=str(hosts["node_rank"]), ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world), ROLE_NAME="default", GROUP_WORLD_SIZE=str(hosts["nnodes"]),
+        MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
         TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
     )
     import torch

@@ -72,6 +72,9 @@ class LaunchSpec:
     hang_timeout: float | None = None  # real: seconds without a completed op before a hang is named
     rank_memory_gb: float | None = None  # CUDA: each rank's device-memory limit (a smaller card; prism/runtime/oom.py)
     device_memory_gb: float | None = None  # capture on CUDA: device capacity for the ranks' state (swapping)
+    nnodes: int = 1  # capture over hosts (`prism.runtime.launch.hosts`): one launcher a host, --nproc ranks each
+    node_rank: int = 0
+    master_addr: str | None = None
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -85,7 +88,8 @@ def parse(argv: list[str]) -> LaunchSpec:
             break
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
                    "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit", "--timed-by",
-                   "--hang-timeout", "--rank-memory-gb", "--device-memory-gb"):
+                   "--hang-timeout", "--rank-memory-gb", "--device-memory-gb", "--nnodes", "--node-rank",
+                   "--master-addr"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -129,6 +133,12 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "without this flag")
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
+    parser.add_argument("--nnodes", type=int, default=1,
+                        help="capture over hosts: one launcher a host (torchrun's), each with --nproc ranks and "
+                             "its own --devices slots; W = nnodes*nproc (prism.runtime.launch.hosts)")
+    parser.add_argument("--node-rank", type=int, default=0, help="capture over hosts: this host's number, 0..nnodes-1")
+    parser.add_argument("--master-addr", default=None,
+                        help="capture over hosts: host 0's address (it serves the rendezvous at --master-port)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                         help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
                              f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
@@ -151,7 +161,8 @@ def parse(argv: list[str]) -> LaunchSpec:
                       force=opts.force, progress=opts.progress,
                       pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
                       hang_timeout=opts.hang_timeout, rank_memory_gb=opts.rank_memory_gb,
-                      device_memory_gb=opts.device_memory_gb, timed_by=opts.timed_by)
+                      device_memory_gb=opts.device_memory_gb, timed_by=opts.timed_by, nnodes=opts.nnodes,
+                      node_rank=opts.node_rank, master_addr=opts.master_addr)
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)
@@ -186,6 +197,7 @@ def validate(spec: LaunchSpec) -> None:
     if spec.nproc < 1:
         raise LaunchError(f"--nproc must be at least 1 (got {spec.nproc})")
     mode = modes.get(spec.mode)
+    _validate_hosts(spec)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
     if spec.hang_timeout is not None and spec.mode != "real":
@@ -216,7 +228,7 @@ def validate(spec: LaunchSpec) -> None:
             raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
     if spec.mode == "capture":
         cores = len(os.sched_getaffinity(0))
-        if spec.nproc < 2:
+        if spec.nproc * spec.nnodes < 2:
             raise LaunchError("capture needs at least 2 ranks (--nproc 1 has nothing to capture: "
                               "run it with --mode real)")
         if spec.devices is None:
@@ -261,6 +273,27 @@ def validate(spec: LaunchSpec) -> None:
                               "(config: device: cpu) and run the program on CPU tensors")
     if spec.out is not None and spec.out.exists() and not spec.out.is_dir():
         raise LaunchError(f"--out {spec.out} is a file, not a folder; choose another path")
+
+
+def _validate_hosts(spec: LaunchSpec) -> None:
+    """--nnodes/--node-rank/--master-addr: a capture over hosts."""
+    if spec.nnodes == 1 and spec.node_rank == 0:
+        return
+    if spec.nnodes < 1:
+        raise LaunchError(f"--nnodes must be at least 1 (got {spec.nnodes})")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise LaunchError(f"--node-rank {spec.node_rank} outside 0..{spec.nnodes - 1} (--nnodes {spec.nnodes})")
+    if spec.mode != "capture":
+        raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture over hosts; --mode {spec.mode} runs on one host "
+                          "(use --mode capture, or drop --nnodes)")
+    if not spec.master_port:
+        raise LaunchError("--nnodes needs --master-port: the port host 0 serves the rendezvous on, the same on every "
+                          "host (e.g. --master-port 29500)")
+    if not spec.master_addr:
+        raise LaunchError("--nnodes needs --master-addr: host 0's address, the same on every host (e.g. "
+                          "--master-addr node001)")
+    if spec.out is None:
+        raise LaunchError("--nnodes needs --out: one job folder that every host sees (a shared file system)")
 
 
 def timed_graph(timeline: Path) -> Path:

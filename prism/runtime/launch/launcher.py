@@ -42,6 +42,8 @@ def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
     mode = modes.get(spec.mode)
+    if spec.nnodes > 1:  # a capture over hosts: this host's share, the rendezvous, then the same run
+        return _launch_host(spec)
     try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
         limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
                            run_files.SHM_ROOT if spec.mode == "capture" else None)
@@ -92,8 +94,25 @@ class _SignalForwarder:
         self.previous = {}
 
 
-def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
-    tag = run_files.temp_tag(run_id)
+def _launch_host(spec: LaunchSpec) -> int:
+    from prism.runtime.launch import host_launch
+
+    run_files.sweep_temporaries()
+    error = host_launch.share_error(spec, run_files.SHM_ROOT)
+    hosts_run, run_id, out = host_launch.prepare(spec, error)
+    signals = _SignalForwarder()
+    code = 1
+    try:
+        code = _run(spec, run_id, signals, hosts_run)
+    finally:
+        signals.restore()
+        if out is not None:
+            out.release(failed=code != 0)
+    return code
+
+
+def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=None) -> int:
+    tag = run_files.temp_tag(run_id) + (hosts_run.staging_suffix() if hosts_run else "")
     status_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     staging = payload_staging = shm_dir = log_staging = None
     mode = modes.get(spec.mode)
@@ -123,6 +142,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             "rank_output": limits.rank_output(spec.nproc, spec.mode),
             "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
         }
+        if hosts_run is not None:  # this host's ranks of the whole job, the rendezvous at host 0
+            zspec.update(hosts_run.zygote_spec())
         if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
             log_staging.mkdir()
@@ -147,17 +168,23 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
                                                      "device": os.environ.get("PRISM_DEVICE", "cpu"),
                                                      "command": (["-m", spec.module] if spec.module else
                                                                  [spec.script]) + spec.args})
-        if code == 0 and staging is not None:
+
+        def publish() -> None:
             stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
             if spec.mode == "emulate":
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
-            _publish(staging, spec, run_id, started, stats)
+            _publish(staging, spec, run_id, started, stats, hosts_run.meta() if hosts_run else None)
             if payload_staging is not None:
                 _replace_dir(payload_staging, spec.out / "payloads", run_id)
             if log_staging is not None:
                 _replace_dir(log_staging, spec.out / "logs", run_id)
+
+        if hosts_run is not None:  # host 0 publishes every host's ranks once all succeeded
+            code = hosts_run.finish(code, staging, payload_staging, publish)
+        elif code == 0 and staging is not None:
+            publish()
     finally:
         for folder in (status_dir, shm_dir, staging, payload_staging, log_staging):
             if folder is not None:
@@ -268,7 +295,8 @@ def _rank_stats(raw: Path) -> dict:
     }
 
 
-def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats: dict) -> None:
+def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats: dict,
+             extra: dict | None = None) -> None:
     from importlib.metadata import version
 
     meta = {
@@ -287,6 +315,7 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
     if spec.mode == "emulate":
         meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
                     t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
+    meta.update(extra or {})  # a capture over hosts: the job's world size, its hosts, each rank's host
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     _replace_dir(staging, spec.out / "raw", run_id)
 

@@ -31,8 +31,8 @@ FORK_BATCH_ENV = "PRISM_FORK_BATCH"  # N: the ranks a helper forks; 0: the zygot
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
 # A capture rank's private MiB (its end-of-rank smaps_rollup, `prism bench capture`), by interpreter: with the
 # zygote's objects immortal (CPython 3.12+, `immortal`) 10.4 / 10.6 MiB median / max at W=256 and 10.8 / 11.7
-# at W=1024 on the accelerator host (Python 3.12.3; docs/scale/s7/probe, docs/benchmarks.md "Session 7");
-# without (3.11, or PRISM_IMMORTAL=0) 15.4 / 15.7 at W=256 there and 15.6 / 16.1 at W=1024 (docs/scale/s5),
+# at W=1024 on the accelerator host (Python 3.12.3; docs/results/scale/s7/probe, docs/benchmarks.md "Session 7");
+# without (3.11, or PRISM_IMMORTAL=0) 15.4 / 15.7 at W=256 there and 15.6 / 16.1 at W=1024 (docs/results/scale/s5),
 # 16.0 / 16.3 at W=16 on the 2-core VM (3.11). The estimate is the median rounded down: the check refuses
 # only what surely cannot fit.
 RANK_MIB_IMMORTAL = 10

@@ -24,6 +24,7 @@ are at least two batches.
 from __future__ import annotations
 
 import ctypes
+import gc
 import fcntl
 import os
 import select
@@ -113,7 +114,14 @@ class RankForker:
 
     def _detach_sockets(self) -> None:
         """In a child: the supervisor's socket objects lose their fds (closed by close_range), so that no
-        finalizer closes a number the child reuses."""
+        finalizer closes a number the child reuses.
+
+        First, every object the child inherited goes to the collector's permanent generation (`gc.freeze`, a
+        list splice: O(1)). The zygote froze its heap before forking, but what it made since (the ends and
+        registrations of the ranks forked before this one: O(rank) objects) would otherwise be walked by the
+        child's first collections, which write every such object's header: copies of the zygote's pages,
+        more the later a rank is forked (private memory growing with W)."""
+        gc.freeze()
         for sock in self.ctl.values():
             sock.detach()
 

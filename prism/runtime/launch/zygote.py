@@ -139,7 +139,7 @@ def supervise(spec: dict) -> int:
     def run(rank: int) -> int:  # in the forked child
         return forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
 
-    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(range(spec["nproc"]))
+    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(_local_ranks(spec))
     forker = RankForker(spec, ids, capture, out, files, run, unlogged=(REPLAY,))
     try:
         forker.fork_all()
@@ -195,6 +195,8 @@ def supervise(spec: dict) -> int:
             deadline = _stop(children, time.monotonic())
         if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
             deadline = _stop_replay(spec, replay, children)
+        if link is not None:
+            link.poll()
         if link is not None and link.error and deadline is None:
             out.before_write()
             print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
@@ -244,15 +246,15 @@ def supervise(spec: dict) -> int:
     del store
     if limit_error:
         if link is not None:
-            link.close()
+            link.close(limit_error)
         return LIMIT_EXIT
     if replay["error"]:
         print(f"[prism] {mode.name} run failed: {replay['error']}", file=sys.stderr)
         return 3
     if link is not None:
         link.close()
-        if link.error:
-            return watchdog.HANG_EXIT_CODE
+        if link.error:  # a hang or a mismatch (86); over hosts, another host that failed (1)
+            return link.error_code()
     if hang.exists():
         print(f"[prism] run stopped: {hang.read_text()}", file=sys.stderr)
         return watchdog.HANG_EXIT_CODE
@@ -278,6 +280,14 @@ def supervise(spec: dict) -> int:
     if stopping["signal"] is not None:
         return 128 + stopping["signal"]
     return 0
+
+
+def _local_ranks(spec: dict) -> range:
+    """The global ranks this zygote forks: all, or over hosts this host's block (`launch.hosts`)."""
+    hosts = spec.get("hosts")
+    if hosts:
+        return range(hosts["node_rank"] * hosts["nproc"], (hosts["node_rank"] + 1) * hosts["nproc"])
+    return range(spec["nproc"])
 
 
 def _stop_replay(spec: dict, replay: dict, children: dict[int, int]) -> float | None:
