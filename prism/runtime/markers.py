@@ -9,7 +9,9 @@ The rules (`named_boundaries.rules`; the launcher writes the ones in force into 
   earlier one's marker becomes an `optimizer_step` marker and the events after it return to its iteration
   (`Recorder.reopen_iteration`). A program that runs no module forward at all keeps one iteration a step.
 - microbatch: the forward of a module that has trainable parameters, not nested in another module's
-  forward (depth 0 -> 1) and not re-run by a backward (activation checkpointing): `fwd_begin` / `fwd_end`.
+  forward (depth 0 -> 1), not a part of a module counted before (a model's output layer called by a loss
+  outside the model's forward) and not re-run by a backward (activation checkpointing): `fwd_begin` /
+  `fwd_end`.
   FSDP2 units, checkpoint wrappers and pipeline stages calling their sub-modules are all inside it; a
   loss module outside the model has no parameters and is not a microbatch.
 - the first gradient reaching that forward's output starts its backward (`bwd_begin`); a callback queued
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -58,8 +61,21 @@ def _get(name: str) -> int:
     return getattr(_state, name, 0)
 
 
+_ROOTS: weakref.WeakSet = weakref.WeakSet()  # modules whose forward was a microbatch
+_INSIDE: weakref.WeakSet = weakref.WeakSet()  # their sub-modules
+
+
 def _trains(module) -> bool:
-    return any(p.requires_grad for p in module.parameters())
+    """A microbatch root: a module with trainable parameters that is not a part of an earlier root (a
+    framework that calls the model's output layer from its loss, chunk by chunk, runs that layer outside
+    the model's forward: torchtitan's ChunkedLossWrapper)."""
+    if module in _ROOTS:
+        return True
+    if module in _INSIDE or not any(p.requires_grad for p in module.parameters()):
+        return False
+    _ROOTS.add(module)
+    _INSIDE.update(m for m in module.modules() if m is not module)
+    return True
 
 
 def install(rec: Recorder | None, on_boundary=None) -> list:

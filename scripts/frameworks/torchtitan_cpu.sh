@@ -17,7 +17,7 @@ TT=("$REPO/examples/torchtitan/cpu_train.py" --module llama3 --config llama3_deb
     --training.steps 4 --training.seq_len 128 --training.local_batch_size 2
     --dataloader.dataset_path "$WORK/data" --hf_assets_path "$TOKENIZER"
     --checkpoint.no-enable --validator.no-enable --parallelism.spmd_backend partial_dtensor
-    --dump_folder "$WORK/dump")
+    --debug.seed 42 --dump_folder "$WORK/dump")
 { echo "# $(date -u +%FT%TZ) $($PY -c 'import torch, torchtitan; print("torch", torch.__version__, "torchtitan", torchtitan.__version__)')"
   echo "# ${TT[*]}"; } > "$LOGS/torchtitan_cpu_w2.txt"
 run() {  # name, command...: its log, exit code, wall time and step lines

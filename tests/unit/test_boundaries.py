@@ -154,3 +154,27 @@ def test_ranks_that_disagree_on_iterations_are_named():
     named = {"boundaries": {"iteration": "function m:f"}}
     with pytest.raises(GraphError, match=r"\[1\]: the iteration boundary function m:f never returned"):
         check_iterations(_ranks([(0, 4, "function m:f"), (1, 1, "none found (events.iteration)")]), named)
+
+
+def test_a_part_of_the_model_called_by_the_loss_is_not_a_microbatch(recorded):
+    """torchtitan's chunked loss runs the model's output layer once a chunk, outside the model's forward."""
+    rec = recorded()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.body(x)
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        h = net(torch.randn(4, 4))
+        loss = sum(net.head(chunk).sum() for chunk in h.chunk(4))  # 4 calls of a part, at depth 0
+        loss.backward()
+        opt.step()
+    got = _markers(rec)
+    assert [m[1:] for m in got if m[0] == "fwd_begin"] == [(0, 0), (1, 0)]
+    assert sum(m[0] == "iteration_end" for m in got) == 2
