@@ -26,6 +26,10 @@ run() {  # name, command...: its log, exit code, wall time and step lines
   local t1=$(date +%s.%N)
   { echo "== $name: exit $rc, wall $(echo "$t1 - $t0" | bc) s: $*"
     sed 's/\x1b\[[0-9;]*m//g' "$WORK/$name.log" | grep -o "step: *[0-9]* *loss: *[0-9.]*" | sort -u
+    # per-step wall time of rank 0 (torchtitan's own log timestamps of consecutive step lines)
+    sed 's/\x1b\[[0-9;]*m//g' "$WORK/$name.log" | grep "step: " | awk '!seen[$10]++' | \
+      awk '{split($3, t, "[:,]"); s = t[1]*3600 + t[2]*60 + t[3] + t[4]/1000; if (n++) printf "step wall %.2f s\n", s - p; p = s}' \
+      | paste -sd' ' | sed 's/^/  /'
     [ $rc -eq 0 ] || tail -5 "$WORK/$name.log"; } >> "$LOGS/torchtitan_cpu_w2.txt"
 }
 run torchrun "$REPO/.venv/bin/torchrun" --nproc-per-node 2 "${TT[@]}"
@@ -38,6 +42,8 @@ cat "$WORK/ranks.log" >> "$LOGS/torchtitan_cpu_w2.txt"
 run markers "$REPO/.venv/bin/prism" sql --job "$WORK/job" \
     "SELECT rank, op, count(*) AS n FROM events WHERE kind = 'marker' GROUP BY ALL ORDER BY ALL"
 cat "$WORK/markers.log" >> "$LOGS/torchtitan_cpu_w2.txt"
+run summary "$PY" -m prism.summary --show --job "$WORK/job"
+cat "$WORK/summary.log" >> "$LOGS/torchtitan_cpu_w2.txt"
 run emulate "$REPO/.venv/bin/prism" launch --nproc 2 --mode emulate --capture "$WORK/job/capture" --sandbox 1 \
     --out "$WORK/job/emu" --force "${TT[@]}"
 run capture_p1 "$REPO/.venv/bin/prism" launch --nproc 2 --mode capture --devices 1 --out "$WORK/job_p1/capture" --force "${TT[@]}"
