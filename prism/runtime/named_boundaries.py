@@ -6,10 +6,11 @@ loop), `prism launch --iteration-fn MODULE:QUALNAME` (`--microbatch-fn`), or the
 as `PRISM_ITERATION_FN` / `PRISM_MICROBATCH_FN`. The function is wrapped where it is defined, when its
 module is imported (an import hook; at once when it already is), so no line of the program changes.
 
-The hooks are installed when the program creates its first process group: a function of the program
-itself (`__main__:train_step` for a script, `torchtitan.train:Trainer.train_step` for `-m torchtitan.train`)
-is wrapped then, so it must be defined by that time (a module-level function or class is) and called
-through its module's name (a global lookup, as `train_step(...)` or `self.train_step(...)` are).
+The hooks are installed when the program creates its first process group. A module imported by then is
+wrapped at once (torchtitan's `torchtitan.trainer:Trainer.train_step`); one imported later, on import; the
+program's own functions (`__main__:train_step` for a script; `-m MODULE` runs MODULE as `__main__`) must
+be defined by then (a module-level function or class is) and called through the module's namespace (a
+global lookup, as `train_step(...)` or `self.train_step(...)` are).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def check(name: str, option: str) -> tuple[str, str]:
     """(module, qualname) of `name` ("MODULE:QUALNAME"), or BoundaryNameError naming `option`."""
     if not _NAME.match(name or ""):
         raise BoundaryNameError(f"{option} {name!r}: name a function as MODULE:QUALNAME "
-                                "(e.g. torchtitan.train:Trainer.train_step)")
+                                "(e.g. torchtitan.trainer:Trainer.train_step)")
     module, qualname = name.split(":")
     return module, qualname
 
@@ -101,7 +102,7 @@ def _wrap(module, qualname: str, name: str, option: str, enter, leave) -> None:
     fn = raw.__func__ if kind is not None else raw
     if not callable(fn):
         raise BoundaryNameError(f"{option} {name!r}: module {module.__name__} has no function {qualname} "
-                                "(check the name: MODULE:QUALNAME, e.g. torchtitan.train:Trainer.train_step)")
+                                "(check the name: MODULE:QUALNAME, e.g. torchtitan.trainer:Trainer.train_step)")
     depth = [0]
 
     @functools.wraps(fn)
