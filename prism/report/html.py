@@ -90,8 +90,9 @@ def build(job: str | Path) -> str:
     page.text(f"{calibrated.world} ranks, {iterations['iteration'].n_unique()} iterations, "
               f"{calibrated.events.height:,} events; from {job.resolve()}", "note")
     ranks_path = job / "graph" / "ranks.parquet"
-    if ranks_path.is_file():
-        rules = pl.read_parquet(ranks_path).group_by("iteration_rule", "microbatch_rule", "iterations").len().sort("len")
+    ranks = pl.read_parquet(ranks_path) if ranks_path.is_file() else None
+    if ranks is not None and "iteration_rule" in ranks.columns:
+        rules = ranks.group_by("iteration_rule", "microbatch_rule", "iterations").len().sort("len")
         page.text("Boundaries: " + "; ".join(
             f"{n} ranks with {it} iterations, by rule '{rule}' (microbatches: '{mb}')"
             for rule, mb, it, n in rules.iter_rows()), "note")
