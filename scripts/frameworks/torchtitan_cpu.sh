@@ -42,8 +42,8 @@ cat "$WORK/ranks.log" >> "$LOGS/torchtitan_cpu_w2.txt"
 run markers "$REPO/.venv/bin/prism" sql --job "$WORK/job" \
     "SELECT rank, op, count(*) AS n FROM events WHERE kind = 'marker' GROUP BY ALL ORDER BY ALL"
 cat "$WORK/markers.log" >> "$LOGS/torchtitan_cpu_w2.txt"
-run summary "$PY" -m prism.summary --show --job "$WORK/job"
-cat "$WORK/summary.log" >> "$LOGS/torchtitan_cpu_w2.txt"
+run summary "$PY" -m prism.summary --job "$WORK/job"
+cat "$WORK/job/summary.txt" >> "$LOGS/torchtitan_cpu_w2.txt"
 run emulate "$REPO/.venv/bin/prism" launch --nproc 2 --mode emulate --capture "$WORK/job/capture" --sandbox 1 \
     --out "$WORK/job/emu" --force "${TT[@]}"
 run capture_p1 "$REPO/.venv/bin/prism" launch --nproc 2 --mode capture --devices 1 --out "$WORK/job_p1/capture" --force "${TT[@]}"
