@@ -49,6 +49,8 @@ class WorkloadConfig:
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
+    iteration_fn: str | None = None  # MODULE:QUALNAME: one iteration = one outermost call (prism.runtime.named_boundaries)
+    microbatch_fn: str | None = None
 
     def command(self) -> list[str]:
         """The program part of a launch command: `-m MODULE ARGS` or `SCRIPT ARGS`."""
@@ -106,8 +108,14 @@ class JobConfig:
         return Path(self.results) / self.job
 
     def environment(self) -> dict[str, str]:
-        """What a stage exports to the ranks it launches: the device the job runs on."""
-        return {"PRISM_DEVICE": self.device}
+        """What a stage exports to the ranks it launches: the device the job runs on, and the boundary
+        functions the workload names (the variables of prism.runtime.named_boundaries)."""
+        env = {"PRISM_DEVICE": self.device}
+        if self.workload.iteration_fn:
+            env["PRISM_ITERATION_FN"] = self.workload.iteration_fn
+        if self.workload.microbatch_fn:
+            env["PRISM_MICROBATCH_FN"] = self.workload.microbatch_fn
+        return env
 
 
 def args_to_list(args) -> list[str]:
@@ -193,7 +201,8 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
         results=raw["results"],
         device=raw["device"],
         workload=WorkloadConfig(module=wl.get("module"), script=wl.get("script"),
-                                args=_workload_args(wl, raw["device"], source)),
+                                args=_workload_args(wl, raw["device"], source),
+                                iteration_fn=wl.get("iteration_fn"), microbatch_fn=wl.get("microbatch_fn")),
         baseline=BaselineConfig(**raw["baseline"]),
         capture=CaptureConfig(**raw["capture"]),
         calibrate=CalibrateConfig(**raw["calibrate"]),

@@ -12,7 +12,10 @@ function behind it. What it makes explicit:
   and covering every rank is one dimension; it is named tp/pp/dp/ep when its desc contains exactly one
   of those words (``mesh_tp``, ``dp_shard``). Coordinates nothing names (DDP's lone ``default_pg``, or
   two families claiming one name) stay -1.
-- ``ranks.iterations``: the number of ``iteration_end`` markers, or max(iteration) + 1 without markers.
+- ``ranks.iterations``: the number of ``iteration_end`` markers, or max(iteration) + 1 without markers;
+  ``ranks.iteration_rule`` / ``microbatch_rule``: the rule that found them (from meta.json's
+  ``boundaries``, written by the launcher: `prism.runtime.markers`). Ranks that disagree on the number of
+  iterations, or a named boundary function that never ran, are a `GraphError` naming the ranks.
 
 Every inconsistency (a collective some members never issued, an unmatched send or recv, a wait on an
 unknown op, ranks disagreeing on an op) is one `GraphError` naming the rank, event and group.
@@ -256,13 +259,38 @@ def _ranks(ev: pl.DataFrame, coords: dict[str, pl.DataFrame], meta: dict, world:
             ranks = ranks.join(coords[dim].rename({"pos": dim}), on="rank", how="left")
         else:
             ranks = ranks.with_columns(pl.lit(None, pl.Int32).alias(dim))
+    rules = meta.get("boundaries") or {}
+    found = pl.col("n_ends").fill_null(0) > 0
     return ranks.with_columns(
         [pl.col(dim).fill_null(-1) for dim in DIMS],
         n_events=pl.col("n_events").fill_null(0),
-        iterations=pl.when(pl.col("n_ends") > 0)
-        .then(pl.col("n_ends"))
-        .otherwise(pl.col("max_iteration").fill_null(-1) + 1),
+        iterations=pl.when(found).then(pl.col("n_ends")).otherwise(pl.col("max_iteration").fill_null(-1) + 1),
+        iteration_rule=pl.when(found).then(pl.lit(rules.get("iteration", "optimizer step")))
+        .otherwise(pl.lit(NO_BOUNDARY)),
+        microbatch_rule=pl.lit(rules.get("microbatch", "outermost module forward")),
     ).sort("rank")
+
+
+NO_BOUNDARY = "none found (events.iteration)"
+
+
+def check_iterations(ranks: pl.DataFrame, meta: dict) -> None:
+    """Every rank ends the same number of iterations, by the same rule; a named function ran on every rank."""
+    rule = (meta.get("boundaries") or {}).get("iteration", "")
+    if rule.startswith("function "):
+        missing = ranks.filter(pl.col("iteration_rule") == NO_BOUNDARY)["rank"].to_list()
+        if missing:
+            raise GraphError(f"rank{'s' if len(missing) > 1 else ''} {ranks_str(missing)}: the iteration boundary "
+                             f"{rule} never returned (no iteration_end marker); name a function every rank calls "
+                             "once an iteration (prism launch --iteration-fn MODULE:QUALNAME)")
+    counts = ranks.group_by("iterations", "iteration_rule", maintain_order=True).agg(pl.col("rank").sort())
+    if counts.height > 1:
+        parts = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {ranks_str(rs)}: {n} ({why})"
+                          for n, why, rs in counts.sort("iterations").iter_rows())
+        raise GraphError(f"ranks disagree on the number of iterations: {parts}. Every rank must end the same "
+                         "iterations; where the default rule does not fit the program, name the function one "
+                         "iteration calls once (prism launch --iteration-fn MODULE:QUALNAME, or the job config's "
+                         "workload.iteration_fn)")
 
 
 # ------------------------------------------------------------------------------------------------ stage
@@ -316,6 +344,7 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
         "op_event_id", links["op_event_id"].to_arrow()
     )
     ranks = _ranks(ev, _coordinates(groups, positions, world), meta, world)
+    check_iterations(ranks, meta)
     return {
         "events": events,
         "comms": _to_arrow(comms.drop("first_event")),

@@ -149,6 +149,8 @@ RANKS = pa.schema(
         pa.field("ep", pa.int32(), nullable=False),
         pa.field("n_events", pa.int64(), nullable=False),
         pa.field("iterations", pa.int32(), nullable=False),
+        pa.field("iteration_rule", pa.string()),  # what found the iterations (prism.runtime.markers' rules)
+        pa.field("microbatch_rule", pa.string()),
     ]
 )
 

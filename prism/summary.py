@@ -90,6 +90,12 @@ def summarize(job_dir: Path) -> str:
     dims = ", ".join(f"{n}={v}" for n, v in zip(("TP", "PP", "DP", "EP"), coords[:4]) if v and v > 0)
     lines.append(f"ranks: {world} ({dims or 'no parallel dimensions named'}), iterations: {coords[4]}, "
                  f"events: {n_events:,}, mode: {meta.get('mode', '?')}, device: {meta.get('device', '?')}")
+    rules = con.execute("SELECT iteration_rule, microbatch_rule, min(iterations), max(iterations), count(*) "
+                        "FROM ranks GROUP BY ALL ORDER BY ALL").fetchall()
+    for it_rule, mb_rule, lo, hi, n in rules:
+        each = f"{lo}" if lo == hi else f"{lo}..{hi}"
+        lines.append(f"boundaries: {each} iterations on each of {n} ranks, by rule '{it_rule}' "
+                     f"(microbatches: '{mb_rule}')")
     cores = meta.get("cores")
     if cores is not None and world > cores and meta.get("mode") != "capture":
         lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "

@@ -76,7 +76,10 @@ def _write_graph(folder: Path, rows: list[dict], comm_rows: list[dict], scale: f
                                          "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS,
                   run_id=run_id)
     write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": -1, "dp": r, "ep": -1,
-                                         "n_events": len(rows) // 2, "iterations": ITERATIONS} for r in (0, 1)]),
+                                         "n_events": len(rows) // 2, "iterations": ITERATIONS,
+                                         "iteration_rule": "outermost optimizer step",
+                                         "microbatch_rule": "forward of a module with trainable parameters"}
+                                        for r in (0, 1)]),
                   folder / "ranks.parquet", schemas.RANKS, run_id=run_id)
 
 

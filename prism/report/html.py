@@ -94,6 +94,13 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     page.facts(header.facts(job, calibrated.world) + [
         ("iterations, events", f"{iterations['iteration'].n_unique()} iterations, {calibrated.events.height:,} "
                                "events (predicted timeline)")])
+    ranks_path = job / "graph" / "ranks.parquet"
+    rank_rows = pl.read_parquet(ranks_path) if ranks_path.is_file() else None
+    if rank_rows is not None and "iteration_rule" in rank_rows.columns:
+        rules = rank_rows.group_by("iteration_rule", "microbatch_rule", "iterations").len().sort("len")
+        page.text("Boundaries: " + "; ".join(
+            f"{n} ranks with {it} iterations, by rule '{rule}' (microbatches: '{mb}')"
+            for rule, mb, it, n in rules.iter_rows()), "note")
     summary = [("predicted (calibrated timeline)", predicted)]
     if baseline is not None:
         summary.append(("measured (baseline: the real run)", measured))

@@ -1,24 +1,43 @@
 """Zero-code markers: iteration, microbatch and backward boundaries from global hooks.
 
-- the outermost module's forward (depth 0 -> 1) is one microbatch forward: `fwd_begin` / `fwd_end`;
+The rules (`named_boundaries.rules`; the launcher writes the ones in force into the run's meta.json, the graph into
+`ranks.iteration_rule` / `ranks.microbatch_rule`):
+- iteration: one *outermost* optimizer step ends it (`iteration_end`). A step called from inside another
+  step (torchtitan's `OptimizersContainer`, Megatron's chained optimizers: an `Optimizer` whose `step()`
+  calls the inner ones') is not a boundary; outermost steps that follow each other with no microbatch
+  forward between them (one optimizer per model part, as pipeline stages have) end one iteration: the
+  earlier one's marker becomes an `optimizer_step` marker and the events after it return to its iteration
+  (`Recorder.reopen_iteration`). A program that runs no module forward at all keeps one iteration a step.
+- microbatch: the forward of a module that has trainable parameters, not nested in another module's
+  forward (depth 0 -> 1), not a part of a module counted before (a model's output layer called by a loss
+  outside the model's forward) and not re-run by a backward (activation checkpointing): `fwd_begin` /
+  `fwd_end`.
+  FSDP2 units, checkpoint wrappers and pipeline stages calling their sub-modules are all inside it; a
+  loss module outside the model has no parameters and is not a microbatch.
 - the first gradient reaching that forward's output starts its backward (`bwd_begin`); a callback queued
-  on the autograd engine at that moment runs when the backward pass ends (`bwd_end`);
-- a global optimizer step post-hook ends the iteration (`iteration_end`).
-Forwards re-run inside a backward (activation checkpointing) are not counted as microbatches.
+  on the autograd engine at that moment runs when the backward pass ends (`bwd_end`).
+- named: `PRISM_ITERATION_FN` / `PRISM_MICROBATCH_FN` (`prism launch --iteration-fn/--microbatch-fn`,
+  `prism.runtime.named_boundaries`) replace the iteration (microbatch) rule by the outermost calls of a
+  function the user names.
+The hooks are hidden from Dynamo (`torch.compiler.disable`): a step or a forward inside a compiled region
+runs them eagerly, at the point where they fire in the eager program.
 
 The same hooks serve capture mode's drain points (`on_boundary`): the end of a backward pass and the start
-of an optimizer step, where torch may wait on futures of ops prism must complete first.
+of an outermost optimizer step, where torch may wait on futures of ops prism must complete first.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from prism.runtime import named_boundaries
 from prism.runtime.launch import progress
 from prism.runtime.recorder import Recorder
 
@@ -34,45 +53,106 @@ class _NoRecorder:
     def marker(self, op: str) -> None:
         pass
 
+    def reopen_iteration(self) -> bool:
+        return True
 
-def _depth() -> int:
-    return getattr(_state, "depth", 0)
+
+def _get(name: str) -> int:
+    return getattr(_state, name, 0)
+
+
+_ROOTS: weakref.WeakSet = weakref.WeakSet()  # modules whose forward was a microbatch
+_INSIDE: weakref.WeakSet = weakref.WeakSet()  # their sub-modules
+
+
+def _trains(module) -> bool:
+    """A microbatch root: a module with trainable parameters that is not a part of an earlier root (a
+    framework that calls the model's output layer from its loss, chunk by chunk, runs that layer outside
+    the model's forward: torchtitan's ChunkedLossWrapper)."""
+    if module in _ROOTS:
+        return True
+    if module in _INSIDE or not any(p.requires_grad for p in module.parameters()):
+        return False
+    _ROOTS.add(module)
+    _INSIDE.update(m for m in module.modules() if m is not module)
+    return True
 
 
 def install(rec: Recorder | None, on_boundary=None) -> list:
     """Install the global hooks that mark `rec`'s stream (and call `on_boundary()` at the end of each
-    backward pass and before each optimizer step); returns their handles."""
+    backward pass and before each outermost optimizer step); returns their handles."""
     rec = rec if rec is not None else _NoRecorder()
+    named_it = os.environ.get(named_boundaries.ITERATION_ENV)
+    named_mb = os.environ.get(named_boundaries.MICROBATCH_ENV)
+    seen = {"forward": False}  # the rank ran a microbatch forward (else every step is its own iteration)
 
-    def pre(module, args):
-        depth = _depth()
-        _state.depth = depth + 1
-        if depth == 0 and torch._C._current_graph_task_id() == -1:
-            rec.microbatch += 1
-            rec.marker("fwd_begin")
+    def begin_microbatch() -> None:
+        seen["forward"] = True
+        rec.microbatch += 1
+        rec.marker("fwd_begin")
 
-    def post(module, args, output):
-        _state.depth = _depth() - 1
-        if _state.depth == 0 and torch._C._current_graph_task_id() == -1:
-            rec.marker("fwd_end")
-            first = _first_grad_tensor(output)
-            if first is not None:
-                mb = rec.microbatch
-                first.register_hook(lambda grad: _bwd_begin(rec, mb, on_boundary))
+    def end_microbatch(output) -> None:
+        rec.marker("fwd_end")
+        first = _first_grad_tensor(output)
+        if first is not None:
+            mb = rec.microbatch
+            first.register_hook(lambda grad: _bwd_begin(rec, mb, on_boundary))
 
-    def step(optimizer, args, kwargs):
+    def end_iteration(merge: bool) -> None:
+        if merge and seen["forward"] and rec.microbatch == -1 and rec.iteration > 0:
+            rec.reopen_iteration()  # another optimizer of the same iteration: one boundary, at its end
         rec.marker("iteration_end")
         rec.iteration += 1
         rec.microbatch = -1
         progress.note_iteration(rec.iteration)
 
+    # Forwards run by a backward (activation checkpointing's recomputation) are left out entirely: a
+    # non-reentrant checkpoint stops its recomputation with an exception once it has what it needs, so
+    # their post-hooks may never run.
+    @torch.compiler.disable
+    def pre(module, args):
+        if torch._C._current_graph_task_id() != -1:
+            return
+        depth = _get("depth")
+        _state.depth = depth + 1
+        if depth == 0 and not named_mb and _trains(module):
+            _state.counted = True
+            begin_microbatch()
+        elif depth == 0:
+            _state.counted = False
+
+    @torch.compiler.disable
+    def post(module, args, output):
+        if torch._C._current_graph_task_id() != -1:
+            return
+        _state.depth = _get("depth") - 1
+        if _state.depth == 0 and getattr(_state, "counted", False):
+            _state.counted = False
+            end_microbatch(output)
+
+    @torch.compiler.disable
+    def step_pre(optimizer, args, kwargs):
+        depth = _get("step_depth")
+        _state.step_depth = depth + 1
+        if depth == 0 and on_boundary is not None:
+            on_boundary()
+
+    @torch.compiler.disable
+    def step_post(optimizer, args, kwargs):
+        _state.step_depth = max(_get("step_depth") - 1, 0)
+        if _state.step_depth == 0 and not named_it:
+            end_iteration(merge=True)
+
     handles = [
         register_module_forward_pre_hook(pre),
         register_module_forward_hook(post),
-        register_optimizer_step_post_hook(step),
+        register_optimizer_step_pre_hook(step_pre),
+        register_optimizer_step_post_hook(step_post),
     ]
-    if on_boundary is not None:
-        handles.append(register_optimizer_step_pre_hook(lambda *_: on_boundary()))
+    if named_it:
+        named_boundaries.hook(named_it, "--iteration-fn", lambda: None, lambda result: end_iteration(merge=False))
+    if named_mb:
+        named_boundaries.hook(named_mb, "--microbatch-fn", begin_microbatch, end_microbatch)
     return handles
 
 

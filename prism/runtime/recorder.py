@@ -213,18 +213,42 @@ class Recorder:
         if op == "iteration_end" and self._clock is not None:  # read the device times already known
             self._clock.resolve(self._rows, self.rank, wait=False)
         if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
-            self.flush()
+            self.flush(keep_last=op == "iteration_end")  # an iteration end stays open to `reopen_iteration`
+
+    def reopen_iteration(self) -> bool:
+        """The last marker, an `iteration_end`, did not end the iteration (another outermost optimizer step
+        of it followed, with no forward between: `markers`): it becomes an `optimizer_step` marker and the
+        events recorded since return to its iteration. False (nothing changed) if the last marker is not
+        an `iteration_end` still in memory."""
+        it, op = _COLUMNS.index("iteration"), _COLUMNS.index("op")
+        with self._lock:
+            for index in range(len(self._rows) - 1, -1, -1):
+                row = self._rows[index]
+                if row[1] == schemas.KIND_MARKER:
+                    break
+            else:
+                return False
+            if row[op] != "iteration_end":
+                return False
+            self._rows[index] = row[:op] + ("optimizer_step",) + row[op + 1:]
+            for k in range(index + 1, len(self._rows)):
+                r = self._rows[k]
+                self._rows[k] = r[:it] + (r[it] - 1,) + r[it + 1:]
+        self.iteration -= 1
+        return True
 
     # -- groups and output ----------------------------------------------------------------------------
     def add_group(self, name: str, desc: str | None, members: list[int], backend: str) -> None:
         self._groups.append((self.rank, name, desc, members, backend))
 
-    def flush(self, final: bool = False) -> None:
+    def flush(self, final: bool = False, keep_last: bool = False) -> None:
         """Write the buffered events as one record batch (resolving async completion times). Rows from the
         first recv from any source whose sender is not known yet stay buffered (unless `final`: then its
-        peer stays -1, the program never completed it)."""
+        peer stays -1, the program never completed it); with `keep_last`, the last row too."""
         with self._lock:
             cut = len(self._rows) if final else min(self._unresolved.values(), default=len(self._rows))
+            if keep_last and not final:
+                cut = min(cut, len(self._rows) - 1)
             if not cut:
                 return
             if self._clock is not None:

@@ -92,3 +92,16 @@ def all_to_all_single(inputs: Sequence[torch.Tensor], in_splits: Sequence[Sequen
         start = sum(splits[:member])
         pieces.append(t.narrow(0, start, splits[member]))
     return torch.cat(pieces, dim=0)
+
+
+def write(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Write a collective's result into the program's tensor `dst` as a backend does: through its memory,
+    unseen by autograd (no grad recorded, the version counter unchanged). gloo's in-place algorithms
+    (all_reduce, broadcast, reduce, functional collectives) leave it as it was; a Python `copy_` bumps it,
+    and where that happens after the op returned (a result delivered at wait), selective activation
+    checkpointing, which cached the output with its version, fails at recomputation ("Tensor cached during
+    selective activation checkpoint has been mutated"). (gloo's c10d all_gather_into_tensor and
+    reduce_scatter_tensor do bump it, on gloo's thread, before or after the call returns: a race no
+    program can rely on; prism's never do.)"""
+    with torch.no_grad(), torch.autograd.grad_mode._unsafe_preserve_version_counter(dst):
+        dst.copy_(src)

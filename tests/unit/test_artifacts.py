@@ -13,7 +13,8 @@ from prism import schemas
 from prism import artifacts
 from prism.artifacts import ArtifactError, check_version, read_parquet, read_raw_stream, write_outputs, write_parquet
 
-RANKS_ROW = {"rank": 0, "node": "h", "tp": 0, "pp": -1, "dp": 0, "ep": -1, "n_events": 3, "iterations": 1}
+RANKS_ROW = {"rank": 0, "node": "h", "tp": 0, "pp": -1, "dp": 0, "ep": -1, "n_events": 3, "iterations": 1,
+             "iteration_rule": "outermost optimizer step", "microbatch_rule": "forward of a module with trainable parameters"}
 
 
 def test_write_parquet_casts_and_versions(tmp_path):

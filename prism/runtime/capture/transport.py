@@ -131,7 +131,7 @@ class CaptureTransport:
 
         def complete(key):
             for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
-                t.copy_(r)
+                semantics.write(t, r)
             self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
@@ -142,7 +142,7 @@ class CaptureTransport:
         def complete(key):
             for k, (_, ts) in enumerate(self._inputs(key)):
                 for j, out in enumerate(output_tensors):
-                    out[k].copy_(ts[j])
+                    semantics.write(out[k], ts[j])
 
         return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
 
@@ -150,7 +150,7 @@ class CaptureTransport:
         def complete(key):
             rows = output.view(self.n, -1)
             for k, (_, ts) in enumerate(self._inputs(key)):
-                rows[k].copy_(ts[0].reshape(-1))
+                semantics.write(rows[k], ts[0].reshape(-1))
 
         return self._collective(op, work_id, [input], complete, [output])
 
@@ -160,7 +160,7 @@ class CaptureTransport:
         def complete(key):
             mine = [j * self.n + self.me for j in range(len(output_tensors))]
             for out, r in zip(output_tensors, self._fold(key, red, lambda ts: [ts[i] for i in mine])):
-                out.copy_(r)
+                semantics.write(out, r)
             self._keep(key, output_tensors, work_id)
 
         flat = [t for lst in input_tensors for t in lst]
@@ -171,7 +171,7 @@ class CaptureTransport:
 
         def complete(key):
             chunk = self._fold(key, red, lambda ts: [ts[0].reshape(self.n, -1)[self.me]])[0]
-            output.copy_(chunk.view_as(output))
+            semantics.write(output, chunk.view_as(output))
             self._keep(key, [output], work_id)
 
         return self._collective(op, work_id, [input], complete, [output], info_tensors=[input],
@@ -182,7 +182,7 @@ class CaptureTransport:
             got = list(self._inputs(key))
             ins = [ts[0] for _, ts in got]
             splits = [meta["splits"] for meta, _ in got]
-            output.copy_(semantics.all_to_all_single(ins, splits, self.me).view_as(output))
+            semantics.write(output, semantics.all_to_all_single(ins, splits, self.me).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
                                 meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
@@ -190,7 +190,7 @@ class CaptureTransport:
     def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
         def complete(key):
             for k, (_, ts) in enumerate(self._inputs(key)):
-                output_tensors[k].copy_(ts[self.me])
+                semantics.write(output_tensors[k], ts[self.me])
 
         return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
 
@@ -201,7 +201,7 @@ class CaptureTransport:
             if self.me != root:
                 _, ts = self.c.read(key, f"-r{root}")
                 for t, src in zip(tensors, ts):
-                    t.copy_(src)
+                    semantics.write(t, src)
 
         mine = list(tensors) if self.me == root else None
         return self._collective(op, work_id, mine, complete, list(tensors), info_tensors=list(tensors),
@@ -213,7 +213,7 @@ class CaptureTransport:
         def complete(key):
             if self.me == root:
                 for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
-                    t.copy_(r)
+                    semantics.write(t, r)
                 self._keep(key, tensors, work_id)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors),
@@ -225,7 +225,7 @@ class CaptureTransport:
         def complete(key):
             if self.me == root:
                 for k, (_, ts) in enumerate(self._inputs(key)):
-                    output_tensors[0][k].copy_(ts[0])
+                    semantics.write(output_tensors[0][k], ts[0])
 
         return self._collective(op, work_id, list(input_tensors), complete, output_tensors,
                                 reads="all" if self.me == root else [])
@@ -235,7 +235,7 @@ class CaptureTransport:
 
         def complete(key):
             _, ts = self.c.read(key, f"-r{root}")
-            output_tensors[0].copy_(ts[self.me])
+            semantics.write(output_tensors[0], ts[self.me])
 
         mine = list(input_tensors[0]) if self.me == root else None
         return self._collective(op, work_id, mine, complete, output_tensors, info_tensors=list(output_tensors),
@@ -248,7 +248,7 @@ class CaptureTransport:
         def complete(key):
             for k, (_, ts) in enumerate(self._inputs(key)):
                 for j, out in enumerate(output_lists[k]):
-                    out.copy_(ts[j])
+                    semantics.write(out, ts[j])
 
         return self._collective(op, work_id, list(input_tensors), complete, output_lists)
 
@@ -276,7 +276,7 @@ class CaptureTransport:
         def complete(key):
             _, ts = self.c.read(key, "")
             for t, src_t in zip(tensors, ts):
-                t.copy_(src_t)
+                semantics.write(t, src_t)
 
         return CaptureWork(self.c, [key], lambda: complete(key), list(tensors), [self.c.path(key, "")])
 
@@ -294,7 +294,7 @@ class CaptureTransport:
         def complete():
             meta, ts = self.c.read(key, "")
             for t_, src_t in zip(tensors, ts):
-                t_.copy_(src_t)
+                semantics.write(t_, src_t)
             src = meta["src"]
             peer = self.members[src]
             self.received[(peer, tag)] = self.received.get((peer, tag), 0) + 1  # it consumed that message

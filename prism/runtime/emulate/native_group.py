@@ -46,7 +46,7 @@ def _back(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Copy host buffers into the outputs they stand for."""
     for out, buf in pairs:
         if buf is not out:
-            out.copy_(buf)
+            semantics.write(out, buf)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -106,7 +106,7 @@ def _reduce_scatter_single(pg, n, me, output, input, opts) -> Issued:
     works = [pg.alltoall_base(buf.view(-1), src, [], [], AllToAllOptions())] if src.numel() else []
 
     def finish() -> None:
-        output.copy_(comp.fold(red, list(buf.unbind(0))).view_as(output))
+        semantics.write(output, comp.fold(red, list(buf.unbind(0))).view_as(output))
 
     return works, finish, _nbytes(src) - _nbytes(src) // n
 

@@ -342,7 +342,7 @@ class EmulateTransport(CaptureTransport):
 
         def complete(key):
             for t, r in zip(tensors, self._result(key)):
-                t.copy_(r)
+                semantics.write(t, r)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
 
@@ -354,7 +354,7 @@ class EmulateTransport(CaptureTransport):
         def complete(key):
             if self.me == root:
                 for t, r in zip(tensors, self._result(key)):
-                    t.copy_(r)
+                    semantics.write(t, r)
 
         return self._collective(op, work_id, list(tensors), complete, list(tensors),
                                 meta={"reduce_op": red.name, "root": root})
@@ -364,7 +364,7 @@ class EmulateTransport(CaptureTransport):
 
         def complete(key):
             for out, r in zip(output_tensors, self._result(key)):
-                out.copy_(r.view_as(out))
+                semantics.write(out, r.view_as(out))
 
         flat = [t for lst in input_tensors for t in lst]
         return self._collective(op, work_id, flat, complete, output_tensors, meta={"reduce_op": red.name})
@@ -373,7 +373,7 @@ class EmulateTransport(CaptureTransport):
         red = semantics.red_op(opts)
 
         def complete(key):
-            output.copy_(self._result(key)[0].view_as(output))
+            semantics.write(output, self._result(key)[0].view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output], meta={"reduce_op": red.name})
 
@@ -381,7 +381,7 @@ class EmulateTransport(CaptureTransport):
         def complete(key):
             got = self.got[key]
             # joined in host memory, then one copy into the output: nothing allocated on a CUDA sandbox's device
-            output.copy_(torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
+            semantics.write(output, torch.cat([got[i][1][0].cpu() for i in range(self.n)]).view_as(output))
 
         return self._collective(op, work_id, [input], complete, [output],
                                 meta={"splits": list(input_split_sizes),
@@ -391,7 +391,7 @@ class EmulateTransport(CaptureTransport):
         def complete(key):
             got = self.got[key]
             for k, out in enumerate(output_tensors):
-                out.copy_(got[k][1][0])
+                semantics.write(out, got[k][1][0])
 
         return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
 
@@ -399,7 +399,7 @@ class EmulateTransport(CaptureTransport):
         root = opts.rootRank
 
         def complete(key):
-            output_tensors[0].copy_(self.got[key][root][1][0])
+            semantics.write(output_tensors[0], self.got[key][root][1][0])
 
         mine = list(input_tensors[0]) if self.me == root else None
         return self._collective(op, work_id, mine, complete, output_tensors)

@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.runtime import modes, oom, watchdog
+from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch.progress import LOG_PERIOD_S
 
 MODES = tuple(modes.MODES)
@@ -75,6 +75,8 @@ class LaunchSpec:
     nnodes: int = 1  # capture over hosts (`prism.runtime.launch.hosts`): one launcher a host, --nproc ranks each
     node_rank: int = 0
     master_addr: str | None = None
+    iteration_fn: str | None = None  # MODULE:QUALNAME whose outermost call is one iteration (named_boundaries)
+    microbatch_fn: str | None = None  # MODULE:QUALNAME whose outermost call is one microbatch
 
 
 def parse(argv: list[str]) -> LaunchSpec:
@@ -89,7 +91,7 @@ def parse(argv: list[str]) -> LaunchSpec:
         if tok in ("--nproc", "--nproc-per-node", "--mode", "--out", "--master-port", "--devices", "--preload",
                    "--slice-ranks", "--capture", "--sandbox", "--prefetch-mb", "--steps-limit", "--timed-by",
                    "--hang-timeout", "--rank-memory-gb", "--device-memory-gb", "--nnodes", "--node-rank",
-                   "--master-addr"):
+                   "--master-addr", "--iteration-fn", "--microbatch-fn"):
             i += 2
             continue
         if not tok.startswith("-"):
@@ -149,6 +151,13 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--device-memory-gb", type=float, default=None, metavar="G",
                         help="capture on CUDA: device memory for the ranks' state per slot; a blocked rank's "
                              "state goes to host memory (CUDA checkpoint) when a running rank needs the room")
+    parser.add_argument("--iteration-fn", default=None, metavar="MODULE:QUALNAME",
+                        help="one iteration = one outermost call of this function (default: one outermost optimizer "
+                             "step; for programs without an optimizer or with an unusual loop; slice and emulate "
+                             "take the capture's)")
+    parser.add_argument("--microbatch-fn", default=None, metavar="MODULE:QUALNAME",
+                        help="one microbatch = one outermost call of this function (default: the forward of a module "
+                             "with trainable parameters, not nested in another forward)")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
@@ -162,7 +171,14 @@ def parse(argv: list[str]) -> LaunchSpec:
                       pruning=not opts.no_pruning, prefetch_mb=opts.prefetch_mb, steps_limit=opts.steps_limit,
                       hang_timeout=opts.hang_timeout, rank_memory_gb=opts.rank_memory_gb,
                       device_memory_gb=opts.device_memory_gb, timed_by=opts.timed_by, nnodes=opts.nnodes,
-                      node_rank=opts.node_rank, master_addr=opts.master_addr)
+                      node_rank=opts.node_rank, master_addr=opts.master_addr,
+                      iteration_fn=opts.iteration_fn, microbatch_fn=opts.microbatch_fn)
+    for option, name in (("--iteration-fn", spec.iteration_fn), ("--microbatch-fn", spec.microbatch_fn)):
+        if name is not None:
+            try:
+                named_boundaries.check(name, option)
+            except named_boundaries.BoundaryNameError as exc:
+                raise LaunchError(str(exc)) from None
     if opts.sandbox and opts.slice_ranks:
         raise LaunchError("--sandbox (mode emulate) and --slice-ranks (mode slice) exclude each other")
     option, text = ("--sandbox", opts.sandbox) if opts.sandbox else ("--slice-ranks", opts.slice_ranks)

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from prism.runtime import modes, oom, watchdog
+from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
 from prism.runtime.launch import run_files
@@ -219,8 +219,28 @@ def _iterations_expected(spec: LaunchSpec) -> int | None:
     return min(n, spec.steps_limit) if spec.steps_limit else n
 
 
+def boundary_functions(spec: LaunchSpec) -> dict[str, str]:
+    """The named boundary functions the ranks get: the options', else the environment's, else (slice,
+    emulate) the capture's, so that every mode of a job counts its iterations by one rule."""
+    chosen = {}
+    inherited = {}
+    if spec.capture is not None:
+        meta = spec.capture / "raw" / "meta.json"
+        if meta.is_file():
+            inherited = json.loads(meta.read_text()).get("boundary_functions") or {}
+    for var, value in ((named_boundaries.ITERATION_ENV, spec.iteration_fn),
+                       (named_boundaries.MICROBATCH_ENV, spec.microbatch_fn)):
+        value = value or os.environ.get(var) or inherited.get(var)
+        if value:
+            chosen[var] = value
+    return chosen
+
+
 def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(named_boundaries.ITERATION_ENV, None)
+    env.pop(named_boundaries.MICROBATCH_ENV, None)
+    env.update(boundary_functions(spec))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
@@ -305,6 +325,8 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id,
         "device": os.environ.get("PRISM_DEVICE", "cpu"), "started": started, "wall_s": time.time() - started,
         "torch_version": version("torch"), "schema_version": "1",
+        "boundaries": named_boundaries.rules(boundary_functions(spec)),
+        "boundary_functions": boundary_functions(spec),
     }
     if spec.mode == "capture":
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})

@@ -30,7 +30,7 @@ import torch
 from torch._C._distributed_c10d import Work
 
 from prism import schemas
-from prism.runtime import shm
+from prism.runtime import semantics, shm
 from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport
@@ -146,7 +146,7 @@ class _ResultWork(Forwarding, Work):
         _, values = self._result.result()
         with torch.no_grad():
             for out, value in zip(self._outputs, values):
-                out.copy_(value.view_as(out))
+                semantics.write(out, value.view_as(out))
         self._fixed = True
 
     def wait(self, timeout=None) -> bool:

@@ -1,0 +1,82 @@
+"""torchtitan's trainer on a CPU-only torch, torchtitan's files unchanged.
+
+torchtitan 0.3.0 assumes an accelerator: `torchtitan.tools.utils` takes the device type from
+`torch._utils._get_available_device_type() or "cuda"` (None on a CPU-only torch, so "cuda", and
+`torch.cuda.set_device` fails), and its memory monitor calls CUDA's memory API on that device module.
+This wrapper makes the probe answer "cpu" before torchtitan is imported, gives `torch.cpu` the memory
+calls it lacks (answering "unknown"), runs FlexAttention eagerly and lets its backward run on CPU, makes FSDP2 reduce gradients by SUM
+rather than NCCL's PREMUL_SUM, keeps the groups' first timeout (no NCCL-only barrier),
+then runs `torchtitan.train.main()` with the command line it was given; the rest of each run (its
+torchtitan options) is in scripts/frameworks/torchtitan_cpu.sh. It touches nothing of prism: run it under
+torchrun or `prism launch` alike.
+
+Run: torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py --module llama3 --config llama3_debugmodel ...
+"""
+
+import os
+import types
+
+import torch
+import torch._utils
+
+torch._utils._get_available_device_type = lambda: "cpu"  # torchtitan reads it once, at import
+
+# torchtitan's memory monitor asks the device module for CUDA's memory API; torch.cpu has none of it.
+_CPU_MEMORY = {
+    "get_device_name": lambda device=None: "cpu",
+    "get_device_properties": lambda device=None: types.SimpleNamespace(
+        total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+    "reset_peak_memory_stats": lambda device=None: None,
+    "empty_cache": lambda: None,
+    "memory_stats": lambda device=None: {},  # torchtitan then logs -1 for the peaks
+}
+for _name, _fn in _CPU_MEMORY.items():
+    if not hasattr(torch.cpu, _name):
+        setattr(torch.cpu, _name, _fn)
+
+# torch refuses FlexAttention's backward on CPU before it starts (an eager check; the dense math
+# implementation of the backward it would run exists): torchtitan's language models only offer flex / varlen
+# / flash attention. Skipping that one check runs the eager (math) backward on CPU: slow, exact.
+import torch.nn.attention.flex_attention as _flex  # noqa: E402
+
+_check_device = _flex._validate_device
+
+
+def _validate_device_but_cpu_backward(query, key, value):
+    if query.device.type != "cpu":
+        _check_device(query, key, value)
+
+
+_flex._validate_device = _validate_device_but_cpu_backward
+
+# torchtitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 turns into a PREMUL_SUM reduce-scatter
+# (NCCL's); gloo refuses PREMUL_SUM. FSDP2's own switch to plain SUM with the division done apart gives the
+# same gradients (a factor of 1.0: no division at all).
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
+
+_set_factor = FSDPModule.set_gradient_divide_factor
+
+
+def _set_factor_with_sum(self, factor: float) -> None:
+    _set_factor(self, factor)
+    self.set_force_sum_reduction_for_comms(True)
+
+
+FSDPModule.set_gradient_divide_factor = _set_factor_with_sum
+
+import torchtitan.train  # noqa: E402
+from torchtitan.models.common.attention import FlexAttention  # noqa: E402
+
+# torchtitan runs FlexAttention through torch.compile (inductor), which has no CPU path for it here: the
+# eager FlexAttention instead (the same math, not fused).
+FlexAttention._compiled_flex_attn = _flex.flex_attention
+
+# After the first step torchtitan shortens every group's timeout: a barrier with device_ids (NCCL's
+# argument; gloo's BarrierOptions take integers, torch.cpu.current_device() is "cpu") and
+# dist.set_timeout. On CPU the groups keep the timeout they were created with.
+import torchtitan.distributed.utils as _dist_utils  # noqa: E402
+
+_dist_utils.set_pg_timeouts = lambda *args, **kwargs: None
+
+if __name__ == "__main__":
+    torchtitan.train.main()
