@@ -15,11 +15,12 @@ pytestmark = pytest.mark.slow
 FIX = "capture again"
 
 
-def _damage(capture, how: str) -> list:
+def _damage(capture) -> list:
+    """Every payload damaged: one byte flipped in every other file, the others truncated to half."""
     files = sorted((capture / "payloads").rglob("*.bin"))
-    for path in files:
+    for i, path in enumerate(files):
         data = bytearray(path.read_bytes())
-        if how == "flip":
+        if i % 2:
             data[-1] ^= 0x01  # the last tensor byte: the header still decodes, the values are wrong
         else:
             data = data[: len(data) // 2]
@@ -27,12 +28,11 @@ def _damage(capture, how: str) -> list:
     return files
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate"])
-def test_a_damaged_payload_is_named_in_emulate_and_slice_runs(tmp_path, reduction_order_capture, how):
+def test_a_damaged_payload_is_named_in_emulate_and_slice_runs(tmp_path, reduction_order_capture):
     shared, _ = reduction_order_capture
     job = tmp_path / "job"
     shutil.copytree(shared / "capture", job / "capture")
-    damaged = {str(p) for p in _damage(job / "capture", how)}
+    damaged = {str(p) for p in _damage(job / "capture")}
     prog = str(PROGRAMS / "reduction_order.py")
     emu, sl = run_together(
         lambda: run_prism(["launch", "--nproc", "4", "--mode", "emulate", "--capture", str(job / "capture"),
