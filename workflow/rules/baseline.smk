@@ -15,7 +15,7 @@ rule baseline_run:  # runs alone: its timings must not share the machine with an
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force >> {log:q} 2>&1"
 
 
 rule baseline_graph:
@@ -33,7 +33,7 @@ rule baseline_graph:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.graph --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} >> {log:q} 2>&1"
 
 
 rule baseline_summary:
@@ -51,4 +51,4 @@ rule baseline_summary:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} >> {log:q} 2>&1"

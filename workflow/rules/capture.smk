@@ -22,7 +22,7 @@ rule capture:  # runs alone: its timings must not share the machine with another
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.capture --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.capture --config-json {params.section:q} --out {params.out:q} --force >> {log:q} 2>&1"
 
 
 rule graph:
@@ -41,7 +41,7 @@ rule graph:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} >> {log:q} 2>&1"
 
 
 rule summary:
@@ -60,4 +60,4 @@ rule summary:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} >> {log:q} 2>&1"

@@ -16,4 +16,4 @@ rule catalog:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"
+        "$PY -m prism.sql --job {params.job:q} --write-catalog >> {log:q} 2>&1"

@@ -20,4 +20,4 @@ rule report:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.report --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.report --job {params.job:q} >> {log:q} 2>&1"

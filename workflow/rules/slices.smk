@@ -24,7 +24,7 @@ checkpoint slice_plan:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} > {log:q} 2>&1"
+        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} >> {log:q} 2>&1"
 
 
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
@@ -46,7 +46,7 @@ rule slice_run:  # runs alone: its timings must not share the machine with anoth
         "../../environment.yml"
     shell:
         "$PY -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
-        "> {log:q} 2>&1"
+        ">> {log:q} 2>&1"
 
 
 rule slice_durations:
@@ -65,7 +65,7 @@ rule slice_durations:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.calibrate.from_slices --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.calibrate.from_slices --job {params.job:q} >> {log:q} 2>&1"
 
 
 rule calibrate_untimed:  # the first pass: times the second pass's replayed ranks
@@ -88,7 +88,7 @@ rule calibrate_untimed:  # the first pass: times the second pass's replayed rank
         "../../environment.yml"
     shell:
         "$PY -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
-        "--transfers {input.transfers:q} --out {params.out:q} > {log:q} 2>&1"
+        "--transfers {input.transfers:q} --out {params.out:q} >> {log:q} 2>&1"
 
 
 rule slice_run_timed:  # runs alone, like slice_run
@@ -112,7 +112,7 @@ rule slice_run_timed:  # runs alone, like slice_run
         "../../environment.yml"
     shell:
         "$PY -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
-        "--timed-by {input.timeline:q} > {log:q} 2>&1"
+        "--timed-by {input.timeline:q} >> {log:q} 2>&1"
 
 
 rule slice_durations_timed:
@@ -131,7 +131,7 @@ rule slice_durations_timed:
     conda:
         "../../environment.yml"
     shell:
-        "$PY -m prism.calibrate.from_slices --job {params.job:q} --slices slices_timed > {log:q} 2>&1"
+        "$PY -m prism.calibrate.from_slices --job {params.job:q} --slices slices_timed >> {log:q} 2>&1"
 
 
 rule calibrate:
@@ -153,4 +153,4 @@ rule calibrate:
         "../../environment.yml"
     shell:
         "$PY -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
-        "--transfers {input.transfers:q} > {log:q} 2>&1"
+        "--transfers {input.transfers:q} >> {log:q} 2>&1"
