@@ -150,6 +150,10 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     job = inputs.load(job_dir)
     ranks_table = artifacts.read_parquet(job_dir / "graph" / "ranks.parquet")
     ranks = sandbox.resolve(spec, ranks_table)
+    captured_steps = max(ranks_table["iterations"].to_pylist(), default=0)
+    if steps is not None and steps > captured_steps:
+        raise EmulateError(f"--steps {steps}: the capture has {captured_steps} step(s); give at most "
+                           f"{captured_steps}, or leave --steps out to emulate them all")
     n_events = dict(zip(ranks_table["rank"].to_pylist(), ranks_table["n_events"].to_pylist()))
     inputs.check_ranks_captured(job, ranks, n_events)
     graph_job = load_graph(job_dir)

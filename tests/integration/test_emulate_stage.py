@@ -363,3 +363,10 @@ def test_a_killed_emulate_stops_its_launcher_and_ranks(job, sig):
         stage.emulate(job, "2", launch=fake_launcher(job, [2], []))
         assert not list(job.glob(".emulation*"))
     assert not (job / "emulation" / "logs" / "rank=3.log").exists()
+
+
+def test_more_steps_than_captured_are_refused(job, capsys):
+    """Issue 23: `--steps 99` on a short capture was silently clamped."""
+    code, err = run_main(["--job", job, "--steps", "99"], capsys)
+    assert code == 2 and "--steps 99: the capture has 2 step(s); give at most 2" in err, err
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation*"))
