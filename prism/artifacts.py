@@ -239,6 +239,54 @@ def verify_parquet(path: str | Path) -> None:
         raise _unreadable(path, exc) from exc
 
 
+def first_unreadable(folder: str | Path) -> ArtifactError | None:
+    """After a read failed deep inside a stage (polars, DuckDB): the first Parquet artifact under `folder`
+    that cannot be read (truncated, zero-byte, zeroed, a corrupt page), named with the command that rewrites
+    it; None when every one reads."""
+    for path in sorted(Path(folder).rglob("*.parquet")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue  # another run's staging
+        try:
+            verify_parquet(path)
+        except ArtifactError as exc:
+            return exc
+    return None
+
+
+def check_out(out: str | Path, folder: bool = False, option: str = "--out") -> Path:
+    """The path a stage is about to write (a file, or with `folder=True` a folder): refuse one of the other
+    kind, or a parent folder that cannot be made or written, with the fix; returns it."""
+    out = Path(out)
+    if not folder and out.is_dir():
+        raise ArtifactError(f"{option} {out} is a folder: give a file name (e.g. {out / 'report.html'})")
+    if folder and out.exists() and not out.is_dir():
+        raise ArtifactError(f"{option} {out} is a file: give a folder (new, or one prism wrote before)")
+    existing = next(p for p in out.absolute().parents if p.exists())  # made when written, not before
+    if not existing.is_dir():
+        raise ArtifactError(f"{option} {out}: cannot create {out.parent} ({existing} is a file); choose a path "
+                            "in a writable folder")
+    if not os.access(existing, os.W_OK) or (existing != out.parent.absolute() and _read_only_fs(existing)):
+        raise ArtifactError(f"{option} {out}: cannot create {out.parent} ({existing} is not writable); choose a "
+                            "path in a writable folder")
+    return out
+
+
+def _read_only_fs(folder: Path) -> bool:
+    """A folder that `access` calls writable for root where no folder can be made (/sys, /proc, a read-only
+    mount)."""
+    try:
+        os.statvfs(folder)
+    except OSError:
+        return True
+    probe = folder / f".prism-write-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return True
+    probe.rmdir()
+    return False
+
+
 # ------------------------------------------------------------------------------------------------ run ids
 
 

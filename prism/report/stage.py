@@ -13,13 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from prism.artifacts import ArtifactError
+from prism.artifacts import ArtifactError, check_out, first_unreadable
 
 
 def write_report(job: Path, out: Path | None = None) -> Path:
     from prism.report.html import build
 
-    out = out or job / "report" / "report.html"
+    out = check_out(out or job / "report" / "report.html")
     page = build(job)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -45,6 +45,16 @@ def main(argv: list[str] | None = None) -> int:
         out = write_report(args.job, args.out)
     except ArtifactError as exc:
         print(f"prism report: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"prism report: error: cannot write {exc.filename or args.out} ({exc.strerror}); choose a path in "
+              "a writable folder", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a reader deep in the report (polars, pyarrow): name the file that is damaged
+        found = first_unreadable(args.job)
+        if found is None:
+            raise
+        print(f"prism report: error: {found}", file=sys.stderr)
         return 2
     print(f"prism report: {out}")
     return 0
