@@ -50,6 +50,8 @@ def writer_of(path: str | Path) -> str:
         return f"python -m prism.slices.plan --job {job} --devices P"
     if folder.name == "slices" and path.stem in ("durations", "transfers"):
         return f"python -m prism.calibrate.from_slices --job {job}"
+    if folder.name == "emulation":
+        return f"prism emulate --job {job} --force"
     return "the stage that writes it"
 
 
@@ -317,6 +319,18 @@ def is_prism_artifact(path: str | Path) -> bool:
         raise _unreadable(Path(path), exc) from exc
 
 
+def _stale_of(a: Path, b: Path) -> Path:
+    """Of two artifacts of different runs, the one to rewrite: not the capture's own record (raw/meta.json),
+    which every later stage derives from (a folder copied in from another run has a new time, so the time
+    alone blamed the capture); otherwise the older file."""
+    def is_capture(path: Path) -> bool:
+        return path.name == "meta.json" and path.parent.name == "raw"
+
+    if is_capture(a) != is_capture(b):
+        return b if is_capture(a) else a
+    return min((a, b), key=lambda p: p.stat().st_mtime)
+
+
 def same_run(inputs: Sequence[str | Path]) -> str:
     """The one run id the artifacts `inputs` share; `ArtifactError` when one declares none (written by an
     older prism) or two come from different runs (naming both files and the stage to re-run)."""
@@ -334,7 +348,7 @@ def same_run(inputs: Sequence[str | Path]) -> str:
     first_path, first = found[0]
     for path, run_id in found[1:]:
         if run_id != first:
-            stale = min((first_path, path), key=lambda p: p.stat().st_mtime)
+            stale = _stale_of(first_path, path)
             raise ArtifactError(
                 f"{first_path} (run {first}) and {path} (run {run_id}) come from different runs: the older one, "
                 f"{stale}, is stale; re-run from the stage that writes it ({writer_of(stale)}) and the stages "

@@ -13,13 +13,19 @@ import os
 import sys
 from pathlib import Path
 
-from prism.artifacts import ArtifactError, check_out, first_unreadable
+from prism.artifacts import ArtifactError, check_out, first_unreadable, same_run
 
 
 def write_report(job: Path, out: Path | None = None) -> Path:
     from prism.report.html import build
 
     out = check_out(out or job / "report" / "report.html")
+    # one run's artifacts (an emulation/ or calibrated/ copied from another run is named, not shown)
+    inputs = [p for p in (job / "raw" / "meta.json", job / "capture" / "raw" / "meta.json",
+                          job / "graph" / "events.parquet", job / "calibrated" / "timeline.parquet",
+                          job / "emulation" / "events.parquet") if p.is_file()]
+    if len(inputs) > 1:
+        same_run(inputs)
     page = build(job)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

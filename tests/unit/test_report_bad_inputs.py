@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import pyarrow.parquet as pq
 import pytest
 
 from prism import graph
@@ -79,3 +80,28 @@ def test_a_kineto_export_into_a_file_is_refused(job, tmp_path, capsys):
     code = export.main(["--job", str(job), "--timeline", "calibrated", "--format", "kineto", "--out", str(a_file)])
     err = _one_line(capsys.readouterr().err)
     assert code == 2 and f"--out {a_file} is a file" in err and a_file.read_text() == "mine"
+
+
+def _as_other_run(src, dst) -> None:
+    """`src` as if written by another run (its run id changed), at `dst`: a folder copied from another job."""
+    table = pq.read_table(src)
+    meta = dict(table.schema.metadata or {})
+    meta[b"prism.run_id"] = b"another-run"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(meta), dst)
+
+
+@pytest.mark.parametrize("folder", ["emulation", "calibrated"])
+def test_a_folder_copied_from_another_run_is_named_not_shown(job, tmp_path, capsys, folder):
+    """Issue 23: an `emulation/` from another run was shown as this job's sandbox section; a `calibrated/`
+    from another run was blamed on the capture ("stale, re-capture")."""
+    copy = tmp_path / "job"
+    shutil.copytree(job, copy)
+    name = {"emulation": "events.parquet", "calibrated": "timeline.parquet"}[folder]
+    _as_other_run(job / "calibrated" / "timeline.parquet", copy / folder / name)
+    capsys.readouterr()
+    assert report_stage.main(["--job", str(copy)]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"the older one, {copy / folder / name}, is stale" in err, err
+    assert "prism emulate" in err if folder == "emulation" else "prism calibrate" in err
+    assert not (copy / "report").exists()
