@@ -180,7 +180,7 @@ def supervise(spec: dict) -> int:
     usage_until = None  # a rank exited with USAGE_EXIT: the others are stopped only after this
     deadline = None
     hang = Path(spec["status_dir"], watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
-    watched = spec.get("mode") == "real"
+    watched = spec.get("mode") in ("real", "slice")  # the ranks' watchdog (slice: the slice ranks')
     memory_watch = limits.MemoryWatch(len(ids)) if capture else None
     limit_error = None
     while children:
