@@ -50,6 +50,8 @@ def writer_of(path: str | Path) -> str:
         return f"prism slices plan --job {job} --devices P"
     if folder.name == "slices" and path.stem in ("durations", "transfers"):
         return f"prism slices durations --job {job}"
+    if folder.name == "emulation":
+        return f"prism emulate --job {job} --force"
     return "the stage that writes it"
 
 
@@ -252,6 +254,54 @@ def verify_parquet(path: str | Path) -> None:
         raise _unreadable(path, exc) from exc
 
 
+def first_unreadable(folder: str | Path) -> ArtifactError | None:
+    """After a read failed deep inside a stage (polars, DuckDB): the first Parquet artifact under `folder`
+    that cannot be read (truncated, zero-byte, zeroed, a corrupt page), named with the command that rewrites
+    it; None when every one reads."""
+    for path in sorted(Path(folder).rglob("*.parquet")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue  # another run's staging
+        try:
+            verify_parquet(path)
+        except ArtifactError as exc:
+            return exc
+    return None
+
+
+def check_out(out: str | Path, folder: bool = False, option: str = "--out") -> Path:
+    """The path a stage is about to write (a file, or with `folder=True` a folder): refuse one of the other
+    kind, or a parent folder that cannot be made or written, with the fix; returns it."""
+    out = Path(out)
+    if not folder and out.is_dir():
+        raise ArtifactError(f"{option} {out} is a folder: give a file name (e.g. {out / 'report.html'})")
+    if folder and out.exists() and not out.is_dir():
+        raise ArtifactError(f"{option} {out} is a file: give a folder (new, or one prism wrote before)")
+    existing = next(p for p in out.absolute().parents if p.exists())  # made when written, not before
+    if not existing.is_dir():
+        raise ArtifactError(f"{option} {out}: cannot create {out.parent} ({existing} is a file); choose a path "
+                            "in a writable folder")
+    if not os.access(existing, os.W_OK) or (existing != out.parent.absolute() and _read_only_fs(existing)):
+        raise ArtifactError(f"{option} {out}: cannot create {out.parent} ({existing} is not writable); choose a "
+                            "path in a writable folder")
+    return out
+
+
+def _read_only_fs(folder: Path) -> bool:
+    """A folder that `access` calls writable for root where no folder can be made (/sys, /proc, a read-only
+    mount)."""
+    try:
+        os.statvfs(folder)
+    except OSError:
+        return True
+    probe = folder / f".prism-write-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return True
+    probe.rmdir()
+    return False
+
+
 # ------------------------------------------------------------------------------------------------ run ids
 
 
@@ -282,6 +332,18 @@ def is_prism_artifact(path: str | Path) -> bool:
         raise _unreadable(Path(path), exc) from exc
 
 
+def _stale_of(a: Path, b: Path) -> Path:
+    """Of two artifacts of different runs, the one to rewrite: not the capture's own record (raw/meta.json),
+    which every later stage derives from (a folder copied in from another run has a new time, so the time
+    alone blamed the capture); otherwise the older file."""
+    def is_capture(path: Path) -> bool:
+        return path.name == "meta.json" and path.parent.name == "raw"
+
+    if is_capture(a) != is_capture(b):
+        return b if is_capture(a) else a
+    return min((a, b), key=lambda p: p.stat().st_mtime)
+
+
 def same_run(inputs: Sequence[str | Path]) -> str:
     """The one run id the artifacts `inputs` share; `ArtifactError` when one declares none (written by an
     older prism) or two come from different runs (naming both files and the stage to re-run)."""
@@ -299,7 +361,7 @@ def same_run(inputs: Sequence[str | Path]) -> str:
     first_path, first = found[0]
     for path, run_id in found[1:]:
         if run_id != first:
-            stale = min((first_path, path), key=lambda p: p.stat().st_mtime)
+            stale = _stale_of(first_path, path)
             raise ArtifactError(
                 f"{first_path} (run {first}) and {path} (run {run_id}) come from different runs: the older one, "
                 f"{stale}, is stale; re-run from the stage that writes it ({writer_of(stale)}) and the stages "

@@ -54,26 +54,40 @@ def install(site: bool = False, force: bool = False, names: list[str] | None = N
     if unknown:
         raise ProfileError(f"unknown profile(s) {', '.join(unknown)}: prism ships {', '.join(profiles)}")
     dest = dest or target_dir(site)
+    # every refusal before any copy: a run installs all it was asked for, or nothing
+    refused = [dest / n for n in names if (dest / n).exists() and not _same_profile(profiles[n], dest / n)]
+    if refused and not force:
+        rest = [n for n in names if dest / n not in refused]
+        raise ProfileError(f"{', '.join(map(str, refused))} exist{'s' if len(refused) == 1 else ''} and differ"
+                           f"{'s' if len(refused) == 1 else ''} from prism's profile{'s' if len(refused) > 1 else ''}"
+                           f" of that name: keep {'it' if len(refused) == 1 else 'them'}, or replace with `prism "
+                           f"profiles install --force`; nothing installed"
+                           + (f" (also asked for: {', '.join(rest)})" if rest else ""))
     installed = []
     for name in names:
         src, dst = profiles[name], dest / name
-        if dst.exists() and not _same_tree(src, dst):
-            if not force:
-                raise ProfileError(f"{dst} exists and differs from prism's {name} profile: "
-                                   f"keep it, or replace it with `prism profiles install --force`")
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
             tmp = dst.with_name(f".{name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
-            if dst.exists():
+            if dst.is_dir() and not dst.is_symlink():
                 shutil.rmtree(dst)
+            elif dst.exists() or dst.is_symlink():
+                dst.unlink()  # a file (or link) where the profile's folder goes, replaced with --force
             tmp.rename(dst)
-        except PermissionError as e:
-            raise ProfileError(f"cannot write {dst} ({e.strerror}): "
-                               f"{'run as root for --site' if site else 'check the folder permissions'}") from e
+        except OSError as e:
+            where = Path(e.filename) if e.filename else dst
+            fix = ("run as root for --site" if site else "make it writable, or point XDG_CONFIG_HOME at a "
+                   "writable folder") if isinstance(e, PermissionError) else (
+                "a file stands where a folder must be: move it away")
+            raise ProfileError(f"cannot write {dst}: {where}: {e.strerror}; {fix}") from None
         installed.append(dst)
     return installed
+
+
+def _same_profile(src: Path, dst: Path) -> bool:
+    return dst.is_dir() and not dst.is_symlink() and _same_tree(src, dst)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,11 @@ import argparse
 import csv
 import os
 import re
+import signal
+import socket
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -274,8 +278,12 @@ def write_catalog(job_dir: str | Path, warn: Callable[[str], None] = _warn) -> P
 
 
 def check_read_only(query: str) -> None:
-    """Raise SqlError unless every statement of `query` is a read-only query."""
-    for statement in duckdb.extract_statements(query):
+    """Raise SqlError unless every statement of `query` is a read-only query (and there is one)."""
+    statements = duckdb.extract_statements(query)
+    if not statements:
+        raise SqlError(f"the query {query!r} holds no statement (empty, or only a comment): give one, e.g. "
+                       "prism sql \"SELECT * FROM ranks LIMIT 5\"")
+    for statement in statements:
         if statement.type not in READ_ONLY:
             kind = statement.type.name.replace("_", " ")
             text = " ".join(statement.query.split())
@@ -309,16 +317,51 @@ def format_table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(out)
 
 
+@contextmanager
+def _interrupt_on_ctrl_c(con: duckdb.DuckDBPyConnection):
+    """While a query runs, Ctrl-C interrupts it at once: Python runs its SIGINT handler only when DuckDB next
+    checks for signals (seconds to tens of seconds on a busy query), but the C-level handler writes the signal
+    to the wakeup fd immediately; a thread reading it interrupts the connection."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while data := reader.recv(64):
+            if signal.SIGINT in data:
+                con.interrupt()
+
+    watcher = threading.Thread(target=watch, name="prism-sql-ctrl-c", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        writer.close()  # the watcher's recv returns b"" and it ends
+        watcher.join(1)
+        reader.close()
+
+
 def run_query(job_dir: str | Path, query: str) -> tuple[list[str], list[tuple], dict[str, str]]:
     """Column names and rows of a read-only `query` over the job's views, and the views left out."""
     check_read_only(query)
     con, skipped = connect(job_dir)
     try:
         try:
-            result = con.execute(query)
-            if result.description is None:
-                return [], [], skipped
-            return [d[0] for d in result.description], result.fetchall(), skipped
+            with _interrupt_on_ctrl_c(con):
+                result = con.execute(query)
+                if result.description is None:
+                    return [], [], skipped
+                return [d[0] for d in result.description], result.fetchall(), skipped
+        except duckdb.InterruptException:  # Ctrl-C: DuckDB stopped the query; no artifact is to blame
+            raise KeyboardInterrupt from None
+        except RuntimeError as exc:  # how DuckDB's Python client reports the Ctrl-C it caught itself
+            if "interrupted" in str(exc).lower():
+                raise KeyboardInterrupt from None
+            raise
         except duckdb.PermissionException as exc:
             raise SqlError(f"{str(exc).splitlines()[0]} (prism sql reads only files under {job_dir})") from None
         except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException) as exc:
@@ -361,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     except duckdb.Error as exc:
         print(f"prism sql: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("prism sql: interrupted", file=sys.stderr)
+        return 130
     _report_skipped(skipped)
     for problem in mixed_runs(job_dir):
         _warn(problem)

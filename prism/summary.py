@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def summarize(job_dir: Path) -> str:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the graph stage first (prism graph "
                                     f"--job {job_dir})")
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
+        con.read_parquet(str(path)).create_view(name)  # the path is a value, never pasted into SQL
     meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
                       if p.is_file()), None)
     inputs = [graph / f"{name}.parquet" for name in ("events", "comms", "groups", "ranks")]
@@ -118,7 +119,7 @@ def summarize(job_dir: Path) -> str:
     lines.append("")
     raw = meta_path.parent if meta_path else job_dir / "raw"
     lines.append(f"artifacts: {raw} (PrismTrace), {job_dir}/graph/*.parquet")
-    lines.append(f"query: prism sql --job {job_dir} \"SELECT * FROM ranks LIMIT 5\"")
+    lines.append(f"query: prism sql --job {shlex.quote(str(job_dir))} \"SELECT * FROM ranks LIMIT 5\"")
     return "\n".join(lines) + "\n"
 
 
@@ -150,13 +151,14 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
                      f"min {_ms(cpu[0])}, max {_ms(cpu[-1])}")
     iters = job_dir / "calibrated" / "iterations.parquet"
     if iters.is_file():
-        ends = con.execute(f"SELECT iteration, end_ns FROM read_parquet('{iters}')").fetchnumpy()
+        con.read_parquet(str(iters)).create_view("predicted")
+        ends = con.execute("SELECT iteration, end_ns FROM predicted").fetchnumpy()
         times = iteration_times(ends["iteration"], ends["end_ns"])
         if times is not None:
             lines.append(f"PREDICTED iteration time (calibrated from the slice runs, iterations 1..{len(times)}): "
                          f"median {_ms(times.median_ns)}, min {_ms(times.min_ns)}, max {_ms(times.max_ns)}")
-        per_rank = con.execute(f"""
-            SELECT rank, median(duration_ns) FROM read_parquet('{iters}') WHERE iteration >= 1
+        per_rank = con.execute("""
+            SELECT rank, median(duration_ns) FROM predicted WHERE iteration >= 1
             GROUP BY rank ORDER BY rank""").fetchall()
         if per_rank:
             lines.append("predicted per-rank iteration time (median): " + ", ".join(

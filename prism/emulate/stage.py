@@ -30,6 +30,7 @@ from prism import artifacts
 from prism.calibrate import substitute
 from prism.calibrate.stage import CalibrateError, load_graph
 from prism.emulate import inputs, outputs, sandbox
+from prism.runtime.launch import run_files
 
 PREFIX = "prism emulate"
 
@@ -56,11 +57,23 @@ def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | 
     return cmd + job.program + list(what_if)
 
 
+def _die_with_parent() -> None:
+    """In the launcher's child before exec: SIGTERM when this stage dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so the launcher stops its zygote and ranks and removes its temporaries."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _run(cmd: list[str], log: Path) -> int:
     """Run the launcher in its own session, its output forwarded to the terminal and kept in `log`; on an
-    interrupt, stop it whole."""
+    interrupt or SIGTERM, stop it whole; if this process is killed outright, the launcher gets SIGTERM."""
     with open(log, "wb") as keep:
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
         try:
             for line in proc.stdout:
                 sys.stdout.buffer.write(line)
@@ -88,12 +101,43 @@ def _publish(staging: Path, final: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+STAGING = ".emulation.tmp-"  # JOB/.emulation.tmp-PID: this stage's staging; .emulation.old-PID: its trash
+
+
+def _claim(job_dir: Path) -> int:
+    """The job folder's lock (the one a launch holds on its --out), then the staging of emulations that were
+    killed outright removed: while we hold the lock, no live emulation owns them."""
+    if not job_dir.is_dir():
+        raise EmulateError(f"{job_dir}: no such job folder; capture the job first (the pipeline, or prism launch "
+                           "--mode capture)")
+    try:
+        fd = run_files.lock_folder(job_dir, lambda holder: f"{job_dir} is in use by another prism run (pid "
+                                   f"{holder}); wait for it to finish (two emulations of one job would write one "
+                                   "emulation/ and share cores, so both timings would be wrong)")
+    except OSError as exc:
+        raise EmulateError(f"{job_dir}: cannot lock the job folder ({exc.strerror}); make it writable") from None
+    except run_files.OutError as exc:
+        raise EmulateError(str(exc)) from None
+    for entry in job_dir.iterdir():
+        if entry.name.startswith((STAGING, ".emulation.old-")):
+            shutil.rmtree(entry, ignore_errors=True)
+    return fd
+
+
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
             pruning: bool = True, prefetch_mb: int | None = None, force: bool = False, pin: bool = True,
             launch=None, what_if: list[str] = ()) -> tuple[outputs.Emulation, str]:
-    """Run the stage; returns the emulation and its summary. `what_if`: arguments appended to the capture's
-    program for the sandbox ranks (a changed program; its communication must stay the capture's).
-    `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
+    """Run the stage, holding the job folder's lock; returns the emulation and its summary. `what_if`:
+    arguments appended to the capture's program for the sandbox ranks (a changed program; its communication
+    must stay the capture's). `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
+    lock = _claim(job_dir)
+    try:
+        return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if)
+    finally:
+        run_files.unlock_folder(job_dir, lock)
+
+
+def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if):
     began = time.monotonic()
     final = job_dir / "emulation"
     if final.exists() and any(final.iterdir()) and not force:
@@ -105,6 +149,10 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
     job = inputs.load(job_dir)
     ranks_table = artifacts.read_parquet(job_dir / "graph" / "ranks.parquet")
     ranks = sandbox.resolve(spec, ranks_table)
+    captured_steps = max(ranks_table["iterations"].to_pylist(), default=0)
+    if steps is not None and steps > captured_steps:
+        raise EmulateError(f"--steps {steps}: the capture has {captured_steps} step(s); give at most "
+                           f"{captured_steps}, or leave --steps out to emulate them all")
     n_events = dict(zip(ranks_table["rank"].to_pylist(), ranks_table["n_events"].to_pylist()))
     inputs.check_ranks_captured(job, ranks, n_events)
     graph_job = load_graph(job_dir)
@@ -113,7 +161,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
         [("rank", "ascending"), ("seq", "ascending")])
     calibrated = artifacts.read_parquet(job_dir / "calibrated" / "iterations.parquet")
 
-    staging = job_dir / f".emulation.tmp-{os.getpid()}"
+    staging = job_dir / f"{STAGING}{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     run_dir = staging / "run"
     try:
@@ -167,8 +215,18 @@ def main(argv: list[str] | None = None) -> int:
                              "communication may not)")
     args = parser.parse_args(argv)
     try:
+        what_if = shlex.split(args.what_if_args)
+    except ValueError as exc:
+        print(f"{PREFIX}: error: --what-if-args {args.what_if_args!r}: {exc} (quote it as a shell would: "
+              "--what-if-args \"--fault 'raise'\")", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _terminated)  # SLURM, Snakemake: stop the launcher, remove staging
+    try:
         _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
-                          args.prefetch_mb, args.force, not args.no_pin, what_if=shlex.split(args.what_if_args))
+                          args.prefetch_mb, args.force, not args.no_pin, what_if=what_if)
+    except Terminated:
+        print(f"{PREFIX}: stopped by SIGTERM; the launcher and its ranks stopped, nothing written", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, CalibrateError,
             artifacts.ArtifactError) as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
@@ -179,8 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchFailed as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
         return exc.code if exc.code > 0 else 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(text, end="")
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like Ctrl-C, through the launcher's stop and the staging's removal."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 __all__ = ["EmulateError", "emulate", "launch_command", "main"]

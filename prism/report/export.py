@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from prism.artifacts import ArtifactError
+from prism.artifacts import ArtifactError, check_out, first_unreadable
 from prism.report.data import TIMELINES, Timeline, load_timeline
 
 FORMATS = ("perfetto", "kineto")
@@ -224,13 +224,14 @@ def export(job: str | Path, timeline: str, fmt: str, out: str | Path | None = No
     job = Path(job)
     if fmt not in FORMATS:
         raise ArtifactError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    tl = load_timeline(job, timeline)
     if fmt == "perfetto":
-        path = Path(out) if out else job / "export" / f"{timeline}.perfetto.json"
+        path = check_out(Path(out) if out else job / "export" / f"{timeline}.perfetto.json")
+        payload = perfetto(load_timeline(job, timeline), group_names(job, timeline))
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, perfetto(tl, group_names(job, timeline)))
+        _write_json(path, payload)
         return path
-    folder = Path(out) if out else job / "export" / f"{timeline}.kineto"
+    folder = check_out(Path(out) if out else job / "export" / f"{timeline}.kineto", folder=True)
+    tl = load_timeline(job, timeline)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -259,6 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         path = export(args.job, args.timeline, args.fmt, args.out)
     except ArtifactError as exc:
         print(f"prism export: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"prism export: error: cannot write {exc.filename or args.out} ({exc.strerror}); choose a path in "
+              "a writable folder", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a reader deep in the export (polars, pyarrow): name the file that is damaged
+        found = first_unreadable(args.job)
+        if found is None:
+            raise
+        print(f"prism export: error: {found}", file=sys.stderr)
         return 2
     print(f"prism export: {path}")
     return 0

@@ -13,13 +13,19 @@ import os
 import sys
 from pathlib import Path
 
-from prism.artifacts import ArtifactError
+from prism.artifacts import ArtifactError, check_out, first_unreadable, same_run
 
 
 def write_report(job: Path, out: Path | None = None, ranks: list[int] | None = None) -> Path:
     from prism.report.html import build
 
-    out = out or job / "report" / "report.html"
+    out = check_out(out or job / "report" / "report.html")
+    # one run's artifacts (an emulation/ or calibrated/ copied from another run is named, not shown)
+    inputs = [p for p in (job / "raw" / "meta.json", job / "capture" / "raw" / "meta.json",
+                          job / "graph" / "events.parquet", job / "calibrated" / "timeline.parquet",
+                          job / "emulation" / "events.parquet") if p.is_file()]
+    if len(inputs) > 1:
+        same_run(inputs)
     page = build(job, ranks)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -54,6 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         out = write_report(args.job, args.out, args.ranks)
     except ArtifactError as exc:
         print(f"prism report: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"prism report: error: cannot write {exc.filename or args.out} ({exc.strerror}); choose a path in "
+              "a writable folder", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a reader deep in the report (polars, pyarrow): name the file that is damaged
+        found = first_unreadable(args.job)
+        if found is None:
+            raise
+        print(f"prism report: error: {found}", file=sys.stderr)
         return 2
     print(f"prism report: {out}")
     return 0

@@ -88,6 +88,9 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
             # the real transport, in a key space the replay server (the virtual members) can reach
             transport = SliceTransport(slice_store(name, dist_opts.store), *args, results=_captured_results(),
                                        **kwargs)
+            slice_ranks = [int(r) for r in os.environ.get("PRISM_SLICE_RANKS", "").split(",") if r]
+            watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),
+                           int(os.environ.get("WORLD_SIZE", "1")), ranks=slice_ranks or None)
         else:
             transport = RealTransport(dist_opts.store, *args, **kwargs)
             watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),

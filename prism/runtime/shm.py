@@ -112,4 +112,31 @@ class PayloadStore:
         return digest
 
     def get(self, digest: str) -> tuple[dict, list[torch.Tensor]]:
-        return read(self.dir / digest[:2] / f"{digest}.bin")
+        return decode(read_payload(self.dir / digest[:2] / f"{digest}.bin"))
+
+
+class CorruptPayload(ValueError):
+    """A payload file whose bytes do not hash to its name (flipped or truncated): the message names the file
+    and the fix."""
+
+
+_verified: set[str] = set()  # payload files of this process whose content matched their name once
+
+
+def read_payload(path: Path | str) -> bytearray:
+    """The bytes of a content-addressed payload `<hash>.bin`, checked against the hash in its name the first
+    time this process reads the file (a later read of the same file is not hashed again). Raises
+    `CorruptPayload` naming the file and the fix; FileNotFoundError when it is missing."""
+    path = str(path)
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    if path not in _verified:
+        expected = os.path.basename(path).split(".", 1)[0]
+        if content_hash(data) != expected:
+            raise CorruptPayload(
+                f"{path}: corrupt payload ({len(data)} bytes whose content does not match the hash in its "
+                "name: bytes flipped or the file truncated); the capture's payloads are damaged: capture "
+                "again (re-run the capture stage, or `prism launch --mode capture --out CAPDIR ...`)")
+        _verified.add(path)
+    return data

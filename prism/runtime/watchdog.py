@@ -50,13 +50,15 @@ def timeout_from_env(environ=os.environ) -> float:
     return value
 
 
-def start(store, rank: int, world: int) -> "Watchdog | None":
-    """Start this rank's watchdog over the job's store (once; None when turned off)."""
+def start(store, rank: int, world: int, ranks: list[int] | None = None) -> "Watchdog | None":
+    """Start this rank's watchdog over the job's store (once; None when turned off). `ranks`: the ranks that
+    run for real and watch each other (default all `world`; a slice run: the slice's, the replay server
+    answering for the others)."""
     global active
     if active is None:
         timeout_s = timeout_from_env()
         if timeout_s > 0:
-            active = Watchdog(store, rank, world, timeout_s, os.environ.get("PRISM_STATUS_DIR"))
+            active = Watchdog(store, rank, world, timeout_s, os.environ.get("PRISM_STATUS_DIR"), ranks)
     return active
 
 
@@ -67,8 +69,10 @@ def stop() -> None:
 
 
 class Watchdog:
-    def __init__(self, store, rank: int, world: int, timeout_s: float, status_dir: str | None) -> None:
+    def __init__(self, store, rank: int, world: int, timeout_s: float, status_dir: str | None,
+                 ranks: list[int] | None = None) -> None:
         self.store, self.rank, self.world = store, rank, world
+        self.ranks = list(ranks) if ranks is not None else list(range(world))  # the ranks that watch
         self.timeout_s = timeout_s
         self.status_dir = status_dir
         self.poll_s = min(1.0, timeout_s / 4)
@@ -124,8 +128,11 @@ class Watchdog:
         self.pending = still
         progress = max(self.last_progress, self.last_issue)
         if not self.pending or now - progress < self.timeout_s:
-            if self.published == "stuck":
-                self._publish("running", [])
+            # idle: nothing outstanding, yet no op and no compute for the timeout (it sleeps, or waits outside
+            # communication): a peer stuck on it hangs too; an idle rank itself never declares
+            state = "idle" if not self.pending and now - progress >= self.timeout_s else "running"
+            if state != self.published and (state == "idle" or self.published in ("stuck", "idle")):
+                self._publish(state, [])
             return
         waits = [info for _, info in self.pending[:16]]
         if self.published != "stuck":
@@ -133,7 +140,7 @@ class Watchdog:
         states = self._states()
         if states is None:  # the store is gone (its host, rank 0, died): say what this rank knows
             self._declare({self.rank: self._state("stuck", waits)}, "the job's store is unreachable")
-        elif all(s["state"] in ("stuck", "exited") for s in states.values()) and len(states) == self.world:
+        elif all(s["state"] in ("stuck", "exited", "idle") for s in states.values()) and len(states) == len(self.ranks):
             if self.store.add(_KEY + "verdict", 1) == 1:  # one rank reports
                 self._declare(states, None)
 
@@ -160,7 +167,7 @@ class Watchdog:
         """Every rank's published state (ranks that published none are missing)."""
         out = {}
         try:
-            for r in range(self.world):
+            for r in self.ranks:
                 key = _KEY + str(r)
                 if self.store.check([key]):
                     out[r] = json.loads(self.store.get(key))
@@ -169,7 +176,7 @@ class Watchdog:
         return out
 
     def _declare(self, states: dict[int, dict], note: str | None) -> None:
-        text = diagnose(states, self.world, self.timeout_s, note)
+        text = diagnose(states, len(self.ranks), self.timeout_s, note)
         if self.status_dir:  # the launcher stops every rank at once (no rank sees a peer vanish first)
             tmp = os.path.join(self.status_dir, f".{REPORT}.{self.rank}")
             with open(tmp, "w") as f:
@@ -229,6 +236,9 @@ def _doing(rank: int, states: dict[int, dict], groups: dict) -> str:
         return f"rank {rank} is running (it reported no wait)"
     if s["state"] == "exited":
         return f"rank {rank} has exited"
+    if s["state"] == "idle":
+        return (f"rank {rank} is idle (no op and no compute for {s.get('idle_s', 0):.0f} s: it sleeps or waits "
+                "outside communication)")
     if s["state"] == "running" or not s["waits"]:
         return f"rank {rank} is running"
     first = s["waits"][0]

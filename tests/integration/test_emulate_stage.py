@@ -4,7 +4,12 @@ writes its OUT folder in the contract's format (`emulate_fake`): outputs, clock,
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +23,7 @@ from prism import sql as prism_sql
 from prism.calibrate.stage import iterations_table, load_graph
 from prism.calibrate.sweep import Timeline
 from prism.emulate import outputs, stage
-from tests.conftest import run_prism
+from tests.conftest import REPO, make_env, run_prism
 from tests.integration.emulate_fake import T0, fake_launcher, only_kind, restamp
 
 pytestmark = pytest.mark.slow
@@ -316,3 +321,101 @@ def test_summary_report_and_bench_show_the_same_figures(job):
     assert "error" not in bench, bench
     assert (round(bench["sandbox_ms"], 2), round(bench["job_ms"], 2), round(bench["computed_rank_ms"], 2)) == (
         measured, under, program)
+
+
+def test_a_second_emulation_of_the_job_is_refused_while_the_first_runs(job, capsys):
+    """Issue 23: two `prism emulate --job J` at once both exited 0, one emulation/ kept, both on one core."""
+    inner = fake_launcher(job, [2], [])
+    second = {}
+
+    def launch(cmd, out):
+        second["code"] = stage.main(["--job", str(job), "--sandbox", "3", "--force"])
+        second["err"] = capsys.readouterr().err
+        return inner(cmd, out)
+
+    stage.emulate(job, "2", launch=launch)
+    assert second["code"] == 2, second["err"]
+    assert f"{job} is in use by another prism run (pid {os.getpid()})" in second["err"]
+    assert (job / "emulation" / "events.parquet").is_file() and not (job / ".prism.lock").exists()
+
+
+def test_leftovers_of_a_killed_emulation_are_swept(job):
+    """`JOB/.emulation.tmp-PID` of an emulation killed outright is removed by the next one (it holds the lock)."""
+    dead = job / ".emulation.tmp-999999999"
+    (dead / "run" / "raw").mkdir(parents=True)
+    (job / ".emulation.old-999999999").mkdir()
+    stage.emulate(job, "2", launch=fake_launcher(job, [2], []))
+    assert not list(job.glob(".emulation*")) and (job / "emulation" / "events.parquet").is_file()
+
+
+def test_unbalanced_what_if_quotes_are_one_line(job, capsys):
+    code, err = run_main(["--job", job, "--what-if-args", "--fault 'raise"], capsys)
+    assert code == 2 and "--what-if-args" in err and "No closing quotation" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (job / "emulation").exists()
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session `sid` (the launcher's: it runs in a session of its own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def _launcher_of(job: Path, timeout: float = 120) -> int:
+    """The pid of the `prism launch --mode emulate` of `job`, once its zygote and a rank run (3 processes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            except OSError:
+                continue
+            if b"emulate" in cmd and b"launch" in cmd and str(job).encode() in cmd:
+                if len(_session(int(entry.name))) >= 3:
+                    return int(entry.name)
+        time.sleep(0.2)
+    raise AssertionError("the emulation's launcher did not start its ranks")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_emulate_stops_its_launcher_and_ranks(job, sig):
+    """Issue 23: SIGTERM or SIGKILL of `prism emulate` left `prism launch --mode emulate` (its own session), the
+    zygote and the rank running, and JOB/.emulation.tmp-PID behind."""
+    slow = "--extra-compute-ms 3000 --extra-compute-rank 3"
+    proc = subprocess.Popen([sys.executable, "-m", "prism.cli", "emulate", "--job", str(job), "--sandbox", "3",
+                             "--devices", "1", "--what-if-args", slow], cwd=REPO, env=make_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        launcher = _launcher_of(job)
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=30)[1]
+        deadline = time.monotonic() + 30
+        while _session(launcher) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _session(launcher), f"left running: {_session(launcher)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + sig and "stopped by SIGTERM" in err, err
+        assert not list(job.glob(".emulation*")), list(job.glob(".emulation*"))
+    else:  # killed outright: its staging stays until the next emulation of the job sweeps it
+        stage.emulate(job, "2", launch=fake_launcher(job, [2], []))
+        assert not list(job.glob(".emulation*"))
+    assert not (job / "emulation" / "logs" / "rank=3.log").exists()
+
+
+def test_more_steps_than_captured_are_refused(job, capsys):
+    """Issue 23: `--steps 99` on a short capture was silently clamped."""
+    code, err = run_main(["--job", job, "--steps", "99"], capsys)
+    assert code == 2 and "--steps 99: the capture has 2 step(s); give at most 2" in err, err
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation*"))

@@ -82,4 +82,23 @@ def test_bad_hang_timeout_is_refused():
     proc = run_prism(["launch", "--nproc", "2", str(PROGRAMS / "ddp.py")], PRISM_HANG_TIMEOUT="soon")
     assert proc.returncode == 2 and "PRISM_HANG_TIMEOUT='soon' is not a number" in proc.stderr
     proc = run_prism(["launch", "--nproc", "2", "--mode", "capture", "--hang-timeout", "5", str(PROGRAMS / "ddp.py")])
-    assert proc.returncode == 2 and "--hang-timeout belongs to --mode real" in proc.stderr
+    assert proc.returncode == 2 and "--hang-timeout belongs to --mode real and slice" in proc.stderr
+
+
+def test_slice_mode_names_the_hang_of_its_ranks(tmp_path):
+    """The real-mode watchdog in a slice run: the slice's ranks watch each other (the replay server answers for
+    the others), exit 86 naming what each waits on, every process stopped."""
+    prog = tmp_path / f"hang_in_slice_{os.getpid()}.py"
+    shutil.copy(PROGRAMS / "hang_in_slice.py", prog)
+    cap = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(tmp_path / "cap"),
+                     str(prog)], timeout=120)
+    assert cap.returncode == 0, cap.stderr
+    start = time.monotonic()
+    proc = run_prism(["launch", "--nproc", "4", "--mode", "slice", "--capture", str(tmp_path / "cap"),
+                      "--slice-ranks", "0,1", "--hang-timeout", "2", "--out", str(tmp_path / "slice"), str(prog)],
+                     timeout=120)
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
+    assert "while every rank waited" in proc.stderr and "rank 0 waits with float32[1024]" in proc.stderr, proc.stderr
+    assert "rank 1 is idle (no op and no compute" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "slice" / "raw").exists() and not _left(prog.name)

@@ -257,3 +257,32 @@ def test_artifacts_of_two_runs_are_reported(job, tmp_path, capsys):
     assert "answers may mix runs" in err and "another" in err and str(path) in err
     code, _, err = query(capsys, "--job", str(job), "SELECT count(*) FROM ranks")
     assert code == 0 and "mix runs" not in err
+
+
+@pytest.mark.parametrize("text", ["", "   ", "-- c", "/* only a comment */"])
+def test_a_query_without_a_statement_is_one_line(job, capsys, text):
+    """Issue 23: `prism sql ""` and `prism sql "-- c"` ended in an AttributeError."""
+    code, out, err = query(capsys, "--job", str(job), text)
+    assert code == 2 and not out and "holds no statement" in err and "SELECT * FROM ranks" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_stops_a_long_query_at_once(job):
+    """Issue 23: a long query ignored SIGINT for 15-30 s, then exited 1 with a traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long_query = "SELECT sum(hash(a.range * b.range)) FROM range(100000000) a, range(100000000) b"
+    proc = subprocess.Popen([sys.executable, "-m", "prism.sql", "--job", str(job), long_query],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as on a terminal
+    time.sleep(4)  # started: imports, views, the query running
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert took < 3, took

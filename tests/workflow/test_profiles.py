@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from tests.conftest import REPO, data_path, run_prism
 from tests.workflow.runs import snakemake, snakemake_env
 
@@ -42,3 +45,39 @@ def test_an_unknown_profile_is_named_with_the_ones_that_exist(tmp_path):
     proc = run_prism(["profiles", "install", "slurmm"], XDG_CONFIG_HOME=str(tmp_path))
     assert proc.returncode == 1
     assert "slurmm" in proc.stderr and "local, slurm" in proc.stderr
+
+
+def test_nothing_is_installed_when_one_profile_is_refused(tmp_path):
+    """Issue 23: with `slurm` edited and `local` missing, `install` installed `local`, refused `slurm`, and
+    said only the refusal."""
+    home = tmp_path / "config"
+    mine = home / "snakemake" / "slurm" / "config.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("executor: slurm\njobs: 1\n")
+    proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=str(home))
+    assert proc.returncode == 1 and "nothing installed" in proc.stderr and "local" in proc.stderr, proc.stderr
+    assert not (home / "snakemake" / "local").exists() and mine.read_text() == "executor: slurm\njobs: 1\n"
+
+
+def test_a_file_where_the_profile_goes_and_an_unwritable_config_folder(tmp_path):
+    home = tmp_path / "config"
+    (home / "snakemake").mkdir(parents=True)
+    (home / "snakemake" / "local").write_text("not a folder")
+    proc = run_prism(["profiles", "install", "local"], XDG_CONFIG_HOME=str(home))
+    assert proc.returncode == 1 and str(home / "snakemake" / "local") in proc.stderr and "--force" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    forced = run_prism(["profiles", "install", "--force", "local"], XDG_CONFIG_HOME=str(home))
+    assert forced.returncode == 0 and (home / "snakemake" / "local" / "config.yaml").is_file(), forced.stderr
+
+    blocked = tmp_path / "file"
+    blocked.write_text("XDG_CONFIG_HOME is a file")
+    proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=str(blocked))
+    assert proc.returncode == 1 and str(blocked) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    unwritable = Path("/sys/prism-test") if os.geteuid() == 0 else locked / "sub"  # root writes any folder
+    proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=str(unwritable))
+    assert proc.returncode == 1 and str(unwritable) in proc.stderr and "writable" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

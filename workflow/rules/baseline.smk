@@ -17,7 +17,7 @@ checkpoint baseline_decision:
     conda:
         "../envs/runtime.yaml"
     shell:
-        "$PY -m prism.baseline --config-json {params.section:q} --decide {output:q} > {log:q} 2>&1"
+        "$PY -m prism.baseline --config-json {params.section:q} --decide {output:q} >> {log:q} 2>&1"
 
 
 rule baseline_run:  # runs alone: its timings must not share the machine with another stage
@@ -36,7 +36,7 @@ rule baseline_run:  # runs alone: its timings must not share the machine with an
     conda:
         "../envs/runtime.yaml"
     shell:
-        "$PY -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.baseline --config-json {params.section:q} --out {params.out:q} --force >> {log:q} 2>&1"
 
 
 rule baseline_graph:
@@ -54,7 +54,7 @@ rule baseline_graph:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.graph --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} >> {log:q} 2>&1"
 
 
 rule baseline_summary:
@@ -72,4 +72,4 @@ rule baseline_summary:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} >> {log:q} 2>&1"

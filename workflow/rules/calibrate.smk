@@ -26,7 +26,7 @@ rule calibrate_untimed:  # the first pass: times the second pass's replayed rank
         "../envs/analysis.yaml"
     shell:
         "$PY -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
-        "--transfers {input.transfers:q} --out {params.out:q} > {log:q} 2>&1"
+        "--transfers {input.transfers:q} --out {params.out:q} >> {log:q} 2>&1"
 
 
 rule calibrate:
@@ -48,4 +48,4 @@ rule calibrate:
         "../envs/analysis.yaml"
     shell:
         "$PY -m prism.calibrate --job {params.job:q} --durations {input.durations:q} "
-        "--transfers {input.transfers:q} > {log:q} 2>&1"
+        "--transfers {input.transfers:q} >> {log:q} 2>&1"

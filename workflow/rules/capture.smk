@@ -22,4 +22,4 @@ rule capture:  # runs alone: its timings must not share the machine with another
     conda:
         "../envs/runtime.yaml"
     shell:
-        "$PY -m prism.capture --config-json {params.section:q} --out {params.out:q} --force > {log:q} 2>&1"
+        "$PY -m prism.capture --config-json {params.section:q} --out {params.out:q} --force >> {log:q} 2>&1"

@@ -18,4 +18,4 @@ rule catalog:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.sql --job {params.job:q} --write-catalog > {log:q} 2>&1"
+        "$PY -m prism.sql --job {params.job:q} --write-catalog >> {log:q} 2>&1"

@@ -22,4 +22,4 @@ rule emulate:  # runs alone: the sandbox's timings must not share the machine wi
     conda:
         "../envs/runtime.yaml"
     shell:
-        "$PY -m prism.emulate --job {params.job:q} --force {params.options} > {log:q} 2>&1"
+        "$PY -m prism.emulate --job {params.job:q} --force {params.options} >> {log:q} 2>&1"

@@ -17,4 +17,4 @@ rule graph:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} > {log:q} 2>&1"
+        "$PY -m prism.graph --job {params.job:q} --raw {input:q} --out {params.out:q} >> {log:q} 2>&1"

@@ -22,4 +22,4 @@ rule report:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.report --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.report --job {params.job:q} >> {log:q} 2>&1"

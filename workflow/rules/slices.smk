@@ -20,7 +20,7 @@ checkpoint slice_plan:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} > {log:q} 2>&1"
+        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} >> {log:q} 2>&1"
 
 
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
@@ -42,7 +42,7 @@ rule slice_run:  # runs alone: its timings must not share the machine with anoth
         "../envs/runtime.yaml"
     shell:
         "$PY -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
-        "> {log:q} 2>&1"
+        ">> {log:q} 2>&1"
 
 
 rule slice_durations:
@@ -61,7 +61,7 @@ rule slice_durations:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.calibrate.from_slices --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.calibrate.from_slices --job {params.job:q} >> {log:q} 2>&1"
 
 
 rule slice_run_timed:  # runs alone, like slice_run
@@ -85,7 +85,7 @@ rule slice_run_timed:  # runs alone, like slice_run
         "../envs/runtime.yaml"
     shell:
         "$PY -m prism.slices.run --job {params.job:q} --slice {wildcards.k} --config-json {params.section:q} "
-        "--timed-by {input.timeline:q} > {log:q} 2>&1"
+        "--timed-by {input.timeline:q} >> {log:q} 2>&1"
 
 
 rule slice_durations_timed:
@@ -104,4 +104,4 @@ rule slice_durations_timed:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.calibrate.from_slices --job {params.job:q} --slices slices_timed > {log:q} 2>&1"
+        "$PY -m prism.calibrate.from_slices --job {params.job:q} --slices slices_timed >> {log:q} 2>&1"

@@ -17,4 +17,4 @@ rule summary:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.summary --job {params.job:q} > {log:q} 2>&1"
+        "$PY -m prism.summary --job {params.job:q} >> {log:q} 2>&1"

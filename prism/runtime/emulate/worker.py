@@ -71,14 +71,17 @@ class EmulationWorker(ReplayServer):
 
     @staticmethod
     def _read_file(path: str) -> torch.Tensor:
-        with open(path, "rb") as f:
-            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return torch.frombuffer(shm.read_payload(path), dtype=torch.uint8)
 
     def _load(self, digest: str):
         path = self._path(digest)
         try:
             data = self.pool.get(path)
-        except (FileNotFoundError, RuntimeError):
+        except shm.CorruptPayload as exc:
+            raise ReplayError(str(exc)) from None
+        except (FileNotFoundError, RuntimeError) as exc:
+            if isinstance(exc.__cause__, shm.CorruptPayload):  # loaded ahead by the pool's thread
+                raise ReplayError(str(exc.__cause__)) from None
             raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
         self.pool.release(path)
         return shm.decode(bytearray(data.numpy()))

@@ -216,9 +216,9 @@ def validate(spec: LaunchSpec) -> None:
     _validate_hosts(spec)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
-    if spec.hang_timeout is not None and spec.mode != "real":
-        raise LaunchError(f"--hang-timeout belongs to --mode real (--mode {spec.mode} "
-                          + ("names a hang by itself)" if spec.mode == "capture" else "has no watchdog)"))
+    if spec.hang_timeout is not None and spec.mode not in ("real", "slice"):
+        raise LaunchError(f"--hang-timeout belongs to --mode real and slice (--mode {spec.mode} "
+                          + ("names a hang by itself)" if spec.mode == "capture" else "has no watchdog yet)"))
     try:
         watchdog.timeout_from_env()
     except ValueError as exc:

@@ -236,6 +236,25 @@ def boundary_functions(spec: LaunchSpec) -> dict[str, str]:
     return chosen
 
 
+TORCHRUN_OMP_WARNING = (
+    "\n*****************************************\n"
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
+    "being overloaded, please further tune the variable for optimal performance in your application as needed. "
+    "\n*****************************************")
+
+
+def _torchrun_defaults(env: dict[str, str], nproc: int) -> None:
+    """What torchrun (torch/distributed/run.py and its elastic agent) puts in every rank's environment beyond
+    the rank's coordinates: one OpenMP thread for a multi-process job unless the user set it (with torchrun's
+    warning), and the agent's restart and error-handling variables."""
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        print(TORCHRUN_OMP_WARNING, file=sys.stderr, flush=True)
+        env["OMP_NUM_THREADS"] = "1"
+    env.update(TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+
+
 def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(named_boundaries.ITERATION_ENV, None)
@@ -247,6 +266,7 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     for var in (progress.ENV, "PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
                 "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
         env.pop(var, None)
+    _torchrun_defaults(env, spec.nproc)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
     env.pop(oom.ENV, None)

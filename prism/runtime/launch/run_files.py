@@ -20,6 +20,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 LOCK_NAME = ".prism.lock"
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -71,6 +72,42 @@ def sweep_temporaries(roots: list[str] | None = None) -> list[Path]:
     return removed
 
 
+def lock_folder(folder: Path, in_use: Callable[[str], str]) -> int:
+    """Take the `flock` on `folder/.prism.lock` (writing our pid in it) and return its descriptor; raise
+    OutError(in_use(the holder's pid)) when another live prism run holds it.
+    The kernel drops the lock when its holder dies, however it dies."""
+    lock_path = folder / LOCK_NAME
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise OutError(in_use(holder)) from None
+        try:  # the holder before us may have removed the file after we opened it: lock the current one
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def unlock_folder(folder: Path, fd: int) -> None:
+    """Drop a lock taken by `lock_folder` (and its file)."""
+    try:
+        os.unlink(folder / LOCK_NAME)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+
+
 class OutFolder:
     """A claimed --out folder: locked, swept of dead runs' staging, empty (or cleared with `force`).
 
@@ -94,28 +131,8 @@ class OutFolder:
             raise
 
     def _lock(self) -> None:
-        lock_path = self.path / LOCK_NAME
-        while True:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-                raise OutError(f"--out {self.path} is in use by another prism launch (pid {holder}); wait for it "
-                               "to finish, or choose another --out") from None
-            try:  # the holder before us may have removed the file after we opened it: lock the current one
-                same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.lock_fd = fd
+        self.lock_fd = lock_folder(self.path, lambda holder: f"--out {self.path} is in use by another prism launch "
+                                   f"(pid {holder}); wait for it to finish, or choose another --out")
 
     def _sweep_staging(self) -> None:
         for entry in self.path.iterdir():
@@ -144,11 +161,7 @@ class OutFolder:
     def release(self, failed: bool) -> None:
         """Drop the lock (and its file); after a failure, remove the folders this claim created if empty."""
         if self.lock_fd is not None:
-            try:
-                os.unlink(self.path / LOCK_NAME)
-            except FileNotFoundError:
-                pass
-            os.close(self.lock_fd)
+            unlock_folder(self.path, self.lock_fd)
             self.lock_fd = None
         if failed:
             for folder in self.created:  # deepest first

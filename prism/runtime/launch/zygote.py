@@ -175,11 +175,12 @@ def supervise(spec: dict) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
+    exited_ok: list[int] = []  # ranks that returned 0 while others still ran, before any failure
     usage_exits = 0
     usage_until = None  # a rank exited with USAGE_EXIT: the others are stopped only after this
     deadline = None
     hang = Path(spec["status_dir"], watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
-    watched = spec.get("mode") == "real"
+    watched = spec.get("mode") in ("real", "slice")  # the ranks' watchdog (slice: the slice ranks')
     memory_watch = limits.MemoryWatch(len(ids)) if capture else None
     limit_error = None
     while children:
@@ -228,6 +229,8 @@ def supervise(spec: dict) -> int:
                 files.forward(rank, out.before_write, sys.stdout.buffer, sys.stderr.buffer)
             code = os.waitstatus_to_exitcode(status)
             usage_exits += code == USAGE_EXIT
+            if code == 0 and failed is None and deadline is None and rank != REPLAY and children:
+                exited_ok.append(rank)
             if code != 0 and failed is None and deadline is None:
                 failed = (rank, code)
                 if code == USAGE_EXIT:
@@ -248,8 +251,9 @@ def supervise(spec: dict) -> int:
         if link is not None:
             link.close(limit_error)
         return LIMIT_EXIT
+    early = _early_exits(exited_ok)
     if replay["error"]:
-        print(f"[prism] {mode.name} run failed: {replay['error']}", file=sys.stderr)
+        print(f"[prism] {mode.name} run failed: {replay['error']}{early}", file=sys.stderr)
         return 3
     if link is not None:
         link.close()
@@ -272,7 +276,7 @@ def supervise(spec: dict) -> int:
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
         who = ("the replay worker" if mode.name == "emulate" else "the replay server") if rank == REPLAY \
             else f"rank {rank}"
-        print(f"[prism] {who} failed with {how}; the other ranks were stopped.", file=sys.stderr)
+        print(f"[prism] {who} failed with {how}; the other ranks were stopped.{early}", file=sys.stderr)
         tb = Path(spec["status_dir"], "replay.traceback" if rank == REPLAY else f"rank{rank}.traceback")
         if tb.exists():
             print(f"[prism] {who} traceback:\n{tb.read_text()}", file=sys.stderr, end="")
@@ -288,6 +292,16 @@ def _local_ranks(spec: dict) -> range:
     if hosts:
         return range(hosts["node_rank"] * hosts["nproc"], (hosts["node_rank"] + 1) * hosts["nproc"])
     return range(spec["nproc"])
+
+
+def _early_exits(ranks: list[int]) -> str:
+    """The ranks that returned (code 0) while their peers still ran, in capture's words: a peer still waiting
+    on one of them fails with a closed connection, which is the consequence, not the cause."""
+    if not ranks:
+        return ""
+    shown = ", ".join(f"rank {r} has exited (code 0)" for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
+    return (f" Before that, {shown} while the others still ran: a rank that ends before its peers leaves "
+            "them waiting on it (gloo then reports the connection closed by peer)")
 
 
 def _stop_replay(spec: dict, replay: dict, children: dict[int, int]) -> float | None:

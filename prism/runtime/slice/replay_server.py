@@ -388,6 +388,8 @@ class ReplayServer:
     def _load(self, digest: str):
         try:
             return self.payloads.get(digest)
+        except shm.CorruptPayload as exc:
+            raise ReplayError(str(exc)) from None
         except FileNotFoundError:
             raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
 
