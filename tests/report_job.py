@@ -103,7 +103,8 @@ def make_job(job: Path, baseline: bool = True, emulation: bool = False) -> Path:
                         "source": "sandbox" if g["rank"] == 1 else "replay"})
         (job / "emulation").mkdir(parents=True)
         import pyarrow.parquet as pq
-        pq.write_table(pa.Table.from_pylist(out), job / "emulation" / "events.parquet")
+        pq.write_table(pa.Table.from_pylist(out).replace_schema_metadata({b"prism.run_id": RUN_ID.encode()}),
+                       job / "emulation" / "events.parquet")
         # iterations: the job under the sandbox computed as calibrated, rank 1's measured ones 5 % later
         its = tables["iterations"].to_pylist()
         rows_it = [{**r, "source": "computed"} for r in its]
@@ -158,7 +159,9 @@ def make_wide_job(job: Path, world: int = 1024, stages: int = 4, iterations: int
                                          "backend": "gloo"} for s, m in enumerate(members)]),
                   folder / "groups.parquet", schemas.GROUPS, run_id=RUN_ID)
     write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": r // per_stage, "dp": r % per_stage,
-                                         "ep": -1, "n_events": 4 * iterations, "iterations": iterations}
+                                         "ep": -1, "n_events": 4 * iterations, "iterations": iterations,
+                                         "iteration_rule": "outermost optimizer step",
+                                         "microbatch_rule": "forward of a module with trainable parameters"}
                                         for r in range(world)]), folder / "ranks.parquet", schemas.RANKS, run_id=RUN_ID)
     tables, _, _ = calibrate(job)
     write_outputs(job / "calibrated", tables, run_id=RUN_ID)
