@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The W=8 fidelity matrix on the 16-core accelerator host, CPU only (see docs/fidelity.md).
-#   [REPEATS=5] [PKGS=.whl] [STREAM_TIMEOUT=S] scripts/device_fidelity.sh OUT BUDGET_S CONFIGS_A [CONFIGS_B]
+#   [REPEATS=5] [PASSES=1] [PKGS=.whl] [STREAM_TIMEOUT=S] scripts/device_fidelity.sh OUT BUDGET_S CONFIGS_A [CONFIGS_B]
 # With CONFIGS_B, two streams run at once, each on its own 8 cores (taskset 0-7 and 8-15): every rank of
 # a stream is pinned inside its half (truth and prism runs alike). REPEATS: truth runs per config. Needs
 # the packages the host lacks in PKGS: wheels (*.whl: polars, polars-runtime-32, jsonschema and its three
@@ -22,7 +22,7 @@ install_site "$pkgs" || exit
 work=/tmp/fidelity-work
 stream() {  # name cores configs
     mkdir -p "$work/$1" "$out/$1"
-    timeout "${STREAM_TIMEOUT:-100000}" taskset -c "$2" python3 -m prism.bench.fidelity --configs "$3" \
+    timeout "${STREAM_TIMEOUT:-100000}" taskset -c "$2" python3 -m prism.bench.fidelity --configs "$3" --passes "${PASSES:-1}" \
         --repeats "$repeats" --steps 8 --budget "$budget" --out "$out/$1" --work "$work/$1" > "$out/$1.log" 2>&1
     rm -f "$out/$1/fidelity.md"  # the table is in the log; the device tool returns at most 8 files
     cp "$out/$1/fidelity.json" "$work/$1/" 2>/dev/null
