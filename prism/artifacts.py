@@ -268,6 +268,25 @@ def first_unreadable(folder: str | Path) -> ArtifactError | None:
     return None
 
 
+def stage_error(prog: str, job: str | Path, out: str | Path | None, exc: Exception) -> int:
+    """The one line a stage that reads a job folder and writes `out` prints for `exc`, and its exit code (2):
+    an artifact error as it is, an unwritable `out` with the fix, a failure deep inside a reader (polars,
+    pyarrow) as the first damaged artifact under `job`. Anything else is re-raised: it is prism's bug."""
+    import sys
+
+    if isinstance(exc, ArtifactError):
+        message = str(exc)
+    elif isinstance(exc, OSError):
+        message = (f"cannot write {exc.filename or out} ({exc.strerror}); choose a path in a writable folder")
+    else:
+        found = first_unreadable(job)
+        if found is None:
+            raise exc
+        message = str(found)
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def check_out(out: str | Path, folder: bool = False, option: str = "--out") -> Path:
     """The path a stage is about to write (a file, or with `folder=True` a folder): refuse one of the other
     kind, or a parent folder that cannot be made or written, with the fix; returns it."""

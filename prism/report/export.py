@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from prism.artifacts import ArtifactError, check_out, first_unreadable
+from prism.artifacts import ArtifactError, check_out, stage_error
 from prism.report.data import TIMELINES, Timeline, load_timeline
 
 FORMATS = ("perfetto", "kineto")
@@ -258,19 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = export(args.job, args.timeline, args.fmt, args.out)
-    except ArtifactError as exc:
-        print(f"prism export: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"prism export: error: cannot write {exc.filename or args.out} ({exc.strerror}); choose a path in "
-              "a writable folder", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a reader deep in the export (polars, pyarrow): name the file that is damaged
-        found = first_unreadable(args.job)
-        if found is None:
-            raise
-        print(f"prism export: error: {found}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        return stage_error("prism export", args.job, args.out, exc)
     print(f"prism export: {path}")
     return 0
 

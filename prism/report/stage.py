@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from prism.artifacts import ArtifactError, check_out, first_unreadable, same_run
+from prism.artifacts import check_out, same_run, stage_error
 
 
 def write_report(job: Path, out: Path | None = None, ranks: list[int] | None = None) -> Path:
@@ -58,19 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         out = write_report(args.job, args.out, args.ranks)
-    except ArtifactError as exc:
-        print(f"prism report: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"prism report: error: cannot write {exc.filename or args.out} ({exc.strerror}); choose a path in "
-              "a writable folder", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a reader deep in the report (polars, pyarrow): name the file that is damaged
-        found = first_unreadable(args.job)
-        if found is None:
-            raise
-        print(f"prism report: error: {found}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        return stage_error("prism report", args.job, args.out, exc)
     print(f"prism report: {out}")
     return 0
 
