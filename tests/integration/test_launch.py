@@ -172,6 +172,34 @@ def test_sigterm_to_launcher_leaves_no_process(tmp_path):
     assert not (tmp_path / "job").exists(), "the failed run left its --out folder"
 
 
+def test_a_ranks_lines_reach_the_launchers_output_as_printed(tmp_path):
+    """A rank prints without flushing, then waits for the test to have read that line: block-buffered, the line
+    would leave the rank only at exit, and the rank would give up waiting (exit 1)."""
+    seen = tmp_path / "seen"
+    prog = write(tmp_path, "chatty_prog_unique.py", f"""
+        import os, sys, time, torch.distributed as dist
+        dist.init_process_group("gloo")
+        print("line", dist.get_rank())
+        deadline = time.monotonic() + 60
+        while not os.path.exists({str(seen)!r}):
+            if time.monotonic() > deadline:
+                sys.exit("the line never reached the launcher's output")
+            time.sleep(0.05)
+    """)
+    env = make_env()
+    env.pop("PYTHONUNBUFFERED")  # as under Snakemake's `>> log`: Python's own default for a pipe
+    launcher = subprocess.Popen([sys.executable, "-m", "prism.cli", "launch", "--nproc", "2", "--out",
+                                 str(tmp_path / "job"), str(prog)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout.readline().startswith("line ")
+        seen.touch()
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+
+
 def leftovers_of(pid: int) -> list[Path]:
     return [p for root in {Path(run_files.SHM_ROOT), Path(tempfile.gettempdir())} for p in root.glob(f"prism-{pid}-*")]
 

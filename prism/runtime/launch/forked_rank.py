@@ -37,6 +37,11 @@ def run_rank(spec: dict, rank: int) -> int:
         MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
         TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
     )
+    # the program's lines leave the rank as it prints them: its stdout is a pipe to the zygote, which Python
+    # buffers by blocks, so `tail -f logs/capture.log` (and a signal's diagnosis) would see them only at exit
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     import torch
 
     if spec.get("pin"):
