@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
@@ -230,3 +231,18 @@ def test_tiny_job_end_to_end_then_cached(tiny_reference, tmp_path):
     # W=2 on P=2: one slice of both ranks, nothing replayed; the timed pass still writes its (empty) issue table
     replay = copy / "tiny" / "slices_timed" / "slice=0" / "replay.parquet"
     assert pq.read_table(replay).column_names == ["comm_id", "t_issue_ns"]
+
+
+@pytest.mark.slow
+def test_every_file_a_stage_writes_is_a_declared_output(tiny_reference):
+    """What a stage writes beside its declared outputs is invisible to Snakemake: not removed by a re-run of the
+    rule, not re-made when deleted, not part of `--summary`. Every file of the tiny job is a rule's output, lies
+    in a declared output folder, or is a log."""
+    proc = snakemake(*tiny_args(tiny_reference.parent), "--summary")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    declared = {Path(line.split("\t")[0]) for line in proc.stdout.splitlines() if line.startswith("/")}
+    assert declared, proc.stdout
+    undeclared = [path.relative_to(tiny_reference) for path in tiny_reference.rglob("*")
+                  if path.is_file() and "logs" not in path.relative_to(tiny_reference).parts
+                  and not any(path == d or d in path.parents for d in declared)]
+    assert undeclared == []

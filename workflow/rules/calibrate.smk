@@ -14,6 +14,7 @@ rule calibrate_untimed:  # the first pass: times the second pass's replayed rank
     output:
         f"{JOB_DIR}/calibrated_untimed/timeline.parquet",
         f"{JOB_DIR}/calibrated_untimed/iterations.parquet",
+        f"{JOB_DIR}/calibrated_untimed/critical_path.parquet",
     params:
         job=in_job(),
         out=in_job("calibrated_untimed"),
@@ -37,6 +38,7 @@ rule calibrate:
     output:
         f"{JOB_DIR}/calibrated/timeline.parquet",
         f"{JOB_DIR}/calibrated/iterations.parquet",
+        f"{JOB_DIR}/calibrated/critical_path.parquet",
     params:
         job=in_job(),
     threads: stage_threads("calibrate")
