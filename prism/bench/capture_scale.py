@@ -165,9 +165,47 @@ def _stop_process(proc: subprocess.Popen) -> None:
     kill.start()
 
 
+def one_line(exc: BaseException) -> str:
+    """A stage's error as one line: its first line and its last (where the cause usually is)."""
+    lines = [l.strip() for l in str(exc).splitlines() if l.strip()] or [type(exc).__name__]
+    return " ".join(dict.fromkeys([lines[0], lines[-1]]))[:400]
+
+
+class Stages:
+    """The stages of one size, each measured into `row` as it ends: a stage that fails records its name and
+    its one-line error (`failed_stage`, `error`) and the later stages do not run, while the numbers of the
+    stages before it stay in the row. `save(row)` is called after every stage (the bench's --json)."""
+
+    def __init__(self, row: dict, left, save=None) -> None:
+        self.row, self.left, self.save = row, left, save or (lambda row: None)
+
+    @property
+    def failed(self) -> bool:
+        return "failed_stage" in self.row
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        self.row["failed_stage"], self.row["error"] = what, one_line(exc)
+        print(f"  W={self.row['W']}: {what} failed: {exc}", file=sys.stderr, flush=True)
+        self.save(self.row)
+
+    def run(self, key: str, cmd: list[str], what: str) -> bool:
+        """Run one stage (`_stage`) into row[key_s], row[key_rss]; False (and nothing run) once one failed."""
+        if self.failed:
+            return False
+        try:
+            self.row[key + "_s"], self.row[key + "_rss"] = _stage(cmd, what, self.left())
+        except RuntimeError as exc:
+            self.fail(what, exc)
+            return False
+        self.save(self.row)
+        return True
+
+
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
             warmup: bool = True, timeout: float | None = None, emulate: bool = False, slices: bool = False,
-            layouts: dict | None = None) -> dict:
+            layouts: dict | None = None, save=None) -> dict:
+    """One size: the capture (its failure raises: no stage ran), then the stages, each kept in the row
+    whatever a later one does (`Stages`)."""
     layouts = layouts or LAYOUTS
     job = work / f"w{w}"
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(w), "--mode", "capture", "--devices",
@@ -205,22 +243,16 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     def left() -> float | None:
         return None if deadline is None else deadline - time.monotonic()
 
-    graph_s, graph_rss = _stage([sys.executable, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}",
-                                left())
     meta = json.loads((job / "raw" / "meta.json").read_text())
-    import pyarrow.parquet as pq
-
-    events = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
     cap = meta["capture"]
     row = {
         "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
-        "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"], "events": events,
-        "events_per_s": events / wall, "raw_bytes": _folder_bytes(job / "raw"),
-        "graph_bytes": _folder_bytes(job / "graph"), "payload_bytes": _folder_bytes(job / "payloads"),
+        "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"],
+        "raw_bytes": _folder_bytes(job / "raw"), "payload_bytes": _folder_bytes(job / "payloads"),
         "payload_files": len(list((job / "payloads").rglob("*.bin"))) if payloads else 0,
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
-        "warmup": warmup, "graph_s": graph_s, "graph_rss": graph_rss,
+        "warmup": warmup,
         # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
         "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),
         "fork_s": cap.get("fork_s"), "fork_helpers": cap.get("fork_helpers"), "immortal": cap.get("immortal"),
@@ -228,38 +260,57 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
         "switch_cost_us": cap.get("switch_cost_us"),
     }
-    if pipeline:
-        row["plan_s"], row["plan_rss"] = _stage([sys.executable, "-m", "prism.slices.plan", "--job", str(job),
-                                                 "--devices", str(devices), "--representative"], f"plan at W={w}",
-                                                left())
+    stages = Stages(row, left, save)
+    stages.save(row)
+    try:
+        _after_capture(job, devices, pipeline, emulate, slices, stages)
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+    return row
+
+
+def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slices: bool, stages: Stages) -> None:
+    row, w, py = stages.row, stages.row["W"], sys.executable
+    if not stages.run("graph", [py, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}"):
+        return
+    import pyarrow.parquet as pq
+
+    row["events"] = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
+    row["events_per_s"] = row["events"] / row["wall_s"]
+    row["graph_bytes"] = _folder_bytes(job / "graph")
+    stages.save(row)
+    if not pipeline:
+        return
+    if stages.run("plan", [py, "-m", "prism.slices.plan", "--job", str(job), "--devices", str(devices),
+                           "--representative"], f"plan at W={w}"):
         row["slices_bytes"] = _folder_bytes(job / "slices")
-        row["calibrate_s"], row["calibrate_rss"] = _stage(
-            [sys.executable, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}", left())
+    if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}"):
         row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
-    if pipeline and slices:  # the representative slices run, then the calibration from them (`scale_slices`)
+    if slices:  # the representative slices run, then the calibration from them (`scale_slices`)
         from prism.bench import scale_slices
 
-        row["bare_calibrate_s"], row["bare_calibrate_rss"] = row["calibrate_s"], row["calibrate_rss"]
-        row.update(scale_slices.run(job, _stage, left))
-    if pipeline and emulate:
+        if not stages.failed:
+            row["bare_calibrate_s"], row["bare_calibrate_rss"] = row["calibrate_s"], row["calibrate_rss"]
+        scale_slices.run(job, stages)
+    if emulate and not stages.failed:
         from prism.bench.emulate import emulate_once  # (it imports this module)
 
         try:
-            em = emulate_once(job, None, 1, timeout=left())
-        except RuntimeError as exc:  # the rows before it stand; the table says why this one is missing
-            row["emulate_error"] = " ".join(str(exc).split())[:300]
+            em = emulate_once(job, None, 1, timeout=stages.left())
+        except RuntimeError as exc:
+            stages.fail("emulate", exc)
+            row["emulate_error"] = row["error"]
         else:
             row.update({"emulate_s": em["wall_s"], "emulate_pss": em["pss_peak"], "emulate_startup_s": em["startup_s"],
                         "emulate_communicators": em["communicators"], "emulate_sandbox": em["sandbox"],
                         "emulate_iteration_s": em["iteration_s"],
                         "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
                         "emulation_bytes": _folder_bytes(job / "emulation")})
-    if pipeline and slices:
+            stages.save(row)
+    if slices:
         from prism.bench import scale_slices
 
-        row.update(scale_slices.after_emulate(job, _stage, left))
-    shutil.rmtree(job, ignore_errors=True)
-    return row
+        scale_slices.after_emulate(job, stages)
 
 
 def memory_short(w: int, done: list[dict], available=None) -> str | None:
@@ -298,9 +349,11 @@ def print_table(rows: list[dict], args) -> None:
             continue
         cg = f"{r['cgroup_peak'] / gib:10.2f}Gi" if r["cgroup_peak"] else f"{'n/a':>12}"
         priv = f"{r['rank_private_mib_median'] or 0:.1f}/{r['rank_private_mib_max'] or 0:.1f}"
+        events = f"{r['events']:>10,} {r['events_per_s']:>9,.0f} {r['graph_bytes'] / mib:9.2f}" if "events" in r \
+            else f"{'-':>10} {'-':>9} {'-':>9}"
         print(f"{r['W']:>5} {r['layout']:<18} {r['wall_s']:7.1f} {r['pss_peak'] / gib:8.2f}G {cg} {priv:>17} "
-              f"{r['switches']:>9,} {r['events']:>10,} {r['events_per_s']:>9,.0f} "
-              f"{r['graph_bytes'] / mib:9.2f} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}")
+              f"{r['switches']:>9,} {events} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}"
+              + (f"  (then {r['failed_stage']} failed)" if r.get("failed_stage") else ""))
     done = [r for r in rows if not r.get("skipped") and r.get("fork_s") is not None]
     if done:
         print("\nwhere a capture's time went: fork s (helpers that forked in parallel) / the coordinator's CPU s "
@@ -309,7 +362,7 @@ def print_table(rows: list[dict], args) -> None:
             print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
                   f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
                   f"{r.get('ranks_cpu_s') or 0:8.1f}")
-    staged = [r for r in rows if "plan_s" in r]
+    staged = [r for r in rows if "plan_s" in r and "calibrate_s" in r and "events" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
         print(f"{'W':>5} {'events':>10} {'capture':>28} {'graph':>28} {'plan --representative':>28} "
@@ -339,6 +392,13 @@ def scale_slices_tables(rows: list[dict]) -> None:
     from prism.bench.scale_slices import print_tables
 
     print_tables(rows)
+
+
+def write_json(path: Path, rows: list[dict]) -> None:
+    """The rows, replaced whole (a temporary file renamed): a run killed at any moment leaves the last rows."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         left = None if args.budget is None else args.budget - (time.monotonic() - began)
         if left is not None and done:
             last = done[-1]
-            per_rank = (last["wall_s"] + last["graph_s"] + last.get("plan_s", 0) + last.get("calibrate_s", 0)
+            per_rank = (last["wall_s"] + last.get("graph_s", 0) + last.get("plan_s", 0) + last.get("calibrate_s", 0)
                         + last.get("emulate_s", 0) + last.get("slices_run_s", 0) + last.get("bare_calibrate_s", 0)
                         + last.get("from_slices_s", 0) + last.get("summary_s", 0) + last.get("report_s", 0)) / last["W"]
             guess = per_rank * w
@@ -394,16 +454,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  W={w}: {too_big}", file=sys.stderr, flush=True)
             continue
         print(f"  W={w} ...", file=sys.stderr, flush=True)
+
+        def save(row: dict, done: list[dict] = list(rows)) -> None:  # the rows so far and this size's stages
+            if args.json:
+                write_json(args.json, done + [row])
+
         try:
             rows.append(run_one(w, args.devices, args.steps, not args.no_payloads, work, args.pipeline,
                                 not args.no_warmup, timeout=left, emulate=args.emulate, slices=args.slices,
-                                layouts=layouts))
+                                layouts=layouts, save=save))
         except RuntimeError as exc:
-            lines = [l for l in str(exc).splitlines() if l.strip()]
-            rows.append({"W": w, "skipped": " ".join(dict.fromkeys([lines[0], lines[-1]]))})
+            rows.append({"W": w, "skipped": one_line(exc), "failed_stage": "capture"})
             print(f"  W={w}: {exc}", file=sys.stderr, flush=True)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+            write_json(args.json, rows)
         print_table(rows, args)
         scale_slices_tables(rows)
     if rows and rows[-1].get("skipped"):
@@ -411,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         scale_slices_tables(rows)
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if any(not r.get("skipped") for r in rows) else 1
+    return 0 if any(not r.get("skipped") and not r.get("failed_stage") for r in rows) else 1
 
 
 if __name__ == "__main__":
