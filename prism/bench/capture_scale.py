@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from prism.bench.size_stages import Stages, _stage, extrapolated_s, one_line, write_json  # noqa: F401 (_stage: tests)
+
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
     16: (2, 2, 4, 2),
     64: (2, 2, 16, 4),
@@ -132,73 +134,6 @@ def _cgroup() -> Path | None:
 
 def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
-
-
-def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[float, int]:
-    """Run one stage to its end: (wall seconds, the stage process's own max RSS in bytes, from wait4). A stage
-    still running after `timeout` seconds is stopped (SIGTERM, then SIGKILL) and reported as such."""
-    start = time.monotonic()
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        timer = None
-        if timeout is not None:
-            timer = threading.Timer(max(1.0, timeout), _stop_process, args=(proc,))
-            timer.daemon = True
-            timer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        if timer is not None:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - start
-        if proc.returncode != 0:
-            err.seek(0)
-            late = f" after {wall:.0f} s (stopped: over the {timeout:.0f} s left of the budget)" \
-                if timeout is not None and wall >= timeout else ""
-            raise RuntimeError(f"{what} failed ({proc.returncode}){late}:\n{err.read()[-2000:]}")
-    return wall, usage.ru_maxrss * 1024
-
-
-def _stop_process(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    kill = threading.Timer(10.0, lambda: proc.poll() is None and proc.kill())
-    kill.daemon = True
-    kill.start()
-
-
-def one_line(exc: BaseException) -> str:
-    """A stage's error as one line: its first line and its last (where the cause usually is)."""
-    lines = [l.strip() for l in str(exc).splitlines() if l.strip()] or [type(exc).__name__]
-    return " ".join(dict.fromkeys([lines[0], lines[-1]]))[:400]
-
-
-class Stages:
-    """The stages of one size, each measured into `row` as it ends: a stage that fails records its name and
-    its one-line error (`failed_stage`, `error`) and the later stages do not run, while the numbers of the
-    stages before it stay in the row. `save(row)` is called after every stage (the bench's --json)."""
-
-    def __init__(self, row: dict, left, save=None) -> None:
-        self.row, self.left, self.save = row, left, save or (lambda row: None)
-
-    @property
-    def failed(self) -> bool:
-        return "failed_stage" in self.row
-
-    def fail(self, what: str, exc: BaseException) -> None:
-        self.row["failed_stage"], self.row["error"] = what, one_line(exc)
-        print(f"  W={self.row['W']}: {what} failed: {exc}", file=sys.stderr, flush=True)
-        self.save(self.row)
-
-    def run(self, key: str, cmd: list[str], what: str) -> bool:
-        """Run one stage (`_stage`) into row[key_s], row[key_rss]; False (and nothing run) once one failed."""
-        if self.failed:
-            return False
-        try:
-            self.row[key + "_s"], self.row[key + "_rss"] = _stage(cmd, what, self.left())
-        except RuntimeError as exc:
-            self.fail(what, exc)
-            return False
-        self.save(self.row)
-        return True
 
 
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
@@ -394,13 +329,6 @@ def scale_slices_tables(rows: list[dict]) -> None:
     print_tables(rows)
 
 
-def write_json(path: Path, rows: list[dict]) -> None:
-    """The rows, replaced whole (a temporary file renamed): a run killed at any moment leaves the last rows."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism bench capture", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -437,17 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     for w in sizes:
         done = [r for r in rows if not r.get("skipped")]
         left = None if args.budget is None else args.budget - (time.monotonic() - began)
-        if left is not None and done:
-            last = done[-1]
-            per_rank = (last["wall_s"] + last.get("graph_s", 0) + last.get("plan_s", 0) + last.get("calibrate_s", 0)
-                        + last.get("emulate_s", 0) + last.get("slices_run_s", 0) + last.get("bare_calibrate_s", 0)
-                        + last.get("from_slices_s", 0) + last.get("summary_s", 0) + last.get("report_s", 0)) / last["W"]
-            guess = per_rank * w
-            if guess > left:
-                rows.append({"W": w, "skipped": f"extrapolated {guess:.0f} s (from W={last['W']}) > {left:.0f} s "
-                                                 "left of the budget"})
-                print(f"  W={w}: {rows[-1]['skipped']}", file=sys.stderr, flush=True)
-                continue
+        guess = extrapolated_s(w, done)
+        if left is not None and guess is not None and guess[0] > left:
+            rows.append({"W": w, "skipped": f"extrapolated {guess[0]:.0f} s ({guess[1]}) > {left:.0f} s left of "
+                                             "the budget"})
+            print(f"  W={w}: {rows[-1]['skipped']}", file=sys.stderr, flush=True)
+            continue
         too_big = memory_short(w, done)
         if too_big:
             rows.append({"W": w, "skipped": too_big})

@@ -136,3 +136,30 @@ def print_tables(rows: list[dict]) -> None:
         print(f"{r['W']:>5} {r['layout']:<18} " + " ".join(f"{t:>24}" for t in stage_cells(r)) + f" {its:>22}")
         if r.get("failed_stage"):
             print(f"{'':>5} {r['failed_stage']} failed: {r['error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m prism.bench.scale_slices ROWS.json ...`: the per-stage tables of the bench's --json files (what
+    the device script prints last; a file a killed run left half-written is named and skipped)."""
+    import json
+
+    from prism.bench.capture_scale import print_table
+
+    class Args:
+        devices, steps, no_payloads, no_warmup = "see each row", 2, False, False
+
+    for path in map(Path, sys.argv[1:] if argv is None else argv):
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"{path}: not read ({exc})")
+            continue
+        print(f"\n== {path.name}")
+        Args.devices = next((r["P"] for r in rows if "P" in r), "?")
+        print_table(rows, Args)
+        print_tables(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,7 +5,7 @@ import json
 import sys
 
 from prism.bench import scale_slices
-from prism.bench.capture_scale import Stages, one_line, write_json
+from prism.bench.size_stages import Stages, extrapolated_s, one_line, write_json
 
 PY = sys.executable
 
@@ -67,3 +67,17 @@ def test_json_is_replaced_whole(tmp_path):
 def test_one_line_keeps_the_first_and_last_lines():
     assert one_line(RuntimeError("report failed (1):\nTraceback\n  File x\nModuleNotFoundError: plotly")) == \
         "report failed (1): ModuleNotFoundError: plotly"
+
+
+def _done(w, total):
+    return {"W": w, "wall_s": total}
+
+
+def test_a_size_is_extrapolated_from_a_fixed_part_and_one_per_rank():
+    # W=16 took 60 s, W=128 70 s: ~54 s fixed + 0.089 s a rank -> W=1024 ~150 s (by W alone it would be 3,840 s)
+    guess, source = extrapolated_s(1024, [_done(16, 60.0), _done(128, 70.0)])
+    assert abs(guess - (60 + 10 / 112 * (1024 - 16))) < 1e-6 and source == "from W=16 and W=128"
+    assert extrapolated_s(128, [_done(16, 60.0)]) is None  # one small size: nothing to go by
+    assert extrapolated_s(2048, [_done(1024, 100.0)])[0] == 200.0
+    # a size whose stage failed (or was skipped) is not a measure of a whole size
+    assert extrapolated_s(2048, [_done(16, 60.0), {"W": 128, "wall_s": 5.0, "failed_stage": "graph"}]) is None
