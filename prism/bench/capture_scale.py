@@ -6,9 +6,11 @@ and the memory cgroup's peak where this machine lets us make one, which also cou
 page cache of what was written), the ranks' private memory (median and largest, each rank's own
 /proc/self/smaps_rollup at its end), context switches, events per second, graph bytes, payload bytes.
 With `--pipeline`, per stage: wall, peak memory (capture: the tree's PSS; the others: the process's max
-RSS), events/s, artifact bytes. `--budget S` skips a size whose capture, extrapolated linearly from the
-previous size's, would not end within S seconds of the start (said so in the table, never silently);
-`--json FILE` writes every row. The model is tiny: capture cost is about ranks and communication, not FLOPs.
+RSS), events/s, artifact bytes. A stage that fails leaves the numbers of the stages before it in its size's
+row, with its name and one-line error (`size_stages.Stages`). `--budget S` skips a size whose time,
+extrapolated from the sizes before it (`size_stages.extrapolated_s`), would not end within S seconds of the
+start, and stops a stage still running at the end of S (said so in the table, never silently); `--json FILE`
+writes every row, rewritten after every stage. The model is tiny: capture cost is about ranks and communication, not FLOPs.
 """
 
 from __future__ import annotations
@@ -224,8 +226,8 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
     if slices:  # the representative slices run, then the calibration from them (`scale_slices`)
         from prism.bench import scale_slices
 
-        if not stages.failed:
-            row["bare_calibrate_s"], row["bare_calibrate_rss"] = row["calibrate_s"], row["calibrate_rss"]
+        if not stages.failed:  # "calibrate" is then the calibration from the slices
+            row["bare_calibrate_s"], row["bare_calibrate_rss"] = row.pop("calibrate_s"), row.pop("calibrate_rss")
         scale_slices.run(job, stages)
     if emulate and not stages.failed:
         from prism.bench.emulate import emulate_once  # (it imports this module)
@@ -297,7 +299,7 @@ def print_table(rows: list[dict], args) -> None:
             print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
                   f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
                   f"{r.get('ranks_cpu_s') or 0:8.1f}")
-    staged = [r for r in rows if "plan_s" in r and "calibrate_s" in r and "events" in r]
+    staged = [r for r in rows if "plan_s" in r and ("calibrate_s" in r or "bare_calibrate_s" in r) and "events" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
         print(f"{'W':>5} {'events':>10} {'capture':>28} {'graph':>28} {'plan --representative':>28} "
@@ -305,7 +307,8 @@ def print_table(rows: list[dict], args) -> None:
         for r in staged:
             cells = [(r["wall_s"], r["pss_peak"], r["raw_bytes"] + r["payload_bytes"]),
                      (r["graph_s"], r["graph_rss"], r["graph_bytes"]), (r["plan_s"], r["plan_rss"], r["slices_bytes"]),
-                     (r["calibrate_s"], r["calibrate_rss"], r["calibrated_bytes"])]
+                     (r.get("bare_calibrate_s", r.get("calibrate_s")), r.get("bare_calibrate_rss", r.get("calibrate_rss")),
+                      r["calibrated_bytes"])]  # the bare graph's calibration (with --slices: before them)
             text = [f"{s:6.1f}/{m / gib:5.2f}/{r['events'] / s:9,.0f}/{b / mib:6.1f}" for s, m, b in cells]
             print(f"{r['W']:>5} {r['events']:>10,} " + " ".join(f"{t:>28}" for t in text))
     emulated = [r for r in rows if "emulate_s" in r or "emulate_error" in r]

@@ -135,7 +135,7 @@ def print_tables(rows: list[dict]) -> None:
         its = f"{it:.4f} ({bare:.3f})" if it is not None and bare is not None else f"{it}"
         print(f"{r['W']:>5} {r['layout']:<18} " + " ".join(f"{t:>24}" for t in stage_cells(r)) + f" {its:>22}")
         if r.get("failed_stage"):
-            print(f"{'':>5} {r['failed_stage']} failed: {r['error']}")
+            print(f"{'':>5} {r['error']}")
 
 
 def main(argv: list[str] | None = None) -> int:

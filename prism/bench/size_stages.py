@@ -71,7 +71,7 @@ class Stages:
 
     def fail(self, what: str, exc: BaseException) -> None:
         self.row["failed_stage"], self.row["error"] = what, one_line(exc)
-        print(f"  W={self.row['W']}: {what} failed: {exc}", file=sys.stderr, flush=True)
+        print(f"  W={self.row['W']}: {exc}", file=sys.stderr, flush=True)
         self.save(self.row)
 
     def run(self, key: str, cmd: list[str], what: str) -> bool:

@@ -32,7 +32,7 @@ def test_a_late_stage_failing_keeps_the_earlier_stages_and_says_which_failed(tmp
         (True, False, False), (True, True, False), (True, True, True)]
     scale_slices.print_tables([row])
     out = capsys.readouterr().out
-    assert "FAILED" in out and "summary failed: summary failed (1): ModuleNotFoundError: no plotly" in out
+    assert "FAILED" in out and "\n      summary failed (1): ModuleNotFoundError: no plotly" in out
     cells = scale_slices.stage_cells(row)
     assert cells[0].strip() == "12.5/  1.00" and cells[1] != "-" and cells[2] != "-"
     assert cells[1 + scale_slices.STAGES.index("summary")] == "FAILED"
