@@ -5,15 +5,15 @@
 #         SIZES (comma-separated, in order) on the bench's cost layouts (`capture_scale.LAYOUTS`), or with
 #         `weak` on tp2·pp2·ep2·dp(W/4) (`scale_slices.WEAK`: a rank's work fixed, DP grows)
 # The two host calls (docs/benchmarks.md, "Session 10"):
-#   bash scripts/device_scale_slices.sh $OUT 570 w8192:570:8192
-#   bash scripts/device_scale_slices.sh $OUT 570 weak:250:16,128,1024:weak cost1024:180:1024 cost2048:300:2048
+#   PKGS=/work/pkgs bash scripts/device_scale_slices.sh $OUT 550 w8192:550:8192:weak
+#   PKGS=/work/pkgs bash scripts/device_scale_slices.sh $OUT 550 weak:550:16,128,1024,2048,4096:weak
 # Each size: capture on P=$DEVICES (16) slots, graph, plan --representative, the bare graph's calibration
 # (for comparison), every measured slice run for real, durations/transfers from the slices (borrowed by rank
 # class), calibrate from them, emulate one sandbox rank, summary, report. Time: a RUN gets min(BUDGET_S, what
 # is left of TOTAL_S from this script's start); the bench stops a stage that would not end in its run's budget
 # and skips a size whose extrapolated cost does not fit; `timeout` stops the run 25 s after its budget whatever
-# happens; a RUN with < 30 s left is not started. So the script ends within TOTAL_S + ~40 s: keep TOTAL_S
-# <= 570 for a 600 s call. Output, written as it is measured (a killed call still returns it): OUT/NAME.json
+# happens (then 10 s more to SIGKILL); a RUN with < 30 s left is not started. So the script ends within
+# TOTAL_S + ~40 s: TOTAL_S 550 for a 600 s call. Output, written as it is measured (a killed call still returns it): OUT/NAME.json
 # (the rows, rewritten after every stage: a failing stage keeps the earlier stages' numbers), OUT/NAME.log,
 # OUT/host.txt, OUT/tables.txt (every run's per-stage table, also printed last).
 # The host lacks polars, duckdb, jsonschema (+ attrs, referencing, rpds-py, jsonschema-specifications), pyyaml,
@@ -59,8 +59,8 @@ run() {  # NAME BUDGET SIZES [weak]
         --devices "${DEVICES:-16}" --pipeline --slices --emulate --budget "$budget" --json "$out/$name.json" \
         --out "/tmp/prism-scale-$name" ${weak:+--weak} > "$out/$name.log" 2>&1
     echo "$name exit $? after $(($(date +%s) - begin)) s" | tee -a "$out/$name.log" "$out/tables.txt"
-    rm -rf "/tmp/prism-scale-$name"
-}
+}  # (the bench removes each size's job; a killed run's is left: the host is fresh each call, and removing
+   # 8192 ranks' files could take the seconds the call has left)
 for spec in "$@"; do
     IFS=: read -r name budget sizes weak <<< "$spec"
     run "$name" "$budget" "$sizes" "$weak"

@@ -3,7 +3,8 @@
 A rank's class is its work (PP stage, operation sequence; an all-to-all whose sizes follow the data does not
 split it) and its place in its slice (for each of its groups, how many members run beside it). The synthetic
 graphs (`layoutgen.moe_graph`) have the reference workload's structure; on real captures of the weak layouts
-(W = 16, 64, 256 on this VM) the planner measured the same counts as here: 1, 2, 1 at P=16, 2, 2, 2 at P=2.
+(W = 16, 64, 128, 256, 512 on this VM) the planner measured the same counts as here: 1, 2, 1, 1, 1 at P=16,
+2 at P=4 and P=2 (docs/results/scale/s10/slice_counts.txt).
 """
 
 import polars as pl
