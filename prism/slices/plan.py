@@ -220,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{measured} measured ({100 * (1 - measured / n):.0f}% of the slice runs saved)")
     if args.representative and measured == n:
         print(f"prism slices plan: --representative saved nothing here: no two of the {n} slices hold the same "
-              "classes of equivalent ranks (ranks are equivalent when they sit at the same pipeline stage and issue "
-              "the same sequence of operations), so every slice is measured", file=sys.stderr)
+              "classes of equivalent ranks (ranks are equivalent when they sit at the same pipeline stage, issue "
+              "the same sequence of operations and have as many of each group's members beside them in their "
+              "slice), so every slice is measured", file=sys.stderr)
     return 0
 
 
