@@ -6,9 +6,11 @@ and the memory cgroup's peak where this machine lets us make one, which also cou
 page cache of what was written), the ranks' private memory (median and largest, each rank's own
 /proc/self/smaps_rollup at its end), context switches, events per second, graph bytes, payload bytes.
 With `--pipeline`, per stage: wall, peak memory (capture: the tree's PSS; the others: the process's max
-RSS), events/s, artifact bytes. `--budget S` skips a size whose capture, extrapolated linearly from the
-previous size's, would not end within S seconds of the start (said so in the table, never silently);
-`--json FILE` writes every row. The model is tiny: capture cost is about ranks and communication, not FLOPs.
+RSS), events/s, artifact bytes. A stage that fails leaves the numbers of the stages before it in its size's
+row, with its name and one-line error (`size_stages.Stages`). `--budget S` skips a size whose time,
+extrapolated from the sizes before it (`size_stages.extrapolated_s`), would not end within S seconds of the
+start, and stops a stage still running at the end of S (said so in the table, never silently); `--json FILE`
+writes every row, rewritten after every stage. The model is tiny: capture cost is about ranks and communication, not FLOPs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from prism.bench.size_stages import Stages, _stage, extrapolated_s, one_line, write_json  # noqa: F401 (_stage: tests)
 
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
     16: (2, 2, 4, 2),
@@ -134,40 +138,11 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[float, int]:
-    """Run one stage to its end: (wall seconds, the stage process's own max RSS in bytes, from wait4). A stage
-    still running after `timeout` seconds is stopped (SIGTERM, then SIGKILL) and reported as such."""
-    start = time.monotonic()
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        timer = None
-        if timeout is not None:
-            timer = threading.Timer(max(1.0, timeout), _stop_process, args=(proc,))
-            timer.daemon = True
-            timer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        if timer is not None:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - start
-        if proc.returncode != 0:
-            err.seek(0)
-            late = f" after {wall:.0f} s (stopped: over the {timeout:.0f} s left of the budget)" \
-                if timeout is not None and wall >= timeout else ""
-            raise RuntimeError(f"{what} failed ({proc.returncode}){late}:\n{err.read()[-2000:]}")
-    return wall, usage.ru_maxrss * 1024
-
-
-def _stop_process(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    kill = threading.Timer(10.0, lambda: proc.poll() is None and proc.kill())
-    kill.daemon = True
-    kill.start()
-
-
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
             warmup: bool = True, timeout: float | None = None, emulate: bool = False, slices: bool = False,
-            layouts: dict | None = None) -> dict:
+            layouts: dict | None = None, save=None) -> dict:
+    """One size: the capture (its failure raises: no stage ran), then the stages, each kept in the row
+    whatever a later one does (`Stages`)."""
     layouts = layouts or LAYOUTS
     job = work / f"w{w}"
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(w), "--mode", "capture", "--devices",
@@ -205,22 +180,16 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     def left() -> float | None:
         return None if deadline is None else deadline - time.monotonic()
 
-    graph_s, graph_rss = _stage([sys.executable, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}",
-                                left())
     meta = json.loads((job / "raw" / "meta.json").read_text())
-    import pyarrow.parquet as pq
-
-    events = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
     cap = meta["capture"]
     row = {
         "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
-        "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"], "events": events,
-        "events_per_s": events / wall, "raw_bytes": _folder_bytes(job / "raw"),
-        "graph_bytes": _folder_bytes(job / "graph"), "payload_bytes": _folder_bytes(job / "payloads"),
+        "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"],
+        "raw_bytes": _folder_bytes(job / "raw"), "payload_bytes": _folder_bytes(job / "payloads"),
         "payload_files": len(list((job / "payloads").rglob("*.bin"))) if payloads else 0,
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
-        "warmup": warmup, "graph_s": graph_s, "graph_rss": graph_rss,
+        "warmup": warmup,
         # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
         "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),
         "fork_s": cap.get("fork_s"), "fork_helpers": cap.get("fork_helpers"), "immortal": cap.get("immortal"),
@@ -228,38 +197,57 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
         "switch_cost_us": cap.get("switch_cost_us"),
     }
-    if pipeline:
-        row["plan_s"], row["plan_rss"] = _stage([sys.executable, "-m", "prism.slices.plan", "--job", str(job),
-                                                 "--devices", str(devices), "--representative"], f"plan at W={w}",
-                                                left())
+    stages = Stages(row, left, save)
+    stages.save(row)
+    try:
+        _after_capture(job, devices, pipeline, emulate, slices, stages)
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+    return row
+
+
+def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slices: bool, stages: Stages) -> None:
+    row, w, py = stages.row, stages.row["W"], sys.executable
+    if not stages.run("graph", [py, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}"):
+        return
+    import pyarrow.parquet as pq
+
+    row["events"] = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
+    row["events_per_s"] = row["events"] / row["wall_s"]
+    row["graph_bytes"] = _folder_bytes(job / "graph")
+    stages.save(row)
+    if not pipeline:
+        return
+    if stages.run("plan", [py, "-m", "prism.slices.plan", "--job", str(job), "--devices", str(devices),
+                           "--representative"], f"plan at W={w}"):
         row["slices_bytes"] = _folder_bytes(job / "slices")
-        row["calibrate_s"], row["calibrate_rss"] = _stage(
-            [sys.executable, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}", left())
+    if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}"):
         row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
-    if pipeline and slices:  # the representative slices run, then the calibration from them (`scale_slices`)
+    if slices:  # the representative slices run, then the calibration from them (`scale_slices`)
         from prism.bench import scale_slices
 
-        row["bare_calibrate_s"], row["bare_calibrate_rss"] = row["calibrate_s"], row["calibrate_rss"]
-        row.update(scale_slices.run(job, _stage, left))
-    if pipeline and emulate:
+        if not stages.failed:  # "calibrate" is then the calibration from the slices
+            row["bare_calibrate_s"], row["bare_calibrate_rss"] = row.pop("calibrate_s"), row.pop("calibrate_rss")
+        scale_slices.run(job, stages)
+    if emulate and not stages.failed:
         from prism.bench.emulate import emulate_once  # (it imports this module)
 
         try:
-            em = emulate_once(job, None, 1, timeout=left())
-        except RuntimeError as exc:  # the rows before it stand; the table says why this one is missing
-            row["emulate_error"] = " ".join(str(exc).split())[:300]
+            em = emulate_once(job, None, 1, timeout=stages.left())
+        except RuntimeError as exc:
+            stages.fail("emulate", exc)
+            row["emulate_error"] = row["error"]
         else:
             row.update({"emulate_s": em["wall_s"], "emulate_pss": em["pss_peak"], "emulate_startup_s": em["startup_s"],
                         "emulate_communicators": em["communicators"], "emulate_sandbox": em["sandbox"],
                         "emulate_iteration_s": em["iteration_s"],
                         "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
                         "emulation_bytes": _folder_bytes(job / "emulation")})
-    if pipeline and slices:
+            stages.save(row)
+    if slices:
         from prism.bench import scale_slices
 
-        row.update(scale_slices.after_emulate(job, _stage, left))
-    shutil.rmtree(job, ignore_errors=True)
-    return row
+        scale_slices.after_emulate(job, stages)
 
 
 def memory_short(w: int, done: list[dict], available=None) -> str | None:
@@ -298,9 +286,11 @@ def print_table(rows: list[dict], args) -> None:
             continue
         cg = f"{r['cgroup_peak'] / gib:10.2f}Gi" if r["cgroup_peak"] else f"{'n/a':>12}"
         priv = f"{r['rank_private_mib_median'] or 0:.1f}/{r['rank_private_mib_max'] or 0:.1f}"
+        events = f"{r['events']:>10,} {r['events_per_s']:>9,.0f} {r['graph_bytes'] / mib:9.2f}" if "events" in r \
+            else f"{'-':>10} {'-':>9} {'-':>9}"
         print(f"{r['W']:>5} {r['layout']:<18} {r['wall_s']:7.1f} {r['pss_peak'] / gib:8.2f}G {cg} {priv:>17} "
-              f"{r['switches']:>9,} {r['events']:>10,} {r['events_per_s']:>9,.0f} "
-              f"{r['graph_bytes'] / mib:9.2f} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}")
+              f"{r['switches']:>9,} {events} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}"
+              + (f"  (then {r['failed_stage']} failed)" if r.get("failed_stage") else ""))
     done = [r for r in rows if not r.get("skipped") and r.get("fork_s") is not None]
     if done:
         print("\nwhere a capture's time went: fork s (helpers that forked in parallel) / the coordinator's CPU s "
@@ -309,7 +299,7 @@ def print_table(rows: list[dict], args) -> None:
             print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
                   f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
                   f"{r.get('ranks_cpu_s') or 0:8.1f}")
-    staged = [r for r in rows if "plan_s" in r]
+    staged = [r for r in rows if "plan_s" in r and ("calibrate_s" in r or "bare_calibrate_s" in r) and "events" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
         print(f"{'W':>5} {'events':>10} {'capture':>28} {'graph':>28} {'plan --representative':>28} "
@@ -317,7 +307,8 @@ def print_table(rows: list[dict], args) -> None:
         for r in staged:
             cells = [(r["wall_s"], r["pss_peak"], r["raw_bytes"] + r["payload_bytes"]),
                      (r["graph_s"], r["graph_rss"], r["graph_bytes"]), (r["plan_s"], r["plan_rss"], r["slices_bytes"]),
-                     (r["calibrate_s"], r["calibrate_rss"], r["calibrated_bytes"])]
+                     (r.get("bare_calibrate_s", r.get("calibrate_s")), r.get("bare_calibrate_rss", r.get("calibrate_rss")),
+                      r["calibrated_bytes"])]  # the bare graph's calibration (with --slices: before them)
             text = [f"{s:6.1f}/{m / gib:5.2f}/{r['events'] / s:9,.0f}/{b / mib:6.1f}" for s, m, b in cells]
             print(f"{r['W']:>5} {r['events']:>10,} " + " ".join(f"{t:>28}" for t in text))
     emulated = [r for r in rows if "emulate_s" in r or "emulate_error" in r]
@@ -377,33 +368,32 @@ def main(argv: list[str] | None = None) -> int:
     for w in sizes:
         done = [r for r in rows if not r.get("skipped")]
         left = None if args.budget is None else args.budget - (time.monotonic() - began)
-        if left is not None and done:
-            last = done[-1]
-            per_rank = (last["wall_s"] + last["graph_s"] + last.get("plan_s", 0) + last.get("calibrate_s", 0)
-                        + last.get("emulate_s", 0) + last.get("slices_run_s", 0) + last.get("bare_calibrate_s", 0)
-                        + last.get("from_slices_s", 0) + last.get("summary_s", 0) + last.get("report_s", 0)) / last["W"]
-            guess = per_rank * w
-            if guess > left:
-                rows.append({"W": w, "skipped": f"extrapolated {guess:.0f} s (from W={last['W']}) > {left:.0f} s "
-                                                 "left of the budget"})
-                print(f"  W={w}: {rows[-1]['skipped']}", file=sys.stderr, flush=True)
-                continue
+        guess = extrapolated_s(w, done)
+        if left is not None and guess is not None and guess[0] > left:
+            rows.append({"W": w, "skipped": f"extrapolated {guess[0]:.0f} s ({guess[1]}) > {left:.0f} s left of "
+                                             "the budget"})
+            print(f"  W={w}: {rows[-1]['skipped']}", file=sys.stderr, flush=True)
+            continue
         too_big = memory_short(w, done)
         if too_big:
             rows.append({"W": w, "skipped": too_big})
             print(f"  W={w}: {too_big}", file=sys.stderr, flush=True)
             continue
         print(f"  W={w} ...", file=sys.stderr, flush=True)
+
+        def save(row: dict, done: list[dict] = list(rows)) -> None:  # the rows so far and this size's stages
+            if args.json:
+                write_json(args.json, done + [row])
+
         try:
             rows.append(run_one(w, args.devices, args.steps, not args.no_payloads, work, args.pipeline,
                                 not args.no_warmup, timeout=left, emulate=args.emulate, slices=args.slices,
-                                layouts=layouts))
+                                layouts=layouts, save=save))
         except RuntimeError as exc:
-            lines = [l for l in str(exc).splitlines() if l.strip()]
-            rows.append({"W": w, "skipped": " ".join(dict.fromkeys([lines[0], lines[-1]]))})
+            rows.append({"W": w, "skipped": one_line(exc), "failed_stage": "capture"})
             print(f"  W={w}: {exc}", file=sys.stderr, flush=True)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+            write_json(args.json, rows)
         print_table(rows, args)
         scale_slices_tables(rows)
     if rows and rows[-1].get("skipped"):
@@ -411,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         scale_slices_tables(rows)
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if any(not r.get("skipped") for r in rows) else 1
+    return 0 if any(not r.get("skipped") and not r.get("failed_stage") for r in rows) else 1
 
 
 if __name__ == "__main__":

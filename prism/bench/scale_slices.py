@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-WEAK = {w: (2, 2, w // 4, 2) for w in (16, 64, 128, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
+WEAK = {w: (2, 2, w // 4, 2) for w in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
 
 
 def _folder_bytes(path: Path) -> int:
@@ -48,60 +48,118 @@ def calibrated_iteration_s(job: Path, folder: str = "calibrated") -> float | Non
     return statistics.median(per.values()) / 1e9 if per else None
 
 
-def run(job: Path, stage, left) -> dict:
-    """The stages after the plan. `stage(cmd, what, timeout) -> (wall, rss)`; `left()`: seconds of budget."""
-    py = sys.executable
-    row: dict = {}
+def run(job: Path, stages) -> None:
+    """The stages after the plan, into `stages.row` (`capture_scale.Stages`: each stage's numbers stay in the
+    row whatever a later one does). The slice runs: their count, the ones that ran, the slowest."""
+    py, row = sys.executable, stages.row
+    if stages.failed:
+        return
     if (job / "calibrated").exists():  # the bare graph's calibration (the bench's former one), for comparison
         row["bare_iteration_s"] = calibrated_iteration_s(job)
     ks = measured_slices(job)
-    start, slowest, rss = time.monotonic(), 0.0, 0
+    row["slice_runs"], row["slice_runs_done"], row["slice_run_max_s"], row["slices_run_rss"] = len(ks), 0, 0.0, 0
+    start = time.monotonic()
     for k in ks:
-        wall, peak = stage([py, "-m", "prism.slices.run", "--job", str(job), "--slice", str(k)], f"slice run {k}",
-                           left())
-        slowest, rss = max(slowest, wall), max(rss, peak)
-    row.update(slice_runs=len(ks), slices_run_s=time.monotonic() - start, slice_run_max_s=slowest,
-               slices_run_rss=rss)
-    row["from_slices_s"], row["from_slices_rss"] = stage(
-        [py, "-m", "prism.calibrate.from_slices", "--job", str(job)], "durations from the slices", left())
+        ok = stages.run("slice", [py, "-m", "prism.slices.run", "--job", str(job), "--slice", str(k)],
+                        f"slice run {k}")
+        row["slices_run_s"] = time.monotonic() - start
+        if not ok:
+            return
+        row["slice_runs_done"] += 1
+        row["slice_run_max_s"] = max(row["slice_run_max_s"], row.pop("slice_s"))
+        row["slices_run_rss"] = max(row["slices_run_rss"], row.pop("slice_rss"))
+        stages.save(row)
     sl = job / "slices"
-    row["calibrate_s"], row["calibrate_rss"] = stage(
-        [py, "-m", "prism.cli", "calibrate", "--job", str(job), "--durations", str(sl / "durations.parquet"),
-         "--transfers", str(sl / "transfers.parquet")], "calibrate from the slices", left())
-    row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
-    row["slices_bytes"] = _folder_bytes(sl)
-    row["iteration_s"] = calibrated_iteration_s(job)
-    return row
+    stages.run("from_slices", [py, "-m", "prism.calibrate.from_slices", "--job", str(job)],
+               "durations from the slices")
+    if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job), "--durations",
+                                str(sl / "durations.parquet"), "--transfers", str(sl / "transfers.parquet")],
+                  "calibrate from the slices"):
+        row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
+        row["slices_bytes"] = _folder_bytes(sl)
+        row["iteration_s"] = calibrated_iteration_s(job)
+        stages.save(row)
 
 
-def after_emulate(job: Path, stage, left) -> dict:
+def after_emulate(job: Path, stages) -> None:
     py = sys.executable
-    row = {}
-    row["summary_s"], row["summary_rss"] = stage([py, "-m", "prism.cli", "summary", "--job", str(job)], "summary",
-                                                 left())
-    row["report_s"], row["report_rss"] = stage([py, "-m", "prism.cli", "report", "--job", str(job)], "report", left())
-    row["report_bytes"] = _folder_bytes(job / "report")
-    return row
+    stages.run("summary", [py, "-m", "prism.cli", "summary", "--job", str(job)], "summary")
+    if stages.run("report", [py, "-m", "prism.cli", "report", "--job", str(job)], "report"):
+        stages.row["report_bytes"] = _folder_bytes(job / "report")
+        stages.save(stages.row)
+
+
+STAGES = ("graph", "plan", "slices", "from_slices", "calibrate", "emulate", "summary", "report")
+
+
+def stage_cells(r: dict) -> list[str]:
+    """A row's cells, capture first: 'wall s/peak GiB' for each stage that ran, 'FAILED' for the one that failed,
+    '-' for those not run (a failed stage's later ones, or a stage this run leaves out)."""
+    gib = 2 ** 30
+    failed = r.get("failed_stage", "")
+    cells = [f"{r['wall_s']:7.1f}/{r['pss_peak'] / gib:6.2f}"]
+    for k in STAGES:
+        if k == "slices":
+            if "slices_run_s" not in r:
+                cells.append("-")
+                continue
+            done = r.get("slice_runs_done", r.get("slice_runs"))
+            cells.append(f"{r['slices_run_s']:6.1f}/{r['slices_run_rss'] / gib:5.2f} ({done}/{r['slice_runs']}, "
+                         f"{r['slice_run_max_s']:.1f})")
+        elif k == "emulate" and "emulate_s" in r:
+            cells.append(f"{r['emulate_s']:7.1f}/{r['emulate_pss'] / gib:6.2f}")
+        elif k + "_s" in r:
+            cells.append(f"{r[k + '_s']:7.1f}/{r[k + '_rss'] / gib:6.2f}")
+        else:
+            cells.append("-")
+    names = {"graph": "graph", "plan": "plan", "slice run": "slices", "durations from the slices": "from_slices",
+             "calibrate": "calibrate", "emulate": "emulate", "summary": "summary", "report": "report"}
+    for prefix, k in names.items():
+        if failed.startswith(prefix):
+            i = 1 + STAGES.index(k)
+            cells[i] = "FAILED" if cells[i] == "-" else cells[i] + " FAILED"
+            break
+    return cells
 
 
 def print_tables(rows: list[dict]) -> None:
-    gib = 2 ** 30
-    staged = [r for r in rows if "slices_run_s" in r]
+    staged = [r for r in rows if "wall_s" in r and ("plan_s" in r or "failed_stage" in r or "slices_run_s" in r)]
     if not staged:
         return
-    print("\nPhase 1 with slices, per stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS)")
-    heads = ["capture", "graph", "plan", "slices (n, slowest s)", "from_slices", "calibrate", "emulate", "summary",
-             "report"]
-    print(f"{'W':>5} {'layout':<18} " + " ".join(f"{h:>22}" for h in heads) + f" {'iteration s (bare)':>22}")
+    print("\nPhase 1 with slices, per stage: wall s / peak memory GiB (capture: tree PSS; emulate: its tree's PSS; "
+          "others: max RSS); slices: (ran/measured, slowest s)")
+    heads = ["capture", "graph", "plan", "slices", "from_slices", "calibrate", "emulate", "summary", "report"]
+    print(f"{'W':>5} {'layout':<18} " + " ".join(f"{h:>24}" for h in heads) + f" {'iteration s (bare)':>22}")
     for r in staged:
-        cells = [(r["wall_s"], r["pss_peak"]), (r["graph_s"], r["graph_rss"]), (r["plan_s"], r["plan_rss"])]
-        text = [f"{s:7.1f}/{m / gib:6.2f}" for s, m in cells]
-        text.append(f"{r['slices_run_s']:6.1f}/{r['slices_run_rss'] / gib:5.2f} ({r['slice_runs']}, "
-                    f"{r['slice_run_max_s']:.1f})")
-        text += [f"{r[k + '_s']:7.1f}/{r[k + '_rss'] / gib:6.2f}" for k in ("from_slices", "calibrate")]
-        text.append(f"{r['emulate_s']:7.1f}/{r['emulate_pss'] / gib:6.2f}" if "emulate_s" in r else "n/a")
-        text += [f"{r[k + '_s']:7.1f}/{r[k + '_rss'] / gib:6.2f}" if k + "_s" in r else "n/a"
-                 for k in ("summary", "report")]
         it, bare = r.get("iteration_s"), r.get("bare_iteration_s")
         its = f"{it:.4f} ({bare:.3f})" if it is not None and bare is not None else f"{it}"
-        print(f"{r['W']:>5} {r['layout']:<18} " + " ".join(f"{t:>22}" for t in text) + f" {its:>22}")
+        print(f"{r['W']:>5} {r['layout']:<18} " + " ".join(f"{t:>24}" for t in stage_cells(r)) + f" {its:>22}")
+        if r.get("failed_stage"):
+            print(f"{'':>5} {r['error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m prism.bench.scale_slices ROWS.json ...`: the per-stage tables of the bench's --json files (what
+    the device script prints last; a file a killed run left half-written is named and skipped)."""
+    import json
+
+    from prism.bench.capture_scale import print_table
+
+    class Args:
+        devices, steps, no_payloads, no_warmup = "see each row", 2, False, False
+
+    for path in map(Path, sys.argv[1:] if argv is None else argv):
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"{path}: not read ({exc})")
+            continue
+        print(f"\n== {path.name}")
+        Args.devices = next((r["P"] for r in rows if "P" in r), "?")
+        print_table(rows, Args)
+        print_tables(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

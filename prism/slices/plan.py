@@ -6,10 +6,16 @@ Ranks that communicate most stay together: every pair of ranks gets the bytes th
 small enough to fit in a slice (a TP group, then EP, ...) and in point-to-point messages; clusters are
 merged greedily along the heaviest pairs while they fit in P, then packed into as few slices as possible.
 
-Equivalent ranks: two ranks are equivalent when they sit at the same PP stage and issue the same
-sequence of operations (kind, op, group role, size): they do the same work. With `--representative`,
-only one slice per class of equivalent slices (same multiset of rank classes) is measured; every other
-slice takes its measurement (`measured_by`), and the saving is reported.
+Equivalent ranks: two ranks do the same work when they sit at the same PP stage and issue the same
+sequence of operations (kind, op, bytes); the bytes of a collective whose members contribute different
+sizes (an all-to-all whose splits follow the data, as an MoE's token routing) are left out, since they
+differ between any two EP groups' ranks and would make every rank its own class (at W=1024 on P=16 no two
+slices were equivalent, docs/benchmarks.md). A rank's class in a slice adds its place there: for every
+group it communicates in, the group's name (`desc`), size and how many of its members are in the slice,
+and how many of its point-to-point peers are (what ran for real beside it, what was replayed). With
+`--representative`, only one slice per class of equivalent slices (same multiset of rank classes) is
+measured; every other slice takes its measurement (`measured_by`), and the saving is reported. The number
+of measured slices follows the layout's distinct places, not W (tests/unit/test_slice_classes.py).
 """
 
 from __future__ import annotations
@@ -77,41 +83,110 @@ def cluster(world: int, p: int, weights: dict[tuple[int, int], float]) -> list[l
 
 
 def rank_classes(events: pl.DataFrame, ranks: pl.DataFrame) -> dict[int, str]:
-    """Class of each rank: its PP stage + a digest of its operation sequence."""
-    ops = (events.filter(pl.col("kind") != "compute")
-           .select("rank", "seq", pl.col("kind").cast(pl.Utf8), pl.col("op").cast(pl.Utf8), "bytes")
+    """Class of each rank's work: its PP stage + a digest of its operation sequence (kind, op, bytes; no bytes
+    for a collective whose members contribute different sizes)."""
+    ops = events.filter(pl.col("kind") != "compute").select(
+        "rank", "seq", pl.col("kind").cast(pl.Utf8), pl.col("op").cast(pl.Utf8), "bytes", "comm_id")
+    # an op whose members contribute different sizes in any of its comms sizes itself by the data: its bytes
+    # are left out everywhere (in another comm its members may contribute equal sizes by chance)
+    uneven = (ops.filter((pl.col("kind") == "collective") & (pl.col("comm_id") >= 0))
+              .group_by("comm_id").agg(pl.col("op").first(), (pl.col("bytes").n_unique() > 1).alias("uneven"))
+              .filter(pl.col("uneven"))["op"].unique())
+    ops = (ops.with_columns(pl.when((pl.col("kind") == "collective") & pl.col("op").is_in(uneven.implode()))
+                            .then(pl.lit("v")).otherwise(pl.col("bytes").cast(pl.Utf8)).alias("size"))
            .sort("rank", "seq"))
     digests = {}
     for (rank,), part in ops.group_by(["rank"], maintain_order=True):
         h = hashlib.blake2b(digest_size=8)
-        for kind, op, nbytes in zip(part["kind"].to_list(), part["op"].to_list(), part["bytes"].to_list()):
-            h.update(f"{kind}:{op}:{nbytes};".encode())
+        h.update(";".join(f"{k}:{o}:{b}" for k, o, b in zip(part["kind"].to_list(), part["op"].to_list(),
+                                                            part["size"].to_list())).encode())
         digests[rank] = h.hexdigest()
     pp = dict(zip(ranks["rank"].to_list(), ranks["pp"].to_list()))
     return {r: f"pp{pp.get(r, -1)}-{d}" for r, d in digests.items()}
 
 
-def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Table:
-    try:
-        events = pl.from_arrow(artifacts.read_parquet(graph_dir / "events.parquet"))
-        comms = pl.from_arrow(artifacts.read_parquet(graph_dir / "comms.parquet"))
-        ranks = pl.from_arrow(artifacts.read_parquet(graph_dir / "ranks.parquet"))
-    except (FileNotFoundError, OSError) as exc:
-        raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
-    world = ranks.height
-    if devices < 1:
-        raise PlanError(f"--devices must be at least 1 (got {devices})")
-    slices = cluster(world, devices, _pair_weights(comms, devices))
-    classes = rank_classes(events, ranks)
+class Places:
+    """Where a rank sits in a slice: for each group it communicates in, (desc, size, members in the slice),
+    and (p2p peers, of them in the slice)."""
+
+    def __init__(self, comms: pl.DataFrame, groups: pl.DataFrame | None) -> None:
+        self.groups_of: dict[int, list[int]] = defaultdict(list)
+        self.label: list[tuple[str, int]] = []
+        used = {g for g in comms["group"].cast(pl.Utf8).unique().to_list() if g is not None}
+        if groups is not None:
+            for name, desc, members in zip(groups["group"].to_list(), groups["desc"].to_list(),
+                                           groups["members"].to_list()):
+                if name not in used:
+                    continue
+                gid = len(self.label)
+                self.label.append((desc or "", len(members)))
+                for m in members:
+                    self.groups_of[m].append(gid)
+        self.peers: dict[int, set[int]] = defaultdict(set)
+        p2p = comms.filter(pl.col("kind").cast(pl.Utf8) == "p2p").select("src", "dst").unique()
+        for a, b in zip(p2p["src"].to_list(), p2p["dst"].to_list()):
+            if a >= 0 and b >= 0 and a != b:
+                self.peers[a].add(b)
+                self.peers[b].add(a)
+
+    def of(self, members: list[int]) -> dict[int, str]:
+        inside: dict[int, int] = defaultdict(int)
+        for r in members:
+            for g in self.groups_of.get(r, ()):
+                inside[g] += 1
+        here = set(members)
+        out = {}
+        for r in members:
+            place = sorted((*self.label[g], inside[g]) for g in self.groups_of.get(r, ()))
+            peers = self.peers.get(r, set())
+            text = repr((place, len(peers), len(peers & here)))
+            out[r] = hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+        return out
+
+
+def representatives_of(slices: list[list[int]], work: dict[int, str], places: Places,
+                       representative: bool) -> tuple[dict[int, str], dict[int, int]]:
+    """(rank -> class in its slice, slice -> the slice measuring it)."""
+    classes: dict[int, str] = {}
     measured_by: dict[int, int] = {}
     seen: dict[tuple, int] = {}
     for k, members in enumerate(slices):
-        signature = tuple(sorted(classes.get(r, str(r)) for r in members))
+        where = places.of(members)
+        for r in members:
+            classes[r] = f"{work.get(r, str(r))}-{where[r]}"
+        signature = tuple(sorted(classes[r] for r in members))
         if representative and signature in seen:
             measured_by[k] = seen[signature]
         else:
             seen.setdefault(signature, k)
             measured_by[k] = k
+    return classes, measured_by
+
+
+def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Table:
+    try:
+        events = pl.from_arrow(artifacts.read_parquet(graph_dir / "events.parquet",
+                                                      columns=["rank", "seq", "kind", "op", "bytes", "comm_id"]))
+        comms = pl.from_arrow(artifacts.read_parquet(graph_dir / "comms.parquet",
+                                                     columns=["kind", "group", "src", "dst", "members", "bytes"]))
+        ranks = pl.from_arrow(artifacts.read_parquet(graph_dir / "ranks.parquet"))
+        groups = (pl.from_arrow(artifacts.read_parquet(graph_dir / "groups.parquet"))
+                  if (graph_dir / "groups.parquet").is_file() else None)
+    except (FileNotFoundError, OSError) as exc:
+        raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
+    if devices < 1:
+        raise PlanError(f"--devices must be at least 1 (got {devices})")
+    return plan_tables(events, comms, ranks, groups, devices, representative)
+
+
+def plan_tables(events: pl.DataFrame, comms: pl.DataFrame, ranks: pl.DataFrame, groups: pl.DataFrame | None,
+                devices: int, representative: bool = False) -> pa.Table:
+    """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id), comms (kind, group, src,
+    dst, members, bytes), ranks (rank, pp), groups (group, desc, members) or None."""
+    world = ranks.height
+    slices = cluster(world, devices, _pair_weights(comms, devices))
+    classes, measured_by = representatives_of(slices, rank_classes(events, ranks), Places(comms, groups),
+                                              representative)
     rows = {"slice": [], "rank": [], "rank_class": [], "measured_by": [], "measured": []}
     for k, members in enumerate(slices):
         for r in members:
@@ -145,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{measured} measured ({100 * (1 - measured / n):.0f}% of the slice runs saved)")
     if args.representative and measured == n:
         print(f"prism slices plan: --representative saved nothing here: no two of the {n} slices hold the same "
-              "classes of equivalent ranks (ranks are equivalent when they sit at the same pipeline stage and issue "
-              "the same sequence of operations), so every slice is measured", file=sys.stderr)
+              "classes of equivalent ranks (ranks are equivalent when they sit at the same pipeline stage, issue "
+              "the same sequence of operations and have as many of each group's members beside them in their "
+              "slice), so every slice is measured", file=sys.stderr)
     return 0
 
 
