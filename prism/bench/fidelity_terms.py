@@ -1,0 +1,248 @@
+"""Which measurement carries a prediction's error: another run's measurements swapped into a real run's own inputs,
+one class of events at a time.
+
+    python -m prism.bench.fidelity_terms CONFIG_DIR [CONFIG_DIR ...] [--pass slices|slices_timed]
+    python -m prism.bench.fidelity_terms --against OTHER_JOB JOB
+
+The calibration sweep is exact on a real run's own measurements (`prism.bench.fidelity_model`: within 0.2 % on the
+committed truths). So the sweep on truth0's graph with its own inputs, but one class of them taken from the slice runs
+(a CONFIG_DIR of `prism bench fidelity --work DIR`, or a device run's tables unpacked: `truth0/graph/`,
+`prism0/graph/`, `prism0/slices/plan.parquet`, `prism0/<pass>/{durations,transfers}.parquet`), says how much of the
+prediction's error that class carries. Events are matched by (rank, seq): the capture and the real graph align.
+Classes: **compute**; **ops+markers** (an op's issue span, markers); the **comm delays** (each blocking wait's own
+time and the comm's transfer: `durations.measured_run`'s terms of the clock rule) of **p2p** comms, of
+**collectives in one slice** (every member ran for real in the same slice run) and of **collectives across slices**
+(members in different slice runs: each slice measured its own members against its replayed peers); **all** (every
+input from the slices: the prediction itself, on truth0's graph). Each is the error % of the iteration time against
+the sweep on truth0's own inputs. Per CONFIG_DIR also: each slice run's compute speed (its compute events' CPU time
+over truth0's on the same events), and the drain of the largest burst of async collectives (ms between completions,
+after the first third of the burst) of the slice run's first rank, in the slice run and in truth0.
+
+``--against OTHER_JOB JOB``: the same classes (compute, ops+markers, comm delays, all) taken from another *real* run of
+the same program (a job folder with ``graph/``). This is the floor of a swap: the delays of one run fit its own
+compute (a rank's stall lands where that run had slack), so moving one class between two real runs of one config
+already moves the iteration time by several % (docs/fidelity.md, session 10), while 'all' gives the other run's own
+time. A class's term is attribution, not error, unless it exceeds that floor.
+
+Analysis only: nothing here feeds a prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from prism import artifacts
+from prism.calibrate import durations as rules
+from prism.calibrate.arrays import K_COLLECTIVE, K_COMPUTE, K_MARKER, K_RECV, K_SEND, K_WAIT
+
+NO_SLICE = -1
+
+
+def measured(job) -> tuple[np.ndarray, np.ndarray]:
+    """A real run's own inputs of the sweep (`durations.measured_run`): durations per event, transfer per comm."""
+    g, c = job.graph, job.columns
+    return rules.measured_run(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
+                              c["t_complete_ns"], g.n_comms)
+
+
+def iteration_ms(job, durations: np.ndarray, transfer: np.ndarray) -> float:
+    """The sweep's iteration time (`prism.iterations`: median over k >= 1) on `job`'s graph with these inputs."""
+    from prism.calibrate.stage import iterations_table
+    from prism.calibrate.sweep import discover
+    from prism.iterations import iteration_times
+
+    _, timeline = discover(job.graph, durations.astype(np.int64), transfer.astype(np.int64))
+    it = iterations_table(job, timeline)
+    return iteration_times(it["iteration"].to_numpy(), it["end_ns"].to_numpy()).median_ms
+
+
+def _aligned(a, b, what: str) -> np.ndarray:
+    """The comm map a -> b of two graphs of one program (same ranks, seqs and kinds), by their member events."""
+    if not (np.array_equal(a.rank, b.rank) and np.array_equal(a.seq, b.seq)
+            and np.array_equal(a.graph.kind, b.graph.kind)):
+        raise ValueError(f"{what}: the two graphs do not align event by event (rank, seq, kind): not one program")
+    cmap = np.full(a.graph.n_comms, -1, dtype=np.int64)
+    ops = np.flatnonzero(a.graph.comm >= 0)
+    cmap[a.graph.comm[ops]] = b.graph.comm[ops]
+    return cmap
+
+
+def _by_id(path: Path, key: str, value: str, ids: np.ndarray) -> np.ndarray:
+    table = artifacts.read_parquet(path, columns=[key, value], versioned=False)
+    pos = {int(x): i for i, x in enumerate(table[key].to_numpy())}
+    col = table[value].to_numpy()
+    return np.array([col[pos[int(x)]] for x in ids], dtype=np.int64)
+
+
+def _wait_comm(g) -> np.ndarray:
+    """Per event: the comm a blocking wait (on a collective or a recv) waits for, else -1."""
+    out = np.full(len(g.kind), -1, dtype=np.int64)
+    w = np.flatnonzero((g.kind == K_WAIT) & (g.wait_op >= 0))
+    w = w[g.kind[g.wait_op[w]] != K_SEND]
+    out[w] = g.comm[g.wait_op[w]]
+    return out
+
+
+def swap_terms(job, own: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray],
+               comm_classes: dict[str, np.ndarray]) -> dict[str, float]:
+    """Error % of the sweep's iteration time when one class of `other`'s inputs replaces `own`'s (both in `job`'s
+    event and comm order): 'compute', 'ops+markers', 'comm delays: <class>' for each comm class (a bool per
+    comm), 'all'. The base is the sweep on `own` ('own ms')."""
+    dur, x = own
+    o_dur, o_x = other
+    k = job.graph.kind
+    base = iteration_ms(job, dur, x)
+    pct = lambda v: 100 * (v - base) / base  # noqa: E731
+    out = {"own ms": base}
+    for name, sel in (("compute", k == K_COMPUTE),
+                      ("ops+markers", np.isin(k, (K_COLLECTIVE, K_SEND, K_RECV, K_MARKER)))):
+        out[name] = pct(iteration_ms(job, np.where(sel, o_dur, dur), x))
+    waits = _wait_comm(job.graph)
+    for name, cls in comm_classes.items():
+        if cls.any():
+            sel = (waits >= 0) & cls[np.maximum(waits, 0)]
+            out[f"comm delays: {name}"] = pct(iteration_ms(job, np.where(sel, o_dur, dur), np.where(cls, o_x, x)))
+    out["all"] = pct(iteration_ms(job, o_dur, o_x))
+    return out
+
+
+def slice_of_events(config_dir: Path, job) -> np.ndarray:
+    """Per event of the (aligned) graph: the slice whose run measured its rank (the plan), -1 if none."""
+    plan = artifacts.read_parquet(config_dir / "prism0" / "slices" / "plan.parquet").to_pylist()
+    by_rank = {r["rank"]: r["slice"] for r in plan if r["measured"]}
+    return np.array([by_rank.get(int(r), NO_SLICE) for r in job.rank], dtype=np.int64)
+
+
+def comm_classes(job, slice_of: np.ndarray) -> dict[str, np.ndarray]:
+    """p2p comms; collectives whose members all ran in one slice run; collectives across slice runs."""
+    g = job.graph
+    ops = np.flatnonzero(g.comm >= 0)
+    p2p = np.zeros(g.n_comms, dtype=bool)
+    p2p[g.comm[ops[g.kind[ops] == K_RECV]]] = True
+    lo = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(g.n_comms, -1, dtype=np.int64)
+    np.minimum.at(lo, g.comm[ops], slice_of[ops])
+    np.maximum.at(hi, g.comm[ops], slice_of[ops])
+    return {"p2p": p2p, "collectives in one slice": ~p2p & (lo == hi), "collectives across slices": ~p2p & (lo != hi)}
+
+
+def slice_inputs(config_dir: Path, truth, pass_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """What calibration took from a slice pass (its durations and transfers tables), in truth0's order."""
+    from prism.calibrate.stage import load_graph
+
+    cap = load_graph(config_dir / "prism0")
+    cmap = _aligned(truth, cap, str(config_dir))
+    folder = config_dir / "prism0" / pass_dir
+    dur = _by_id(folder / "durations.parquet", "event_id", "duration_ns", cap.event_ids)
+    x = _by_id(folder / "transfers.parquet", "comm_id", "transfer_ns", cap.comm_ids)
+    return dur, x[cmap]
+
+
+def _slice_runs(config_dir: Path, pass_dir: str, cap) -> list[tuple[str, dict[str, np.ndarray]]]:
+    pos = {int(e): i for i, e in enumerate(cap.event_ids)}
+    runs = []
+    for path in sorted((config_dir / "prism0" / pass_dir).glob("slice=*/events.parquet")):
+        ev = artifacts.read_parquet(path, columns=["event_id", "t_start_ns", "t_end_ns", "t_complete_ns", "device_ns"])
+        rows = np.array([pos[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
+        cols = {name: np.full(len(cap.event_ids), -1, dtype=np.int64)
+                for name in ("t_start_ns", "t_end_ns", "t_complete_ns", "device_ns")}
+        for name, arr in cols.items():
+            arr[rows] = ev[name].to_numpy()
+        runs.append((path.parent.name, cols))
+    return runs
+
+
+def compute_speed(truth, run: dict[str, np.ndarray]) -> float:
+    """A slice run's compute CPU time over truth0's, on the compute events of iterations >= 1 it measured."""
+    sel = (truth.graph.kind == K_COMPUTE) & (truth.iteration >= 1) & (run["device_ns"] >= 0)
+    return float(run["device_ns"][sel].sum() / max(truth.columns["device_ns"][sel].sum(), 1))
+
+
+def burst_drain_ms(job, is_async: np.ndarray, times: dict[str, np.ndarray], rank: int = 0) -> float:
+    """Median over iterations >= 1 of how far apart `rank`'s async collectives of the iteration's largest group
+    burst complete (as the rank saw them: its wait's end), after the first third of the burst: ms per op. A
+    backlog (ops issued faster than they complete) drains at the comm's own pace. NaN without a burst."""
+    g = job.graph
+    seen = np.full(len(g.kind), -1, dtype=np.int64)
+    w = np.flatnonzero((g.kind == K_WAIT) & (g.wait_op >= 0))
+    seen[g.wait_op[w]] = times["t_end_ns"][w]
+    rates = []
+    for it in np.unique(job.iteration[job.iteration >= 1]):
+        ops = np.flatnonzero((job.rank == rank) & (job.iteration == it) & (g.kind == K_COLLECTIVE) & (seen >= 0)
+                             & is_async)
+        if len(ops) < 6:
+            continue
+        s = np.sort(seen[ops])
+        third = len(s) // 3
+        rates.append((s[-1] - s[third]) / 1e6 / (len(s) - 1 - third))
+    return float(np.median(rates)) if rates else float("nan")
+
+
+def report(config_dir: Path, pass_dir: str) -> list[str]:
+    from prism.calibrate.stage import load_graph
+
+    truth = load_graph(config_dir / "truth0")
+    cap = load_graph(config_dir / "prism0")
+    classes = comm_classes(truth, slice_of_events(config_dir, truth))
+    terms = swap_terms(truth, measured(truth), slice_inputs(config_dir, truth, pass_dir), classes)
+    lines = [f"{config_dir}  ({pass_dir} into truth0's own inputs; sweep on them {terms.pop('own ms'):.2f} ms)",
+             "  " + " | ".join(f"{k} {v:+.1f} %" for k, v in terms.items())]
+    ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet", columns=["rank", "seq", "is_async"])
+    order = np.lexsort((ev["seq"].to_numpy(), ev["rank"].to_numpy()))  # load_graph's order
+    is_async = ev["is_async"].to_numpy(zero_copy_only=False)[order]
+    speed, drain = [], []
+    for name, run in _slice_runs(config_dir, pass_dir, cap):
+        speed.append(f"{name} {compute_speed(truth, run):.2f}")
+        rank = int(truth.rank[np.flatnonzero(run["t_end_ns"] >= 0)[0]])
+        drain.append(f"{name} (rank {rank}) {burst_drain_ms(truth, is_async, run, rank):.2f} "
+                     f"truth0 {burst_drain_ms(truth, is_async, truth.columns, rank):.2f}")
+    lines.append("  compute CPU vs truth0: " + " ".join(speed))
+    lines.append("  async burst drain, ms per op: " + " ".join(drain))
+    return lines
+
+
+def against(job_dir: Path, other_dir: Path) -> list[str]:
+    from prism.calibrate.stage import load_graph
+
+    job, other = load_graph(job_dir), load_graph(other_dir)
+    cmap = _aligned(job, other, f"{job_dir} vs {other_dir}")
+    o_dur, o_x = measured(other)
+    every = np.ones(job.graph.n_comms, dtype=bool)
+    terms = swap_terms(job, measured(job), (o_dur, o_x[cmap]), {"all comms": every})
+    return [f"{job_dir} <- {other_dir}  (sweep on its own inputs {terms.pop('own ms'):.2f} ms)",
+            "  " + " | ".join(f"{k} {v:+.1f} %" for k, v in terms.items())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_terms", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    parser.add_argument("--pass", dest="pass_dir", default="slices_timed", choices=("slices", "slices_timed"))
+    parser.add_argument("--against", type=Path, metavar="OTHER_JOB",
+                        help="another real run's job folder: swap its measurements into each DIR (a job folder)")
+    args = parser.parse_args(argv)
+    status = 0
+    for d in args.dirs:
+        need = [d / "graph"] if args.against else [d / "truth0" / "graph", d / "prism0" / args.pass_dir]
+        missing = [p for p in need + ([args.against / "graph"] if args.against else []) if not p.is_dir()]
+        if missing:
+            print(f"prism fidelity_terms: error: {missing[0]} is missing (a config folder of `prism bench fidelity "
+                  "--work DIR`, or with --against two job folders holding graph/)", file=sys.stderr)
+            status = 2
+            continue
+        try:
+            lines = against(d, args.against) if args.against else report(d, args.pass_dir)
+        except (ValueError, KeyError, artifacts.ArtifactError) as exc:
+            print(f"prism fidelity_terms: error: {d}: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        print("\n".join(lines), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
