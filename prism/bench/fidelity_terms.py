@@ -1,7 +1,7 @@
 """Which measurement carries a prediction's error: another run's measurements swapped into a real run's own inputs,
 one class of events at a time.
 
-    python -m prism.bench.fidelity_terms CONFIG_DIR [CONFIG_DIR ...] [--pass slices|slices_timed]
+    python -m prism.bench.fidelity_terms CONFIG_DIR [CONFIG_DIR ...] [--pass slices|slices_timed] [--rule R]
     python -m prism.bench.fidelity_terms --against OTHER_JOB JOB
 
 The calibration sweep is exact on a real run's own measurements (`prism.bench.fidelity_model`: within 0.2 % on the
@@ -142,14 +142,60 @@ def slice_inputs(config_dir: Path, truth, pass_dir: str) -> tuple[np.ndarray, np
     return dur, x[cmap]
 
 
-def _slice_runs(config_dir: Path, pass_dir: str, cap) -> list[tuple[str, dict[str, np.ndarray]]]:
+RULES = ("saved", "min", "mean", "max")
+
+
+def slice_inputs_by_rule(config_dir: Path, truth, pass_dir: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """A timed pass's inputs recomputed from its slice events with another rule for a comm measured by several
+    slice runs: its transfer the smallest ('min': `from_slices`' rule, and each member keeps its own delay as its
+    wait's own time), or the mean / the largest of the slices' first-member delays, each member's own time its lag
+    behind its *own* slice's first member. Analysis of the rule only (docs/fidelity.md, session 10)."""
+    from prism.calibrate.from_slices import _replayed, member_delays
+    from prism.calibrate.stage import load_graph
+
+    cap = load_graph(config_dir / "prism0")
+    cmap = _aligned(truth, cap, str(config_dir))
+    g = cap.graph
+    none = np.iinfo(np.int64).max
+    cpos = {int(c): i for i, c in enumerate(cap.comm_ids)}
+    runs = _slice_runs(config_dir, pass_dir, cap, extra=("cpu_ns",))
+    own = np.full(len(cap.event_ids), -1, dtype=np.int64)
+    issues, firsts = [], []
+    for name, t in runs:
+        rows = np.flatnonzero(t["t_end_ns"] >= 0)
+        own[rows] = rules.own_ns(g.kind, t["device_ns"], t["cpu_ns"])[rows]
+        issues.append(_replayed(config_dir / "prism0" / pass_dir / name / "replay.parquet", cpos))
+        firsts.append(member_delays(g.kind, g.comm, g.wait_op, t["t_start_ns"], t["t_end_ns"], t["t_complete_ns"],
+                                    rows, g.n_comms, issues[-1]))
+    f = np.stack(firsts)
+    seen = f != none
+    got = seen.any(axis=0)
+    x = np.zeros(g.n_comms, dtype=np.int64)
+    if rule == "min":
+        x[got] = f.min(axis=0)[got]
+    elif rule == "mean":
+        x[got] = np.where(seen, f, 0).sum(axis=0)[got] // seen.sum(axis=0)[got]
+    else:
+        x[got] = np.where(seen, f, -1).max(axis=0)[got]
+    dur = np.zeros(len(cap.event_ids), dtype=np.int64)
+    for (name, t), rep, fk in zip(runs, issues, firsts):
+        rows = np.flatnonzero(t["t_end_ns"] >= 0)
+        lag_base = x if rule == "min" else np.where(fk != none, fk, x)
+        part, _ = rules.measured_run(g.kind, g.comm, g.wait_op, own, t["t_start_ns"], t["t_end_ns"],
+                                     t["t_complete_ns"], g.n_comms, transfer=lag_base, issues=rep)
+        dur[rows] = part[rows]
+    return dur, x[cmap]
+
+
+def _slice_runs(config_dir: Path, pass_dir: str, cap, extra: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """Each slice run of a pass: (its folder name, its events' times in the capture graph's order, -1 elsewhere)."""
     pos = {int(e): i for i, e in enumerate(cap.event_ids)}
+    names = ("t_start_ns", "t_end_ns", "t_complete_ns", "device_ns", *extra)
     runs = []
     for path in sorted((config_dir / "prism0" / pass_dir).glob("slice=*/events.parquet")):
-        ev = artifacts.read_parquet(path, columns=["event_id", "t_start_ns", "t_end_ns", "t_complete_ns", "device_ns"])
+        ev = artifacts.read_parquet(path, columns=["event_id", *names])
         rows = np.array([pos[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
-        cols = {name: np.full(len(cap.event_ids), -1, dtype=np.int64)
-                for name in ("t_start_ns", "t_end_ns", "t_complete_ns", "device_ns")}
+        cols = {name: np.full(len(cap.event_ids), -1, dtype=np.int64) for name in names}
         for name, arr in cols.items():
             arr[rows] = ev[name].to_numpy()
         runs.append((path.parent.name, cols))
@@ -182,14 +228,17 @@ def burst_drain_ms(job, is_async: np.ndarray, times: dict[str, np.ndarray], rank
     return float(np.median(rates)) if rates else float("nan")
 
 
-def report(config_dir: Path, pass_dir: str) -> list[str]:
+def report(config_dir: Path, pass_dir: str, rule: str = "saved") -> list[str]:
     from prism.calibrate.stage import load_graph
 
     truth = load_graph(config_dir / "truth0")
     cap = load_graph(config_dir / "prism0")
     classes = comm_classes(truth, slice_of_events(config_dir, truth))
-    terms = swap_terms(truth, measured(truth), slice_inputs(config_dir, truth, pass_dir), classes)
-    lines = [f"{config_dir}  ({pass_dir} into truth0's own inputs; sweep on them {terms.pop('own ms'):.2f} ms)",
+    inputs = slice_inputs(config_dir, truth, pass_dir) if rule == "saved" else \
+        slice_inputs_by_rule(config_dir, truth, pass_dir, rule)
+    terms = swap_terms(truth, measured(truth), inputs, classes)
+    what = pass_dir if rule == "saved" else f"{pass_dir} with the {rule!r} rule across slices"
+    lines = [f"{config_dir}  ({what} into truth0's own inputs; sweep on them {terms.pop('own ms'):.2f} ms)",
              "  " + " | ".join(f"{k} {v:+.1f} %" for k, v in terms.items())]
     ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet", columns=["rank", "seq", "is_async"])
     order = np.lexsort((ev["seq"].to_numpy(), ev["rank"].to_numpy()))  # load_graph's order
@@ -222,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
     parser.add_argument("--pass", dest="pass_dir", default="slices_timed", choices=("slices", "slices_timed"))
+    parser.add_argument("--rule", choices=RULES, default="saved",
+                        help="the pass's inputs as calibration saved them, or recomputed from a timed pass's slice "
+                             "events with another rule for comms measured by several slices (slice_inputs_by_rule)")
     parser.add_argument("--against", type=Path, metavar="OTHER_JOB",
                         help="another real run's job folder: swap its measurements into each DIR (a job folder)")
     args = parser.parse_args(argv)
@@ -235,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             status = 2
             continue
         try:
-            lines = against(d, args.against) if args.against else report(d, args.pass_dir)
+            lines = against(d, args.against) if args.against else report(d, args.pass_dir, args.rule)
         except (ValueError, KeyError, artifacts.ArtifactError) as exc:
             print(f"prism fidelity_terms: error: {d}: {exc}", file=sys.stderr)
             status = 2
