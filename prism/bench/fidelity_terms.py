@@ -16,7 +16,8 @@ time and the comm's transfer: `durations.measured_run`'s terms of the clock rule
 input from the slices: the prediction itself, on truth0's graph). Each is the error % of the iteration time against
 the sweep on truth0's own inputs. Per CONFIG_DIR also: each slice run's compute speed (its compute events' CPU time
 over truth0's on the same events), and the drain of the largest burst of async collectives (ms between completions,
-after the first third of the burst) of the slice run's first rank, in the slice run and in truth0.
+after the first third of the burst) of the slice run's first rank, in the slice run and in truth0; the compute spans'
+excess over the CPU time at truth0's wall/CPU; the bytes of reductions in groups of more than two members.
 
 ``--against OTHER_JOB JOB``: the same classes (compute, ops+markers, comm delays, all) taken from another *real* run of
 the same program (a job folder with ``graph/``). This is the floor of a swap: the delays of one run fit its own
@@ -208,6 +209,32 @@ def compute_speed(truth, run: dict[str, np.ndarray]) -> float:
     return float(run["device_ns"][sel].sum() / max(truth.columns["device_ns"][sel].sum(), 1))
 
 
+def compute_wall_excess_ms(truth, run: dict[str, np.ndarray]) -> float:
+    """How much longer a slice run's compute spans are than its CPU time at truth0's wall/CPU ratio would make
+    them: ms per rank-iteration (iterations >= 1); what shares a slice rank's core shows here."""
+    c = truth.columns
+    sel = (truth.graph.kind == K_COMPUTE) & (truth.iteration >= 1)
+    ratio = (c["t_end_ns"] - c["t_start_ns"])[sel].sum() / max(c["device_ns"][sel].sum(), 1)
+    sel &= run["device_ns"] >= 0
+    n = len(np.unique(truth.rank[sel])) * len(np.unique(truth.iteration[sel]))
+    wall = (run["t_end_ns"] - run["t_start_ns"])[sel].sum()
+    return float((wall - ratio * run["device_ns"][sel].sum()) / 1e6 / max(n, 1))
+
+
+def loaded_result_mb(config_dir: Path) -> float:
+    """MB per rank-iteration (iterations >= 1) of the reductions in groups of more than two members: the
+    captured results a slice rank loads (`runtime/slice/transport.py`, CapturedResults)."""
+    ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet",
+                                columns=["rank", "kind", "op", "group", "bytes", "iteration"]).to_pylist()
+    groups = artifacts.read_parquet(config_dir / "truth0" / "graph" / "groups.parquet", columns=["group", "ring"])
+    size = {str(g): len(r) for g, r in zip(groups["group"].to_pylist(), groups["ring"].to_pylist())}
+    later = [e for e in ev if e["iteration"] >= 1]
+    n = len({e["rank"] for e in later}) * len({e["iteration"] for e in later})
+    total = sum(e["bytes"] for e in later if e["kind"] == "collective" and size.get(str(e["group"]), 0) > 2
+                and e["op"] in ("all_reduce", "allreduce_coalesced", "reduce_scatter", "reduce"))
+    return total / 1e6 / max(n, 1)
+
+
 def burst_drain_ms(job, is_async: np.ndarray, times: dict[str, np.ndarray], rank: int = 0) -> float:
     """Median over iterations >= 1 of how far apart `rank`'s async collectives of the iteration's largest group
     burst complete (as the rank saw them: its wait's end), after the first third of the burst: ms per op. A
@@ -245,12 +272,15 @@ def report(config_dir: Path, pass_dir: str, rule: str = "saved") -> list[str]:
     is_async = ev["is_async"].to_numpy(zero_copy_only=False)[order]
     speed, drain = [], []
     for name, run in _slice_runs(config_dir, pass_dir, cap):
-        speed.append(f"{name} {compute_speed(truth, run):.2f}")
+        speed.append(f"{name} {compute_speed(truth, run):.2f} (wall beyond truth0's wall/CPU "
+                     f"{compute_wall_excess_ms(truth, run):+.1f} ms per rank-iteration)")
         rank = int(truth.rank[np.flatnonzero(run["t_end_ns"] >= 0)[0]])
         drain.append(f"{name} (rank {rank}) {burst_drain_ms(truth, is_async, run, rank):.2f} "
                      f"truth0 {burst_drain_ms(truth, is_async, truth.columns, rank):.2f}")
     lines.append("  compute CPU vs truth0: " + " ".join(speed))
     lines.append("  async burst drain, ms per op: " + " ".join(drain))
+    lines.append(f"  reductions in groups of > 2 members (captured results a slice rank loads): "
+                 f"{loaded_result_mb(config_dir):.2f} MB per rank-iteration")
     return lines
 
 
