@@ -97,7 +97,10 @@ def swap_terms(job, own: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray,
     o_dur, o_x = other
     k = job.graph.kind
     base = iteration_ms(job, dur, x)
-    pct = lambda v: 100 * (v - base) / base  # noqa: E731
+
+    def pct(ms: float) -> float:
+        return 100 * (ms - base) / base
+
     out = {"own ms": base}
     for name, sel in (("compute", k == K_COMPUTE),
                       ("ops+markers", np.isin(k, (K_COLLECTIVE, K_SEND, K_RECV, K_MARKER)))):
