@@ -204,13 +204,13 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
         for i in range(max(repeats, prism_runs)):
             if i < repeats:
                 t = time.perf_counter()
-                run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=(i == 0))
+                run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=True)
                 res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
                 res.truth_ms.append(_median_gap_ms(*truth_ends(base / f"truth{i}")))
                 res.truth_rank_ms.append(fidelity_sandbox.rank_iteration_ms(
                     *truth_rank_ends(base / f"truth{i}"), cfg.world))
-                if i > 0:
-                    shutil.rmtree(base / f"truth{i}", ignore_errors=True)
+                if i > 0:  # its graph stays (a second real run to compare with: fidelity_terms --against)
+                    shutil.rmtree(base / f"truth{i}" / "raw", ignore_errors=True)
             if i < prism_runs:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)

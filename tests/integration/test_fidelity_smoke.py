@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the truth pins W=2 ranks to 2 cores")
 def test_fidelity_smoke(tmp_path):
     proc = run_prism(["bench", "fidelity", "--configs", "dp2", "--repeats", "2", "--steps", "3", "--small",
-                      "--out", str(tmp_path), "--work", str(tmp_path)], timeout=170)
+                      "--out", str(tmp_path), "--work", str(tmp_path)], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "| config | W | P | layout | truth ms |" in out
@@ -41,6 +43,12 @@ def test_fidelity_smoke(tmp_path):
     assert emulated.get("error") is None and emulated["rank"] == 0 and emulated["sandbox_ranks"] == [0], emulated
     assert emulated["sandbox_ms"] > 0 and not result[0]["pred_untimed_ms"], result[0]  # one pass by default
     assert (tmp_path / "fidelity.md").is_file()
+    # every truth run's graph is kept (its raw events are not): two real runs of one session to compare
+    assert (tmp_path / "dp2" / "truth1" / "graph" / "events.parquet").is_file()
+    assert not (tmp_path / "dp2" / "truth1" / "raw").exists()
+    terms = subprocess.run([sys.executable, "-m", "prism.bench.fidelity_terms", str(tmp_path / "dp2" / "truth0"),
+                            "--against", str(tmp_path / "dp2" / "truth1")], capture_output=True, text=True, timeout=60)
+    assert terms.returncode == 0 and "| all " in terms.stdout, terms.stdout + terms.stderr
 
     # the saved runs calibrate again to the same row (nothing re-run; the truth comes from fidelity.json)
     rescored = tmp_path / "rescored"
