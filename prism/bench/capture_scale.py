@@ -140,9 +140,10 @@ def _folder_bytes(path: Path) -> int:
 
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
             warmup: bool = True, timeout: float | None = None, emulate: bool = False, slices: bool = False,
-            layouts: dict | None = None, save=None) -> dict:
+            layouts: dict | None = None, save=None, keep_report: Path | None = None) -> dict:
     """One size: the capture (its failure raises: no stage ran), then the stages, each kept in the row
-    whatever a later one does (`Stages`)."""
+    whatever a later one does (`Stages`). `keep_report`: a folder to copy the size's report into (as
+    report-wW.html) before its job is removed."""
     layouts = layouts or LAYOUTS
     job = work / f"w{w}"
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(w), "--mode", "capture", "--devices",
@@ -202,6 +203,10 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     try:
         _after_capture(job, devices, pipeline, emulate, slices, stages)
     finally:
+        report = job / "report" / "report.html"
+        if keep_report is not None and report.is_file():
+            keep_report.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(report, keep_report / f"report-w{w}.html")
         shutil.rmtree(job, ignore_errors=True)
     return row
 
@@ -352,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds: skip a size whose extrapolated capture would not end in time")
     parser.add_argument("--json", type=Path, help="write the rows to this file (after each size)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: a temporary one)")
+    parser.add_argument("--keep-report", type=Path, metavar="DIR",
+                        help="copy each size's report (with --slices --emulate) to DIR/report-wW.html")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     from prism.bench.scale_slices import WEAK
@@ -388,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows.append(run_one(w, args.devices, args.steps, not args.no_payloads, work, args.pipeline,
                                 not args.no_warmup, timeout=left, emulate=args.emulate, slices=args.slices,
-                                layouts=layouts, save=save))
+                                layouts=layouts, save=save, keep_report=args.keep_report))
         except RuntimeError as exc:
             rows.append({"W": w, "skipped": one_line(exc), "failed_stage": "capture"})
             print(f"  W={w}: {exc}", file=sys.stderr, flush=True)
