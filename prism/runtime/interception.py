@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from prism.runtime import markers, modes, oom, watchdog
-from prism.runtime.capture import client as capture
+from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
 from prism.runtime.backend import PrismProcessGroup
@@ -34,6 +34,9 @@ _state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": []
 
 def recorder() -> Recorder | None:
     return _state["recorder"]
+
+
+oom.locate_with(recorder)  # an out-of-memory failure says where the rank was
 
 
 def _ensure_recorder() -> Recorder | None:
@@ -64,7 +67,7 @@ def _captured_results():
 
 def _drain() -> None:
     """A capture drain point: complete pending ops; the parked time is no one's compute."""
-    if capture.client().drain() and _state["recorder"] is not None:
+    if capture_client.client().drain() and _state["recorder"] is not None:
         _state["recorder"].resync()
 
 
@@ -101,7 +104,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
 
 def _common_start(store, rec: Recorder | None) -> None:
     """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
-    timeline starts at their common t0 (`timed_replay.common_start`)."""
+    timeline starts at their common t0 (`replay.clock.common_start`)."""
     if _state.get("t0_ns") is None:
         from prism.runtime.emulate.transport import sandbox_ranks
         from prism.runtime.emulate.common_start import common_start
@@ -121,7 +124,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
     if mode_.coordinator:
-        capture.install_future_helpers()
+        capture_client.install_future_helpers()
         nonmember_groups.install()  # a rank outside a new group: answered without torch's per-call work
     original = c10d._new_process_group_helper
 
@@ -203,7 +206,7 @@ def install_from_env() -> None:
 def start_rank() -> None:
     """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
     if modes.get(_state["mode"]).coordinator:
-        capture.client().start()
+        capture_client.client().start()
     oom.apply_limit()  # --rank-memory-gb: after the slot, so that CUDA starts where the rank runs
 
 
@@ -213,15 +216,15 @@ def finish(code: int = 0) -> None:
         return
     _state["finished"] = True
     watchdog.stop()
-    linked = capture.linked()  # capture mode, in a rank (not in the zygote)
+    linked = capture_client.linked()  # capture mode, in a rank (not in the zygote)
     if linked and code == 0:
-        capture.client().drain()
+        capture_client.client().drain()
     rec = _state["recorder"]
     if rec is not None and code == 0:
         rec.close()
     if _state["mode"] == "emulate" and code == 0:
-        from prism.runtime.emulate import transport as emulation
+        from prism.runtime.emulate.transport import write_rank_stats
 
-        emulation.write_rank_stats(int(os.environ.get("RANK", "0")))
+        write_rank_stats(int(os.environ.get("RANK", "0")))
     if linked:
-        capture.client().finish(code)
+        capture_client.client().finish(code)

@@ -67,10 +67,16 @@ def _refuse(why: str) -> None:
     raise SystemExit(2)
 
 
-def _where() -> dict:
-    from prism.runtime import interception
+_recorder = [lambda: None]  # the rank's recorder, as the interception tells it (`locate_with`)
 
-    rec = interception.recorder()
+
+def locate_with(recorder) -> None:
+    """Say where a failure happened from `recorder()` (the interception's: the rank's `Recorder` or None)."""
+    _recorder[0] = recorder
+
+
+def _where() -> dict:
+    rec = _recorder[0]()
     if rec is None:
         return {"iteration": -1, "microbatch": -1, "phase": None}
     op, microbatch = rec.last_marker

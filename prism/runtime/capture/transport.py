@@ -1,7 +1,7 @@
 """Capture mode, rank side: the transport that moves data through shared memory under the coordinator.
 
 `CaptureTransport` implements the ops of one process group (collectives, point to point) on this rank's
-link to the coordinator (`capture_client`): issuing an op writes this rank's contribution and announces its
+link to the coordinator (`capture.client`): issuing an op writes this rank's contribution and announces its
 arrival; completing it computes this rank's outputs from the members' contributions (`semantics`). Sends are
 buffered: a send completes once its data is written.
 """
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from prism.runtime import semantics
-from prism.runtime.capture.client import CaptureClient, CaptureWork, client
+from prism.runtime.capture.client import CaptureClient, CaptureWork, GroupCount, client
 
 
 def _shapes(result) -> list:
@@ -30,8 +30,6 @@ class CaptureTransport:
     per-peer counters exist, only from the group's first op on."""
 
     __slots__ = ("group", "me", "members", "n", "desc", "seq", "_c", "_sent", "_received", "_received_any")
-    created = 0  # groups this rank created / linked (a test's window on laziness)
-    linked = 0
 
     def __init__(self, group_name: str, group_rank: int, members: list[int], desc: str | None) -> None:
         self.group = group_name
@@ -42,14 +40,14 @@ class CaptureTransport:
         self.seq = 0
         self._c = None
         self._sent = self._received = self._received_any = None
-        CaptureTransport.created += 1
+        GroupCount.created += 1
 
     @property
     def c(self) -> CaptureClient:
         if self._c is None:  # first use: now the coordinator needs the group's description
             self._c = client()
             self._c.send(("group", self.group, self.desc, self.members))
-            CaptureTransport.linked += 1
+            GroupCount.linked += 1
         return self._c
 
     @property

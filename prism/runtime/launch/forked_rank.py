@@ -109,15 +109,15 @@ def run_replay(spec: dict) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         if spec.get("mode") == "emulate":
-            from prism.runtime.emulate import worker as emulate_worker
+            from prism.runtime.emulate import worker
 
-            code = emulate_worker.serve(spec)
+            code = worker.serve(spec)
         else:
-            from prism.runtime.slice import replay_server as replay
+            from prism.runtime.slice import replay_server
 
-            code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
-                                float(spec.get("replay_timeout_s") or 600), spec.get("timed"),
-                                spec.get("raw_staging"))
+            code = replay_server.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
+                                       float(spec.get("replay_timeout_s") or 600), spec.get("timed"),
+                                       spec.get("raw_staging"))
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
