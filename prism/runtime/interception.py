@@ -22,10 +22,13 @@ from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
 from prism.runtime.backend import PrismProcessGroup
-from prism.runtime.capture.transport import CaptureTransport
 from prism.runtime.recorder import Recorder
-from prism.runtime.slice.transport import SliceRecorder, SliceTransport
-from prism.runtime.transport import RealTransport, job_store, slice_store
+from prism.runtime.slice.transport import SliceRecorder
+
+# imported with the interception, as before modes named their transports: in the zygote, before the ranks
+# are forked, so that they share these pages (emulate's transport is imported at a sandbox rank's first group)
+from prism.runtime import transport as _real_transport  # noqa: F401,E402
+from prism.runtime.capture import transport as _capture_transport  # noqa: F401,E402
 
 MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
 
@@ -56,15 +59,6 @@ def _ensure_recorder() -> Recorder | None:
     return _state["recorder"]
 
 
-def _captured_results():
-    """Slice mode: the capture's results of this rank's order-dependent reductions (one per rank)."""
-    from prism.runtime.slice.transport import CapturedResults
-
-    if _state.get("results") is None:
-        _state["results"] = CapturedResults(Path(os.environ["PRISM_CAPTURE"]), int(os.environ.get("RANK", "0")))
-    return _state["results"]
-
-
 def _drain() -> None:
     """A capture drain point: complete pending ops; the parked time is no one's compute."""
     if capture_client.client().drain() and _state["recorder"] is not None:
@@ -76,42 +70,12 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     name = str(dist_opts.group_id)
     rec = _ensure_recorder()
-    kind = modes.get(_state["mode"]).transport
-    if kind == "capture":
-        transport = CaptureTransport(name, dist_opts.group_rank, members, desc)
-    elif kind == "emulate":
-        from prism.runtime.emulate.transport import EmulateTransport
-
-        _common_start(dist_opts.store, rec)
-        transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
-    else:
-        args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
-        kwargs = dict(want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name)
-        if kind == "slice":
-            # the real transport, in a key space the replay server (the virtual members) can reach
-            transport = SliceTransport(slice_store(name, dist_opts.store), *args, results=_captured_results(),
-                                       **kwargs)
-        else:
-            transport = RealTransport(dist_opts.store, *args, **kwargs)
-            watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),
-                           int(os.environ.get("WORLD_SIZE", "1")))
+    transport = modes.get(_state["mode"]).make_transport(dist_opts, name, members, desc, asked, rec)
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
     return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                              backend_name=real)
-
-
-def _common_start(store, rec: Recorder | None) -> None:
-    """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
-    timeline starts at their common t0 (`replay.clock.common_start`)."""
-    if _state.get("t0_ns") is None:
-        from prism.runtime.emulate.transport import sandbox_ranks
-        from prism.runtime.emulate.common_start import common_start
-
-        _state["t0_ns"] = common_start(job_store(store), len(sandbox_ranks()) + 1)
-        if rec is not None:
-            rec.resync(_state["t0_ns"])
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:
@@ -222,7 +186,7 @@ def finish(code: int = 0) -> None:
     rec = _state["recorder"]
     if rec is not None and code == 0:
         rec.close()
-    if _state["mode"] == "emulate" and code == 0:
+    if modes.get(_state["mode"]).sandbox and code == 0:  # the sandbox rank's transports' numbers
         from prism.runtime.emulate.transport import write_rank_stats
 
         write_rank_stats(int(os.environ.get("RANK", "0")))

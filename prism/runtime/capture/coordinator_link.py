@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 from prism.runtime.launch.rank_output import LineForwarder
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 
 class CoordinatorLink:
     """Capture mode: the coordinator's state machine wired to the ranks' control sockets."""
 
-    def __init__(self, spec: dict, ctl: dict, out: LineForwarder) -> None:
+    def __init__(self, spec: ZygoteSpec, ctl: dict, out: LineForwarder) -> None:
         import torch.distributed as dist
 
         from prism.runtime.capture.coordinator import Coordinator
@@ -28,22 +29,22 @@ class CoordinatorLink:
         from prism.runtime.capture import device_state
 
         # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
-        capacity = spec.get("device_memory_bytes")
-        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
-        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
-        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky)
-        self.pids = spec["pids"]
-        self.immortal = spec.get("immortal")
-        self.fork_s = spec.get("fork_s")
-        self.fork_helpers = spec.get("fork_helpers", 0)
+        capacity = spec.device_memory_bytes
+        self.devices = device_state.for_device(spec.device, capacity)
+        policy = device_state.SwapPolicy(spec.devices, capacity) if capacity else None
+        self.coord = Coordinator(spec.nproc, spec.devices, policy=policy, sticky=self.devices.sticky)
+        self.pids = spec.pids
+        self.immortal = spec.immortal
+        self.fork_s = spec.fork_s
+        self.fork_helpers = spec.fork_helpers
         self.socks = ctl
-        self.shm_dir = Path(spec["shm_dir"])
-        self.status_dir = Path(spec["status_dir"])
+        self.shm_dir = Path(spec.shm_dir)
+        self.status_dir = Path(spec.status_dir)
         self.error: str | None = None
         self.last_progress = time.monotonic()
         self.started = (time.monotonic(), time.process_time())  # the coordinator's wall and CPU from here
         # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it
-        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
+        self.store = dist.TCPStore(spec.master_addr, spec.master_port, spec.nproc, is_master=True,
                                    wait_for_workers=False)
         from prism.runtime.capture.client import key_name
         from prism.runtime.capture.coordinator import CaptureError

@@ -300,3 +300,8 @@ class CaptureTransport:
 
         work = CaptureWork(self.c, [key], complete, list(tensors), [self.c.path(key, "")])
         return work
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> CaptureTransport:
+    """Mode capture (`modes`): the group's ops go through the coordinator."""
+    return CaptureTransport(name, opts.group_rank, members, desc)

@@ -48,7 +48,7 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism.runtime.emulate import compensation as comp
-from prism.runtime import semantics, shm, thread_cpu
+from prism.runtime import ops, semantics, shm, thread_cpu
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
@@ -263,7 +263,7 @@ class EmulateTransport(CaptureTransport):
             if issued is not None:
                 return self._native(issued, _native_result(method, args))
         opts = args[-1] if args else None
-        self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
+        self._root = getattr(opts, "rootRank", -1) if method in ops.ROOTED else -1
         return super().call(method, device, *args, work_id=work_id, op=op)
 
     def _collective(self, op: str, work_id: int, mine, complete, result, meta=None, info_tensors=None,
@@ -482,3 +482,18 @@ def write_rank_stats(rank: int) -> None:
         tmp.write_text(json.dumps(dict(STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
                                        diagnostics=diagnostics)))
         os.replace(tmp, path)
+
+
+_T0_NS: list[int] = []  # the common start, once met
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> EmulateTransport:
+    """Mode emulate (`modes`): at the rank's first group, meet the other sandbox ranks and the replay worker
+    (the rank's timeline starts at their common t0, `replay.clock.common_start`); then the group's transport."""
+    if not _T0_NS:
+        from prism.runtime.emulate.common_start import common_start
+
+        _T0_NS.append(common_start(job_store(opts.store), len(sandbox_ranks()) + 1))
+        if rec is not None:
+            rec.resync(_T0_NS[0])
+    return EmulateTransport(opts.store, name, opts.group_rank, members, opts.timeout)

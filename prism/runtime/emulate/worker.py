@@ -33,6 +33,7 @@ from prism.runtime.emulate import pruned
 from prism.runtime.emulate import transport
 from prism.runtime.emulate.common_start import common_start
 from prism.runtime.emulate.works import STATS, STATS_LOCK
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 from prism.runtime.replay import clock
 from prism.runtime.replay.cone import ConeError
 from prism.runtime.replay.host import VirtualRanks, keep_until_exit
@@ -209,27 +210,27 @@ def progress_reporter():
     return report
 
 
-def serve(spec: dict) -> int:
+def serve(spec: ZygoteSpec) -> int:
     """The worker's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     torch.set_num_threads(1)
     started = time.monotonic()
-    capture, status_dir = Path(spec["capture"]), Path(spec["status_dir"])
+    capture, status_dir = Path(spec.capture), Path(spec.status_dir)
     try:
-        plan = load_plan(capture, spec["ranks"])
+        plan = load_plan(capture, spec.ranks)
     except (ReplayError, OSError, pa.ArrowInvalid) as exc:
         print(f"[prism] emulation worker: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
-    worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
-                             bool(spec.get("pruning", True)), int(spec.get("prefetch_mb", 256)) << 20)
+    worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.replay_timeout_s or 600)),
+                             bool(spec.pruning), int(spec.prefetch_mb) << 20)
     worker.schedule_payloads()
     keep_until_exit(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     found = clock.find_artifacts(capture)
     if found is not None:
         try:
-            worker.timed = clock.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
+            worker.timed = clock.TimedReplay(*found, set(spec.ranks), spec.steps_limit,
                                                     progress=progress_reporter())
         except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
             print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
@@ -240,8 +241,8 @@ def serve(spec: dict) -> int:
     if worker.timed is not None:  # before the common start, so that the sandbox ranks find it after it
         store.set(transport.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
     try:  # the common start: the sandbox ranks meet the worker at their first process group
-        t0_ns = common_start(store, len(spec["ranks"]) + 1,
-                             timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+        t0_ns = common_start(store, len(spec.ranks) + 1,
+                             timedelta(seconds=float(spec.replay_timeout_s or 600)),
                              stopped=lambda: stop.is_set() or bool(worker.errors))
     except (InterruptedError, TimeoutError) as exc:
         why = "; ".join(worker.errors) or str(exc)
@@ -252,8 +253,8 @@ def serve(spec: dict) -> int:
     if not worker.run_to_end(threads, t0_ns, stop, "emulation worker"):
         return 1
     timed = worker.timed is not None
-    if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks
-        folder = Path(spec["raw_staging"]) / "replay"
+    if timed and spec.raw_staging:  # the replayed timeline of the virtual ranks
+        folder = Path(spec.raw_staging) / "replay"
         folder.mkdir(parents=True, exist_ok=True)
         table = worker.timed.table()
         with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
@@ -266,7 +267,7 @@ def serve(spec: dict) -> int:
                "bytes_sent": STATS["bytes_sent"], "framing_bytes": STATS["framing_bytes"],
                "collective_messages": STATS["collective_messages"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned,
-               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
+               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.prefetch_mb))}
     tmp = status_dir / "replay.done.tmp"
     tmp.write_text(json.dumps(summary))
     tmp.replace(status_dir / "replay.done")

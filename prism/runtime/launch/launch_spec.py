@@ -188,20 +188,20 @@ def validate(spec: LaunchSpec) -> None:
     mode = modes.get(spec.mode)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
-    if spec.hang_timeout is not None and spec.mode != "real":
+    if spec.hang_timeout is not None and not mode.watchdog:
         raise LaunchError(f"--hang-timeout belongs to --mode real (--mode {spec.mode} "
-                          + ("names a hang by itself)" if spec.mode == "capture" else "has no watchdog)"))
+                          + ("names a hang by itself)" if mode.coordinator else "has no watchdog)"))
     try:
         watchdog.timeout_from_env()
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     if spec.rank_memory_gb is not None and not spec.rank_memory_gb > 0:
         raise LaunchError(f"--rank-memory-gb {spec.rank_memory_gb:g}: give a positive size in GiB")
-    if spec.rank_memory_gb is not None and (spec.mode == "off" or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
+    if spec.rank_memory_gb is not None and (not mode.intercepted or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
         raise LaunchError("--rank-memory-gb limits each rank's CUDA caching allocator: set PRISM_DEVICE=cuda "
                           "(and run the program with CUDA tensors) in a mode other than off, or drop it")
     if spec.device_memory_gb is not None:
-        if spec.mode != "capture":
+        if not mode.coordinator:
             raise LaunchError(f"--device-memory-gb is the device capacity that --mode capture shares among "
                               f"blocked ranks; --mode {spec.mode} gives every rank its own device: drop it")
         if os.environ.get("PRISM_DEVICE", "cpu") != "cuda":
@@ -214,7 +214,7 @@ def validate(spec: LaunchSpec) -> None:
         why = cuda_checkpoint.probe()
         if why is not None:
             raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
-    if spec.mode == "capture":
+    if mode.coordinator:
         cores = len(os.sched_getaffinity(0))
         if spec.nproc < 2:
             raise LaunchError("capture needs at least 2 ranks (--nproc 1 has nothing to capture: "
@@ -227,7 +227,7 @@ def validate(spec: LaunchSpec) -> None:
     elif spec.progress and not mode.intercepted:
         raise LaunchError(f"--progress reports what prism records; --mode {spec.mode} records nothing: drop "
                           "--progress or use --mode real")
-    if spec.mode not in ("capture", "emulate") and spec.devices is not None:
+    if not mode.device_slots and spec.devices is not None:
         raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks (or "
                           f"the sandbox ranks of --mode emulate); --mode {spec.mode} gives every rank its own "
                           "process: drop --devices")
@@ -236,7 +236,7 @@ def validate(spec: LaunchSpec) -> None:
     elif spec.slice_ranks or spec.capture is not None:
         raise LaunchError("--slice-ranks, --sandbox and --capture belong to --mode slice / emulate")
     if spec.timed_by is not None:
-        if spec.mode != "slice":
+        if not mode.timed:
             raise LaunchError(f"--timed-by times a slice run's replayed ranks; --mode {spec.mode} takes no timeline")
         for path, what in ((spec.timed_by, "the calibrated timeline"), (timed_graph(spec.timed_by), "its graph")):
             if not path.is_file():
@@ -279,13 +279,13 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if len(set(ranks)) != len(ranks):
         raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    slots = spec.devices if mode.name == "emulate" and spec.devices else len(ranks)
-    if mode.name == "emulate" and slots < 1:
+    slots = spec.devices if mode.sandbox and spec.devices else len(ranks)
+    if mode.sandbox and slots < 1:
         raise LaunchError(f"--devices must be at least 1 (got {slots})")
     if slots > cores:
         raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
                           f"machine has {cores}: use at most {cores}")
-    if mode.name == "emulate":
+    if mode.sandbox:
         spec.devices = slots
         if spec.prefetch_mb < 0:
             raise LaunchError(f"--prefetch-mb must be >= 0 (0 turns prefetch off; got {spec.prefetch_mb})")
@@ -294,7 +294,7 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if spec.capture is None:
         raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
                           "`prism launch --mode capture`, or a job folder holding it)")
-    if mode.name == "emulate" and not (spec.capture / "raw" / "meta.json").is_file() \
+    if mode.sandbox and not (spec.capture / "raw" / "meta.json").is_file() \
             and (spec.capture / "capture" / "raw" / "meta.json").is_file():
         spec.capture = spec.capture / "capture"  # a job folder: its capture lives in JOB/capture
     meta_path = spec.capture / "raw" / "meta.json"
@@ -302,7 +302,7 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
         raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
                           "did not finish); run `prism launch --mode capture --out CAPDIR` first")
     meta = json.loads(meta_path.read_text())
-    if meta.get("mode") != "capture":
+    if not modes.captured(meta):
         raise LaunchError(f"--capture {spec.capture}: a {meta.get('mode')!r} run, not a capture")
     if meta.get("world_size") != world:
         raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, --nproc is {world}: "

@@ -25,6 +25,7 @@ from prism.runtime.launch import limits
 from prism.runtime.launch import progress
 from prism.runtime.launch import run_files
 from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 SITE_DIR = Path(__file__).resolve().parents[1] / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
@@ -44,7 +45,7 @@ def launch(spec: LaunchSpec) -> int:
     mode = modes.get(spec.mode)
     try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
         limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
-                           run_files.SHM_ROOT if spec.mode == "capture" else None)
+                           run_files.SHM_ROOT if mode.coordinator else None)
     except limits.LimitError as exc:
         raise LaunchError(str(exc)) from None
     run_id = uuid.uuid4().hex
@@ -100,11 +101,11 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
     code = 1
     try:
         env = _rank_environment(spec, status_dir)
-        if spec.mode != "off" and spec.out is not None:
+        if mode.intercepted and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
             env["PRISM_OUT"] = str(staging.resolve())
-        if spec.mode == "capture":
+        if mode.coordinator:  # capture: the data moves through shared memory
             shm_dir = Path(run_files.SHM_ROOT) / tag
             shm_dir.mkdir(parents=True)
             env.update(PRISM_SHM_DIR=str(shm_dir))
@@ -112,31 +113,29 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
                 payload_staging = spec.out / f".payloads.tmp-{tag}"
                 payload_staging.mkdir()
                 env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
-        zspec = {
-            "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
-            "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
-            "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
-            "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
-            "progress": _progress_style(spec),
-            "iterations": _iterations_expected(spec),
-            "device": os.environ.get("PRISM_DEVICE", "cpu"),
-            "rank_output": limits.rank_output(spec.nproc, spec.mode),
-            "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
-        }
-        if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
+        zspec = ZygoteSpec(
+            nproc=spec.nproc, script=spec.script, module=spec.module, args=list(spec.args), pin=spec.pin,
+            master_addr="127.0.0.1", master_port=spec.master_port or free_port(), run_id=run_id,
+            status_dir=str(status_dir), mode=spec.mode, devices=spec.devices,
+            shm_dir=str(shm_dir) if shm_dir else None, preload=list(spec.preload), progress=_progress_style(spec),
+            iterations=_iterations_expected(spec), device=os.environ.get("PRISM_DEVICE", "cpu"),
+            rank_output=limits.rank_output(spec.nproc, spec.mode),
+            device_memory_bytes=int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
+        )
+        if mode.sandbox and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
             log_staging.mkdir()
-            zspec["log_dir"] = str(log_staging.resolve())
-            zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
-        if spec.mode == "slice" and spec.timed_by is not None:  # the server says when it issued (raw/replay/)
-            zspec["timed"] = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
+            zspec.log_dir = str(log_staging.resolve())
+            zspec.raw_staging = str(staging.resolve())  # the worker writes raw/replay/ there
+        if mode.timed and spec.timed_by is not None:  # the slice's server says when it issued (raw/replay/)
+            zspec.timed = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
             if staging is not None:
-                zspec["raw_staging"] = str(staging.resolve())
+                zspec.raw_staging = str(staging.resolve())
         if mode.replay:
-            zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
-                         prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
+            zspec.ranks, zspec.capture, zspec.pruning = list(spec.slice_ranks), str(spec.capture), spec.pruning
+            zspec.prefetch_mb, zspec.steps_limit = spec.prefetch_mb, spec.steps_limit
         spec_file = status_dir / "spec.json"
-        spec_file.write_text(json.dumps(zspec))
+        zspec.write(spec_file)
         started = time.time()
         if signals.received is None:
             code = _supervise_zygote(spec_file, env, signals)
@@ -150,7 +149,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
         if code == 0 and staging is not None:
             stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-            if spec.mode == "emulate":
+            if mode.sandbox:  # the worker's numbers and the sandbox ranks' transports'
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
             _publish(staging, spec, run_id, started, stats)
@@ -208,9 +207,9 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     mode = modes.get(spec.mode)
     if mode.intercepted:
         env["PRISM_MODE"] = spec.mode
-    if spec.mode != "capture" and _progress_style(spec) is not None:
+    if not mode.coordinator and _progress_style(spec) is not None:  # (capture: the coordinator's)
         env[progress.ENV] = str(status_dir)
-    if spec.mode == "capture":
+    if mode.coordinator:
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
                    PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
     if mode.replay:  # the store is hosted by the supervisor, as in capture
@@ -278,13 +277,14 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "device": os.environ.get("PRISM_DEVICE", "cpu"), "started": started, "wall_s": time.time() - started,
         "torch_version": version("torch"), "schema_version": "1",
     }
-    if spec.mode == "capture":
+    mode = modes.get(spec.mode)
+    if mode.coordinator:
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
-    if spec.mode == "slice":
+    if mode.replay and not mode.sandbox:
         meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats,
                     gloo_lazy_init=os.environ.get("TORCH_GLOO_LAZY_INIT",
                                                   "1" if spec.nproc > SLICE_LAZY_GLOO_FROM else "0") == "1")
-    if spec.mode == "emulate":
+    if mode.sandbox:
         meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
                     t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

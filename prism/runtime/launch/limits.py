@@ -2,7 +2,7 @@
 watched while it runs: each message names the limit, what the job needs, and the fix.
 
 - open files (`ulimit -n`): prism's supervisor holds, per rank, two output pipes, and in capture the
-  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK). A capture whose pipes
+  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK_COORDINATED). A capture whose pipes
   would not fit the hard limit (W=8192 with 4 a rank needs 32,832; a host may allow 20,000) writes each
   rank's output to two files instead, forwarded when the rank ends (`rank_output`): 2 a rank.
 - processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
@@ -22,7 +22,10 @@ import os
 import resource
 from pathlib import Path
 
-FDS_PER_RANK = {"capture": 4, "default": 2}
+from prism.runtime import modes
+
+FDS_PER_RANK = 2  # the output pipes
+FDS_PER_RANK_COORDINATED = 4  # capture: also the control socket and the store's connection
 FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
 OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
@@ -129,11 +132,15 @@ def fork_batch(world: int) -> int:
     return batch if 0 < batch and world >= 2 * batch else 0
 
 
+def _per_rank(mode: str) -> int:
+    return FDS_PER_RANK_COORDINATED if modes.get(mode).coordinator else FDS_PER_RANK
+
+
 def fds_needed(world: int, mode: str, output: str = "pipes") -> int:
-    per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, FDS_PER_RANK["default"])
+    per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else _per_rank(mode)
     # while a batch is forked by a helper, the zygote also holds its ranks' child ends (2 output pipes unless
     # files, 1 control socket in capture) and the helpers' pid pipe (2)
-    child_ends = (0 if output == "files" else 2) + (mode == "capture")
+    child_ends = (0 if output == "files" else 2) + modes.get(mode).coordinator
     batch = fork_batch(world)
     return per * world + FDS_SPARE + (child_ends * batch + 2 if batch else 0)
 
@@ -143,7 +150,7 @@ def rank_output(world: int, mode: str, hard: int | None = None) -> str:
     when a pipe pair a rank would not fit the hard open-file limit, "files" (each rank's, forwarded when it
     ends). PRISM_RANK_OUTPUT=files|pipes chooses (files: capture only)."""
     forced = os.environ.get(OUTPUT_ENV)
-    if mode != "capture":
+    if not modes.get(mode).coordinator:
         return "pipes"
     if forced in ("files", "pipes"):
         return forced
@@ -160,7 +167,7 @@ def check_start(world: int, mode: str, shm_root: str | None) -> None:
     output = rank_output(world, mode, hard)
     need = fds_needed(world, mode, output)
     if hard != resource.RLIM_INFINITY and hard < need:
-        per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, 2)
+        per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else _per_rank(mode)
         raise LimitError(
             f"{world} ranks need about {need} open files in prism's supervisor ({per} a "
             f"rank), but this shell allows at most {hard} (`ulimit -Hn`): raise the limit (`ulimit -n {need}`; "
@@ -174,7 +181,7 @@ def check_start(world: int, mode: str, shm_root: str | None) -> None:
         if value is not None and value < world * per + 256:
             raise LimitError(f"{world} ranks need about {world * per} process ids, but kernel.{name} is {value}: "
                              f"raise it (`sysctl -w kernel.{name}={world * per * 2}`) or launch fewer ranks")
-    if mode != "capture":
+    if not modes.get(mode).coordinator:  # only capture holds all W ranks on this machine
         return
     avail, total = available_memory()
     per_rank = rank_mib_estimate()

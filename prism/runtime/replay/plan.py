@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from prism.runtime.ops import ROOTED
 from prism.runtime.capture.client import key_name
 
 
@@ -117,7 +118,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
             if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
                 continue
             members = groups[group]
-            root = members.index(peer) if op in ("broadcast", "reduce", "gather", "scatter") else -1
+            root = members.index(peer) if op in ROOTED else -1
             collectives[group].append(Collective(gseq, op, root, key_name(("c", group, gseq))))
     for ops in collectives.values():
         ops.sort(key=lambda c: c.seq)

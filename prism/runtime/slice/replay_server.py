@@ -262,6 +262,12 @@ class ReplayServer(VirtualRanks):
         self.state[name] = "done"
 
 
+def serve_spec(spec) -> int:
+    """The replay process of mode slice (`modes`), from the zygote's spec: `serve`."""
+    return serve(Path(spec.capture), spec.ranks, Path(spec.status_dir), float(spec.replay_timeout_s or 600),
+                 spec.timed, spec.raw_staging)
+
+
 def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: float,
           timed: tuple[str, str] | None = None, raw_staging: str | None = None) -> int:
     """The replay server's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM.

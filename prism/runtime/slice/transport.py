@@ -33,7 +33,7 @@ from prism import schemas
 from prism.runtime import shm
 from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
-from prism.runtime.transport import RealTransport
+from prism.runtime.transport import RealTransport, slice_store
 from prism.runtime.work_parts import Forwarding
 
 FIELDS = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
@@ -186,3 +186,16 @@ class SliceTransport(RealTransport):
         if method in _REDUCING and key in self._results:
             return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
         return work
+
+
+_RESULTS: list[CapturedResults] = []  # this rank's, read once
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> SliceTransport:
+    """Mode slice (`modes`): the real transport, in a key space the replay server (the virtual members) can
+    reach, substituting the capture's results of the order-dependent reductions."""
+    if not _RESULTS:
+        _RESULTS.append(CapturedResults(Path(os.environ["PRISM_CAPTURE"]), int(os.environ.get("RANK", "0"))))
+    return SliceTransport(slice_store(name, opts.store), opts.group_rank, opts.group_size, opts.timeout,
+                          results=_RESULTS[0], want_nccl="nccl" in asked or asked == "undefined",
+                          global_ranks=members, group_name=name)
