@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from prism import settings
+
 
 def _import_jsonschema():
     """jsonschema without its optional `iri` format checker. Where rfc3987-syntax is installed (Jupyter's
@@ -107,7 +109,7 @@ class JobConfig:
 
     def environment(self) -> dict[str, str]:
         """What a stage exports to the ranks it launches: the device the job runs on."""
-        return {"PRISM_DEVICE": self.device}
+        return {settings.DEVICE.name: self.device}
 
 
 def args_to_list(args) -> list[str]:

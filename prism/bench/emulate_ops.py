@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllToAllOptions, BroadcastOptions,
                                         PrefixStore, ProcessGroupGloo, ReduceOp, ReduceScatterOptions, TCPStore)
 
+from prism import settings
 from prism.bench import text_table
 
 OPS = ["a2a_counts", "a2a", "all_reduce", "all_gather", "reduce_scatter", "broadcast"]
@@ -94,7 +95,7 @@ def _args(c: dict, out):
 
 
 def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> None:
-    os.environ["PRISM_PRUNING"] = "1"
+    os.environ[settings.PRUNING.name] = "1"
     from prism.runtime.emulate import transport as emulate_transport
     from prism.runtime.emulate import pruned
     from prism.runtime.semantics import RedOp
@@ -106,7 +107,7 @@ def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> No
     rows = []
     for shape in SHAPES:
         sandbox = members if shape == "sandbox" else members[:-1]
-        os.environ["PRISM_SLICE_RANKS"] = ",".join(map(str, sandbox))
+        os.environ[settings.SLICE_RANKS.name] = ",".join(map(str, sandbox))
         group = f"bench-{shape}"
         if rank in sandbox:
             tr = emulate_transport.EmulateTransport(store, group, rank, members, TIMEOUT)

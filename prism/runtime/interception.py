@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from prism import settings
+
 from prism.runtime import markers, modes, oom, watchdog
 from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
@@ -47,9 +49,9 @@ def _ensure_recorder() -> Recorder | None:
         rec = None
         if _state["out"] is not None:
             rank = int(os.environ.get("RANK", "0"))
-            device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
+            device = "cuda" if torch.cuda.is_available() and settings.DEVICE.get() == "cuda" else "cpu"
             if modes.get(_state["mode"]).recorder == "checked":  # checks every op against the capture as issued
-                rec = SliceRecorder(rank, _state["out"], Path(os.environ["PRISM_CAPTURE"]), device=device)
+                rec = SliceRecorder(rank, _state["out"], Path(settings.CAPTURE.get()), device=device)
             else:
                 rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
@@ -164,7 +166,7 @@ def _report_asked_backend(result, asked: str) -> None:
 
 
 def install_from_env() -> None:
-    install(os.environ["PRISM_MODE"], os.environ.get("PRISM_OUT") or None)
+    install(settings.MODE.get(), settings.OUT.get() or None)
 
 
 def start_rank() -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism import artifacts, event_sequence, schemas
+from prism import artifacts, event_sequence, schemas, settings
 from prism import config as prism_config
 from prism.runtime.launch import launcher
 
@@ -102,7 +102,7 @@ def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str 
             raise SliceError(f"the config's nproc {job.nproc} differs from the capture's world size {world}: "
                              "re-run the capture with this config")
         return world, job.workload.script, job.workload.module, list(job.workload.args)
-    os.environ.setdefault("PRISM_DEVICE", meta.get("device", "cpu"))  # where the capture ran
+    os.environ.setdefault(settings.DEVICE.name, meta.get("device", "cpu"))  # where the capture ran
     cmd = list(meta.get("command") or [])
     if not cmd:
         raise SliceError("the capture's meta.json has no command; pass --config-json")

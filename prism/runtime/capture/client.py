@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from prism import settings
 from prism import schemas
 from prism.runtime import memory, shm
 from prism.runtime.work_parts import OwnResult
@@ -74,12 +75,9 @@ class CaptureClient:
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
-        env = os.environ
-        payloads = env.get("PRISM_PAYLOADS") or None
-        trace = env.get("PRISM_OUT") or None
-        cores = [int(c) for c in env["PRISM_CORES"].split(",")]
-        return cls(int(env["RANK"]), int(env["PRISM_CTL_FD"]), Path(env["PRISM_SHM_DIR"]),
-                   Path(payloads) if payloads else None, Path(trace) if trace else None, cores)
+        payloads, trace = settings.PAYLOADS.get(), settings.OUT.get()
+        return cls(int(os.environ["RANK"]), settings.CTL_FD.get(), Path(settings.SHM_DIR.get()),
+                   Path(payloads) if payloads else None, Path(trace) if trace else None, settings.CORES.get())
 
     # -- control -------------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
@@ -176,7 +174,7 @@ class CaptureClient:
                  "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
                  "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
-        profile = os.environ.get("PRISM_MEMORY_PROFILE")  # a profiling aid: scripts/rank_memory.py
+        profile = settings.MEMORY_PROFILE.get()  # a profiling aid: scripts/rank_memory.py
         if profile:
             where = memory.private_by_kind(os.getppid())
             Path(profile, f"rank={self.rank}.json").write_text(json.dumps(where))

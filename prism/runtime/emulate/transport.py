@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism import settings
 from prism.runtime.emulate import compensation as comp
 from prism.runtime import ops, semantics, shm, thread_cpu
 from prism.runtime.emulate import native_group
@@ -93,11 +94,11 @@ class EmulationError(RuntimeError):
 
 
 def sandbox_ranks() -> set[int]:
-    return {int(r) for r in os.environ.get("PRISM_SLICE_RANKS", "").split(",") if r.strip()}
+    return set(settings.SLICE_RANKS.get())
 
 
 def pruning() -> bool:
-    return os.environ.get("PRISM_PRUNING", "1") != "0"
+    return settings.PRUNING.get()
 
 
 participants = pruned.participants
@@ -458,7 +459,7 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
 
         from prism import schemas
 
-        path = Path(os.environ["PRISM_CAPTURE"]) / "raw" / f"rank={rank}" / "events.arrow"
+        path = Path(settings.CAPTURE.get()) / "raw" / f"rank={rank}" / "events.arrow"
         with pa.OSFile(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]
@@ -473,7 +474,7 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
 
 def write_rank_stats(rank: int) -> None:
     """At the sandbox rank's end: its transports' numbers, for meta.json (`emulation`)."""
-    folder = os.environ.get("PRISM_STATUS_DIR")
+    folder = settings.STATUS_DIR.get()
     if folder and STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"
         tmp = path.with_name(path.name + ".tmp")

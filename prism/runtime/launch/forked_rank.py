@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes, oom
 from prism.runtime.launch.zygote_spec import ZygoteSpec
 
@@ -34,7 +35,7 @@ def run_rank(spec: ZygoteSpec, rank: int) -> int:
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
         GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), ROLE_NAME="default",
         GROUP_WORLD_SIZE="1", MASTER_ADDR=spec.master_addr, MASTER_PORT=str(spec.master_port),
-        TORCHELASTIC_RUN_ID=spec.run_id, PRISM_STATUS_DIR=spec.status_dir,
+        TORCHELASTIC_RUN_ID=spec.run_id, **{settings.STATUS_DIR.name: spec.status_dir},
     )
     import torch
 
@@ -45,7 +46,7 @@ def run_rank(spec: ZygoteSpec, rank: int) -> int:
             index %= spec.devices
         os.sched_setaffinity(0, {cores[index % len(cores)]})
         torch.set_num_threads(1)
-    intercepted = bool(os.environ.get("PRISM_MODE"))
+    intercepted = settings.MODE.is_set()
     if intercepted:
         from prism.runtime import interception
 
@@ -99,7 +100,7 @@ def run_replay(spec: ZygoteSpec) -> int:
     die_with_parent()
     os.environ.update(MASTER_ADDR=spec.master_addr, MASTER_PORT=str(spec.master_port),
                       WORLD_SIZE=str(spec.nproc), TORCHELASTIC_RUN_ID=spec.run_id)
-    os.environ.pop("PRISM_OUT", None)  # the server records nothing
+    os.environ.pop(settings.OUT.name, None)  # the server records nothing
     mode = modes.get(spec.mode)
     if spec.pin:  # keep off the slice ranks' cores where others are free (their timings are measured)
         cores = sorted(os.sched_getaffinity(0))

@@ -38,6 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes, oom, watchdog
 from prism.runtime.launch.progress import LOG_PERIOD_S
 
@@ -197,14 +198,14 @@ def validate(spec: LaunchSpec) -> None:
         raise LaunchError(str(exc)) from None
     if spec.rank_memory_gb is not None and not spec.rank_memory_gb > 0:
         raise LaunchError(f"--rank-memory-gb {spec.rank_memory_gb:g}: give a positive size in GiB")
-    if spec.rank_memory_gb is not None and (not mode.intercepted or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
+    if spec.rank_memory_gb is not None and (not mode.intercepted or settings.DEVICE.get() != "cuda"):
         raise LaunchError("--rank-memory-gb limits each rank's CUDA caching allocator: set PRISM_DEVICE=cuda "
                           "(and run the program with CUDA tensors) in a mode other than off, or drop it")
     if spec.device_memory_gb is not None:
         if not mode.coordinator:
             raise LaunchError(f"--device-memory-gb is the device capacity that --mode capture shares among "
                               f"blocked ranks; --mode {spec.mode} gives every rank its own device: drop it")
-        if os.environ.get("PRISM_DEVICE", "cpu") != "cuda":
+        if settings.DEVICE.get() != "cuda":
             raise LaunchError("--device-memory-gb swaps ranks' CUDA state to host memory: set PRISM_DEVICE=cuda "
                               "(and run the program with CUDA tensors) or drop --device-memory-gb")
         if not spec.device_memory_gb > 0:
@@ -254,7 +255,7 @@ def validate(spec: LaunchSpec) -> None:
     if spec.force and spec.out is None:
         raise LaunchError("--force clears the --out folder: it needs --out")
     # last: the options' own errors name their cause more precisely (and this one imports torch)
-    if os.environ.get("PRISM_DEVICE", "cpu") == "cuda":
+    if settings.DEVICE.get() == "cuda":
         why = cuda_missing()
         if why:
             raise LaunchError(f"PRISM_DEVICE=cuda, but {why}: run on a GPU host, or set PRISM_DEVICE=cpu "

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes, oom, watchdog
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
@@ -104,21 +105,21 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
         if mode.intercepted and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
-            env["PRISM_OUT"] = str(staging.resolve())
+            env[settings.OUT.name] = str(staging.resolve())
         if mode.coordinator:  # capture: the data moves through shared memory
             shm_dir = Path(run_files.SHM_ROOT) / tag
             shm_dir.mkdir(parents=True)
-            env.update(PRISM_SHM_DIR=str(shm_dir))
+            env[settings.SHM_DIR.name] = str(shm_dir)
             if spec.out is not None and spec.payloads:
                 payload_staging = spec.out / f".payloads.tmp-{tag}"
                 payload_staging.mkdir()
-                env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
+                env[settings.PAYLOADS.name] = str(payload_staging.resolve())
         zspec = ZygoteSpec(
             nproc=spec.nproc, script=spec.script, module=spec.module, args=list(spec.args), pin=spec.pin,
             master_addr="127.0.0.1", master_port=spec.master_port or free_port(), run_id=run_id,
             status_dir=str(status_dir), mode=spec.mode, devices=spec.devices,
             shm_dir=str(shm_dir) if shm_dir else None, preload=list(spec.preload), progress=_progress_style(spec),
-            iterations=_iterations_expected(spec), device=os.environ.get("PRISM_DEVICE", "cpu"),
+            iterations=_iterations_expected(spec), device=settings.DEVICE.get(),
             rank_output=limits.rank_output(spec.nproc, spec.mode),
             device_memory_bytes=int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
         )
@@ -143,7 +144,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder) -> int:
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
             oom.write_finding(status_dir, spec.out, {"world_size": spec.nproc, "mode": spec.mode, "run_id": run_id,
-                                                     "device": os.environ.get("PRISM_DEVICE", "cpu"),
+                                                     "device": settings.DEVICE.get(),
                                                      "command": (["-m", spec.module] if spec.module else
                                                                  [spec.script]) + spec.args})
         if code == 0 and staging is not None:
@@ -196,26 +197,24 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    for var in (progress.ENV, "PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
-                "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
+    for var in settings.launcher_clears():  # what an outer run set for its ranks never leaks into these
         env.pop(var, None)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
-    env.pop(oom.ENV, None)
     if spec.rank_memory_gb is not None:
         env[oom.ENV] = str(oom.limit_bytes(spec.rank_memory_gb))
     mode = modes.get(spec.mode)
     if mode.intercepted:
-        env["PRISM_MODE"] = spec.mode
+        env[settings.MODE.name] = spec.mode
     if not mode.coordinator and _progress_style(spec) is not None:  # (capture: the coordinator's)
         env[progress.ENV] = str(status_dir)
     if mode.coordinator:
-        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
-                   PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0")
+        env[settings.CORES.name] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     if mode.replay:  # the store is hosted by the supervisor, as in capture
-        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
-                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)), PRISM_PRUNING=str(int(spec.pruning)),
-                   PRISM_STATUS_DIR=str(status_dir))
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0")
+        env.update({settings.CAPTURE.name: str(spec.capture), settings.SLICE_RANKS.name: ",".join(map(str, spec.slice_ranks)),
+                    settings.PRUNING.name: str(int(spec.pruning)), settings.STATUS_DIR.name: str(status_dir)})
         if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
             # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
@@ -274,7 +273,7 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id,
-        "device": os.environ.get("PRISM_DEVICE", "cpu"), "started": started, "wall_s": time.time() - started,
+        "device": settings.DEVICE.get(), "started": started, "wall_s": time.time() - started,
         "torch_version": version("torch"), "schema_version": "1",
     }
     mode = modes.get(spec.mode)

@@ -22,15 +22,16 @@ import os
 import resource
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes
 
 FDS_PER_RANK = 2  # the output pipes
 FDS_PER_RANK_COORDINATED = 4  # capture: also the control socket and the store's connection
 FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
-OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
+OUTPUT_ENV = settings.RANK_OUTPUT.name  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
 FORK_BATCH = 64  # ranks a fork helper forks (`rank_fork`): the zygote holds one batch's child ends at a time
-FORK_BATCH_ENV = "PRISM_FORK_BATCH"  # N: the ranks a helper forks; 0: the zygote forks every rank itself
+FORK_BATCH_ENV = settings.FORK_BATCH.name  # N: the ranks a helper forks; 0: the zygote forks every rank itself
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
 # A capture rank's private MiB (its end-of-rank smaps_rollup, `prism bench capture`), by interpreter: with the
 # zygote's objects immortal (CPython 3.12+, `immortal`) 10.4 / 10.6 MiB median / max at W=256 and 10.8 / 11.7
@@ -127,7 +128,7 @@ def shm_free_bytes(folder: str) -> int:
 def fork_batch(world: int) -> int:
     """Ranks a fork helper forks (`rank_fork`; 0: the zygote forks every rank itself): FORK_BATCH or
     PRISM_FORK_BATCH, when there are at least two batches."""
-    text = os.environ.get(FORK_BATCH_ENV, "").strip()
+    text = (settings.FORK_BATCH.raw() or "").strip()
     batch = int(text) if text.isdigit() else FORK_BATCH
     return batch if 0 < batch and world >= 2 * batch else 0
 
@@ -149,7 +150,7 @@ def rank_output(world: int, mode: str, hard: int | None = None) -> str:
     """How the ranks' stdout and stderr reach the launcher: "pipes" (forwarded as they write) or, in capture
     when a pipe pair a rank would not fit the hard open-file limit, "files" (each rank's, forwarded when it
     ends). PRISM_RANK_OUTPUT=files|pipes chooses (files: capture only)."""
-    forced = os.environ.get(OUTPUT_ENV)
+    forced = settings.RANK_OUTPUT.get()
     if not modes.get(mode).coordinator:
         return "pipes"
     if forced in ("files", "pipes"):

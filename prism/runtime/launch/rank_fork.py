@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from prism import settings
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import limits
 from prism.runtime.launch.zygote_spec import ZygoteSpec
@@ -106,7 +107,7 @@ class RankForker:
                 self.files.attach(rank)
             if self.capture:  # the control socket moves above every supervisor fd, which are then closed
                 keep = fcntl.fcntl(ends["child"], fcntl.F_DUPFD, top + 1)
-                os.environ["PRISM_CTL_FD"] = str(keep)
+                os.environ[settings.CTL_FD.name] = str(keep)
             os.closerange(self.first_fd, top + 1)
             code = self.run(rank)
         finally:

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import memory, modes, oom, watchdog
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import immortal
@@ -60,7 +61,7 @@ def warm_imports(compute: bool) -> None:
     import torch._dynamo  # noqa: F401  (the optimizers import it on first step)
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # the optimizer's lazy imports
-    if os.environ.get("PRISM_MODE"):
+    if settings.MODE.is_set():
         import pyarrow as pa
 
         pa.array([0])  # pyarrow imports pandas on its first conversion: ~0.3 s and 40 MiB, once here
