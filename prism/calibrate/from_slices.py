@@ -38,7 +38,8 @@ import pyarrow as pa
 from prism import artifacts
 from prism.calibrate import durations as rules
 from prism.calibrate.arrays import K_COLLECTIVE, K_RECV, K_SEND, K_WAIT
-from prism.calibrate.stage import CalibrateError, load_graph
+from prism.calibrate.stage import CalibrateError
+from prism.job import load_graph
 
 _I64_MIN = np.iinfo(np.int64).min
 

@@ -10,7 +10,7 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
   (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other
   event — those before any real op could move them and those after the last real op they could reach —
   from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`).
-- ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
+- ``iterations``: `prism.job.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
 - ``memory``: the sandbox ranks' memory at each of their markers.
 """
@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 
 from prism import artifacts, event_sequence, schemas
 from prism.calibrate import substitute
-from prism.calibrate.stage import JobGraph, iterations_table
 from prism.calibrate.sweep import Timeline
+from prism.job import JobGraph, iterations_table
 from prism.iterations import job_iteration_ends
 
 class MismatchError(Exception):

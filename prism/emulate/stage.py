@@ -29,7 +29,7 @@ import pyarrow as pa
 from prism import artifacts
 from prism import sql as prism_sql
 from prism.calibrate import substitute
-from prism.calibrate.stage import CalibrateError, load_graph
+from prism.job import GraphTablesError, load_graph
 from prism.emulate import inputs, outputs, sandbox
 
 PREFIX = "prism emulate"
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
                           args.prefetch_mb, args.force, not args.no_pin, what_if=shlex.split(args.what_if_args))
-    except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, CalibrateError,
+    except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, GraphTablesError,
             artifacts.ArtifactError) as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
         return 2

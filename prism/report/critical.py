@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from prism.calibrate.critical_path import critical_path
-from prism.calibrate.stage import load_graph
+from prism.job import load_graph
 
 
 def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: int) -> pl.DataFrame:

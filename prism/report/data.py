@@ -117,7 +117,7 @@ def job_iteration_time(iterations: pl.DataFrame) -> dict | None:
 
 def marker_iterations(events: pl.DataFrame) -> pl.DataFrame:
     """rank, iteration, end_ns, duration_ns from the iteration_end markers of a measured timeline (iteration k
-    of a rank: from its previous marker's end, as `prism.calibrate.stage.iterations_table` does)."""
+    of a rank: from its previous marker's end, as `prism.job.iterations_table` does)."""
     ends = (events.filter((pl.col("kind") == "marker") & (pl.col("op") == "iteration_end"))
             .select("rank", "iteration", "end_ns").sort("rank", "iteration"))
     return ends.with_columns(duration_ns=pl.col("end_ns") - pl.col("end_ns").shift(1).over("rank"))

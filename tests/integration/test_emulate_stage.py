@@ -15,7 +15,7 @@ import pytest
 
 from prism import artifacts, schemas
 from prism import sql as prism_sql
-from prism.calibrate.stage import iterations_table, load_graph
+from prism.job import iterations_table, load_graph
 from prism.calibrate.sweep import Timeline
 from prism.emulate import outputs, stage
 from tests.conftest import run_prism
