@@ -33,9 +33,14 @@ class JobError(ArtifactError):
 
 
 # -- where the artifacts are -----------------------------------------------------------------------------
+def graph_dir(job: Path) -> Path:
+    """JOB/graph: the graph stage's tables."""
+    return Path(job) / "graph"
+
+
 def graph_file(job: Path, name: str = "events") -> Path:
     """JOB/graph/NAME.parquet (events, comms, groups, ranks)."""
-    return Path(job) / "graph" / f"{name}.parquet"
+    return graph_dir(job) / f"{name}.parquet"
 
 
 def calibrated_dir(job: Path, folder: str = "calibrated") -> Path:

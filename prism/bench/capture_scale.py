@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from prism import job as job_files
 from prism.bench.sampled_run import TreeMemory, emulate_once
 
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
@@ -141,10 +142,10 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
 
     graph_s, graph_rss = _stage([sys.executable, "-m", "prism.cli", "graph", "--job", str(job)], f"graph at W={w}",
                                 left())
-    meta = json.loads((job / "raw" / "meta.json").read_text())
+    meta = json.loads(job_files.meta_path(job).read_text())
     import pyarrow.parquet as pq
 
-    events = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
+    events = pq.ParquetFile(job_files.graph_file(job, "events")).metadata.num_rows
     cap = meta["capture"]
     row = {
         "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), "wall_s": wall,

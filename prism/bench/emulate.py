@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prism import job as job_files
 from prism.bench import text_table
 from prism.bench.capture_scale import LAYOUTS, workload_args
 from prism.bench.sampled_run import emulate_once
@@ -83,11 +84,11 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
         "comm_id": g.comm, "op_event_id": g.wait_op, "iteration": np.zeros(n, dtype=np.int32),
         "group": pa.nulls(n, pa.string()), "group_seq": np.full(n, -1, dtype=np.int64),  # (names: not needed)
         "peer": np.full(n, -1, dtype=np.int32), "tag": np.zeros(n, dtype=np.int32)}),
-        folder / "graph" / "events.parquet")
+        job_files.graph_file(folder, "events"))
     pq.write_table(pa.table({"rank": rank, "seq": seq, "event_id": ids, "start_ns": tl.start_ns,
-                             "end_ns": tl.end_ns}, schema=schemas.TIMELINE), folder / "calibrated" / "timeline.parquet")
+                             "end_ns": tl.end_ns}, schema=schemas.TIMELINE), job_files.calibrated(folder, "timeline"))
     sandbox = (layout.pp - 1) * layout.tp * layout.dp
-    replay = TimedReplay(folder / "graph" / "events.parquet", folder / "calibrated" / "timeline.parquet", {sandbox})
+    replay = TimedReplay(job_files.graph_file(folder, "events"), job_files.calibrated(folder, "timeline"), {sandbox})
     job = replay.job
     real = [int(c) for c in job.comm_ids[replay.driven_mask]]
     replay.simulate({c: int(tl.comm_end_ns[c]) for c in real})
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for w in sizes:
             job = work / f"w{w}"
-            if args.reuse and (job / "calibrated" / "timeline.parquet").is_file():
+            if args.reuse and job_files.calibrated(job, "timeline").is_file():
                 print(f"  W={w}: reusing the calibrated job {job}", file=sys.stderr, flush=True)
             else:
                 print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)

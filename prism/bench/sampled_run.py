@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prism import job as job_files
+
 
 def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
@@ -96,13 +98,13 @@ def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] 
         err = f"stopped after {timeout:.0f} s (the time left)\n" + err
     if code != 0:
         raise RuntimeError(f"emulate of {job} failed ({code}):\n{err[-3000:]}")
-    meta = json.loads((job / "emulation" / "meta.json").read_text())
+    meta = json.loads(job_files.emulation(job, "meta.json").read_text())
     stats = meta.get("emulation", {})
-    it = pq.read_table(job / "emulation" / "iterations.parquet")
+    it = pq.read_table(job_files.emulation(job, "iterations.parquet"))
     sandbox_rows = it.filter(pc.equal(it["source"].cast("string"), "sandbox"))
     per_iter = [d for k, d in zip(sandbox_rows["iteration"].to_pylist(), sandbox_rows["duration_ns"].to_pylist())
                 if k >= 1] or sandbox_rows["duration_ns"].to_pylist()
-    cal = pq.read_table(job / "calibrated" / "iterations.parquet")
+    cal = pq.read_table(job_files.calibrated(job, "iterations"))
     ranks = [int(r) for r in meta.get("sandbox", [])]
     cal = cal.filter(pc.is_in(cal["rank"], pa.array(ranks, pa.int32())))
     predicted = [d for k, d in zip(cal["iteration"].to_pylist(), cal["duration_ns"].to_pylist()) if k >= 1]

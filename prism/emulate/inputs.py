@@ -82,22 +82,22 @@ def load(job_dir: str | Path) -> Job:
 
 def _same_run(job_dir: Path, cap: Path, meta: dict, world: int) -> None:
     """The graph and the calibration are of this capture (same run, same events)."""
-    graph_events = job_dir / "graph" / "events.parquet"
-    for path in (graph_events, job_dir / "graph" / "ranks.parquet", job_dir / "calibrated" / "timeline.parquet"):
+    graph_events = job_files.graph_file(job_dir, "events")
+    for path in (graph_events, job_files.graph_file(job_dir, "ranks"), job_files.calibrated(job_dir, "timeline")):
         artifacts.check_version(path)
     try:
-        artifacts.same_run([cap / "raw", graph_events, job_dir / "graph" / "ranks.parquet",
-                            job_dir / "calibrated" / "timeline.parquet"])
+        artifacts.same_run([job_files.raw_dir(cap), graph_events, job_files.graph_file(job_dir, "ranks"),
+                            job_files.calibrated(job_dir, "timeline")])
     except artifacts.ArtifactError as exc:
         raise EmulateInputError(str(exc)) from None
-    ranks = pq.read_table(job_dir / "graph" / "ranks.parquet", columns=["rank", "n_events"])
+    ranks = pq.read_table(job_files.graph_file(job_dir, "ranks"), columns=["rank", "n_events"])
     if ranks.num_rows != world:
         raise EmulateInputError(f"{job_dir / 'graph' / 'ranks.parquet'}: {ranks.num_rows} ranks, but the capture "
                                 f"{cap / 'raw'} has {world}: the graph is of another job; re-run `prism graph` and "
                                 "`prism calibrate` on this capture")
     expected = sum(ranks.column("n_events").to_pylist())
     n_graph = pq.ParquetFile(graph_events).metadata.num_rows
-    n_timeline = pq.ParquetFile(job_dir / "calibrated" / "timeline.parquet").metadata.num_rows
+    n_timeline = pq.ParquetFile(job_files.calibrated(job_dir, "timeline")).metadata.num_rows
     if n_graph != expected or n_timeline != n_graph:
         raise EmulateInputError(
             f"{job_dir / 'calibrated' / 'timeline.parquet'} has {n_timeline} events, {graph_events} {n_graph} "

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism import job as job_files
 from prism import artifacts, event_sequence, schemas
 from prism.calibrate import substitute
 from prism.calibrate.sweep import Timeline
@@ -119,7 +120,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     `graph` is ``graph/events.parquet`` in (rank, seq) order, `durations` / `transfers` the calibrated
     ones (`substitute.calibrated_inputs`); `steps` set: the sandbox may have stopped early.
     """
-    meta = json.loads((out / "raw" / "meta.json").read_text())
+    meta = json.loads(job_files.meta_path(out).read_text())
     t0 = int(meta["t0_ns"])
     ptr = job.graph.rank_ptr
     parts, rows = _sandbox_tables(out, sandbox, graph, ptr, steps is not None)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from prism import job as job_files
 from prism import artifacts
 from prism import sql as prism_sql
 from prism.calibrate import substitute
@@ -104,15 +105,15 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
     if devices is not None and devices < 1:
         raise EmulateError(f"--devices {devices}: at least one device slot")
     job = inputs.load(job_dir)
-    ranks_table = artifacts.read_parquet(job_dir / "graph" / "ranks.parquet")
+    ranks_table = artifacts.read_parquet(job_files.graph_file(job_dir, "ranks"))
     ranks = sandbox.resolve(spec, ranks_table)
     n_events = dict(zip(ranks_table["rank"].to_pylist(), ranks_table["n_events"].to_pylist()))
     inputs.check_ranks_captured(job, ranks, n_events)
     graph_job = load_graph(job_dir)
     durations, transfers, _ = substitute.calibrated_inputs(job_dir, graph_job)
-    graph = artifacts.read_parquet(job_dir / "graph" / "events.parquet").sort_by(
+    graph = artifacts.read_parquet(job_files.graph_file(job_dir, "events")).sort_by(
         [("rank", "ascending"), ("seq", "ascending")])
-    calibrated = artifacts.read_parquet(job_dir / "calibrated" / "iterations.parquet")
+    calibrated = artifacts.read_parquet(job_files.calibrated(job_dir, "iterations"))
 
     staging = job_dir / f".emulation.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -135,7 +136,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
             shutil.copy2(launch_log, result / "logs" / "launch.log")
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
         (result / "summary.txt").write_text(text)
-        shutil.copy2(run_dir / "raw" / "meta.json", result / "meta.json")  # the launch's stats
+        shutil.copy2(job_files.meta_path(run_dir), result / "meta.json")  # the launch's stats
         _publish(result, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
+from prism import job as job_files
 from prism.report import data, plots
 from prism.report.critical import iteration_critical_path
 
@@ -70,7 +71,7 @@ def build(job: str | Path) -> str:
     missing (the report needs the prediction)."""
     job = Path(job)
     calibrated = data.load_timeline(job, "calibrated")
-    iters_path = job / "calibrated" / "iterations.parquet"
+    iters_path = job_files.calibrated(job, "iterations")
     if not iters_path.is_file():
         raise data.ReportError(f"{iters_path} is missing: run the calibrate stage first (prism calibrate --job {job})")
     iterations = pl.read_parquet(iters_path)
@@ -79,9 +80,9 @@ def build(job: str | Path) -> str:
     per_rank = data.per_rank_iteration(iterations)
 
     baseline = emulation = None
-    if (job / "baseline" / "graph" / "events.parquet").is_file():
+    if job_files.graph_file(job_files.baseline(job), "events").is_file():
         baseline = data.load_timeline(job, "baseline")
-    if (job / "emulation" / "events.parquet").is_file():
+    if job_files.emulation(job, "events.parquet").is_file():
         emulation = data.load_timeline(job, "emulation")
     base_iters = data.marker_iterations(baseline.events) if baseline else None
     measured = data.job_iteration_time(base_iters) if base_iters is not None and base_iters.height else None
@@ -128,7 +129,7 @@ def build(job: str | Path) -> str:
                             f"Predicted timeline of iteration {shown} (black: the critical path)"))
 
     page.heading("Compute, communication, idle")
-    own = job / "slices" / "durations.parquet"
+    own = job_files.own_durations(job)
     breakdown = data.time_breakdown(calibrated.events, pl.read_parquet(own) if own.is_file() else None)
     if not own.is_file():
         page.text("No slices/durations.parquet: idle time is not separated from communication.", "note")
@@ -169,7 +170,7 @@ def _emulation_section(page: Page, job: Path, emulation: data.Timeline, per_rank
         page.text(f"{job / 'emulation' / 'events.parquet'} has no source column: sandbox ranks unknown.", "note")
         return
     sandbox = sorted(ev.filter(pl.col("source") == "sandbox")["rank"].unique().to_list())
-    path = job / "emulation" / "iterations.parquet"
+    path = job_files.emulation(job, "iterations.parquet")
     iters = pl.read_parquet(path) if path.is_file() else data.marker_iterations(ev)
     if "duration_ns" not in iters.columns:
         iters = data.marker_iterations(ev)

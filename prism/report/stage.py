@@ -13,13 +13,14 @@ import os
 import sys
 from pathlib import Path
 
+from prism import job as job_files
 from prism.artifacts import ArtifactError
 
 
 def write_report(job: Path, out: Path | None = None) -> Path:
     from prism.report.html import build
 
-    out = out or job / "report" / "report.html"
+    out = out or job_files.report(job)
     page = build(job)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -63,7 +63,7 @@ def _capture_dir(job: Path, explicit: Path | None) -> tuple[Path, dict]:
 
 
 def _plan(job: Path, k: int) -> list[int]:
-    path = job / "slices" / "plan.parquet"
+    path = job_files.slice_plan(job)
     if not path.is_file():
         raise SliceError(f"{path}: missing; run `python -m prism.slices.plan --job {job} --devices P` first")
     try:
@@ -150,10 +150,10 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
         timed_by: Path | None = None) -> int:
     ranks = _plan(job, k)
     cap, meta = _capture_dir(job, capture)
-    graph_path = job / "graph" / "events.parquet"
+    graph_path = job_files.graph_file(job, "events")
     if not graph_path.is_file():
         raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
-    sources = [cap / "raw", graph_path, job / "slices" / "plan.parquet"]
+    sources = [job_files.raw_dir(cap), graph_path, job_files.slice_plan(job)]
     if timed_by is not None:
         if not timed_by.is_file():
             raise SliceError(f"--timed-by {timed_by}: missing; calibrate the untimed slices first (prism calibrate "
@@ -180,7 +180,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
                   file=sys.stderr)
             return code
         graph = artifacts.read_parquet(graph_path)
-        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
+        run_meta = json.loads(job_files.meta_path(staging).read_text())
         parts = []
         for r in ranks:
             measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
