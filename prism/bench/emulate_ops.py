@@ -114,7 +114,8 @@ def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> No
         else:  # the compensator of the trailing virtual member, as the replay worker runs it
             parts = pruned.participants(members, set(sandbox))
             index = [i for i, (r, _) in enumerate(parts) if r == rank][0]
-            pg = ProcessGroupGloo(PrefixStore("gloo/", emulate_transport.emu_store(group, store)), index, len(parts), TIMEOUT)
+            pg = ProcessGroupGloo(PrefixStore("gloo/", emulate_transport.emu_store(group, store)), index, len(parts),
+                                  TIMEOUT)
         for name in ops:
             c = case(name, rank, w)
             want = None

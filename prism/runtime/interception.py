@@ -189,7 +189,7 @@ def finish(code: int = 0) -> None:
     if rec is not None and code == 0:
         rec.close()
     if modes.get(_state["mode"]).sandbox and code == 0:  # the sandbox rank's transports' numbers
-        from prism.runtime.emulate.transport import write_rank_stats
+        from prism.runtime.emulate.works import write_rank_stats
 
         write_rank_stats(int(os.environ.get("RANK", "0")))
     if linked:

@@ -37,8 +37,6 @@ payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -49,7 +47,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism import settings
 from prism.runtime.emulate import compensation as comp
-from prism.runtime import ops, semantics, shm, thread_cpu
+from prism.runtime import ops, semantics, shm
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
@@ -470,19 +468,6 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
                 found.setdefault((group, tag), []).append((seq, peer))
         _ANYSOURCE[rank] = {key: [p for _, p in sorted(v)] for key, v in found.items()}
     return _ANYSOURCE[rank]
-
-
-def write_rank_stats(rank: int) -> None:
-    """At the sandbox rank's end: its transports' numbers, for meta.json (`emulation`)."""
-    folder = settings.STATUS_DIR.get()
-    if folder and STATS["groups"]:  # (not in the zygote, which has no groups)
-        path = Path(folder) / f"emulate-rank{rank}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        fold_cuda = sys.modules.get("prism.runtime.emulate.fold_cuda")  # loaded only where a CUDA tensor was folded
-        diagnostics = dict(HOPS, threads_cpu_s=thread_cpu.by_thread())
-        tmp.write_text(json.dumps(dict(STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
-                                       diagnostics=diagnostics)))
-        os.replace(tmp, path)
 
 
 _T0_NS: list[int] = []  # the common start, once met

@@ -1,4 +1,5 @@
-"""Mode `emulate`, the replay worker: one process that stands in for every virtual rank (see `prism.runtime.emulate.transport`).
+"""Mode `emulate`, the replay worker: one process that stands in for every virtual rank (see
+`prism.runtime.emulate.transport`).
 
 It reads the capture's plan (`prism.runtime.replay.plan.load_plan`), creates the compensators of each group that holds a
 sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one

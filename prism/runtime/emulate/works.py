@@ -16,26 +16,32 @@ an iteration past the model, device-10a in `docs/fidelity.md`).
 - `NativeWork`: a native gloo op of an all-sandbox group (`native_group`); it can be held the same way,
   but `EmulateTransport` gives it no floor (the job's own op is not held: `EmulateTransport._native`).
 - `SourceWork`: a recv's work that says who sent.
-`STATS` are the rank's numbers (`emulate.transport.write_rank_stats`), shared with `emulate.transport` and `emulate.worker`.
+`STATS` are the rank's numbers (`write_rank_stats`), shared with `emulate.transport` and `emulate.worker`.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
+import os
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch._C._distributed_c10d import Work
 
+from prism import settings
+from prism.runtime import thread_cpu
 from prism.runtime.work_parts import Forwarding, OwnResult
 
 STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
           "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
 STATS_LOCK = threading.Lock()
-# where a protocol collective's time goes on the rank (s, summed; `emulate.transport.write_rank_stats` "diagnostics"):
+# where a protocol collective's time goes on the rank (s, summed; `write_rank_stats` "diagnostics"):
 # issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
 # waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
 # how far past the op's floor its data, then the floor message, came in (where the group has other
@@ -238,3 +244,16 @@ class SourceWork(Forwarding, Work):
 
     def _source_rank(self) -> int:
         return self._src
+
+
+def write_rank_stats(rank: int) -> None:
+    """At the sandbox rank's end: its transports' numbers (`STATS`, `HOPS`), for meta.json (`emulation`)."""
+    folder = settings.STATUS_DIR.get()
+    if folder and STATS["groups"]:  # (not in the zygote, which has no groups)
+        path = Path(folder) / f"emulate-rank{rank}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        fold_cuda = sys.modules.get("prism.runtime.emulate.fold_cuda")  # loaded only where a CUDA tensor was folded
+        diagnostics = dict(HOPS, threads_cpu_s=thread_cpu.by_thread())
+        tmp.write_text(json.dumps(dict(STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
+                                       diagnostics=diagnostics)))
+        os.replace(tmp, path)

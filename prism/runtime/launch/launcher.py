@@ -213,7 +213,8 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
         env[settings.CORES.name] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     if mode.replay:  # the store is hosted by the supervisor, as in capture
         env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0")
-        env.update({settings.CAPTURE.name: str(spec.capture), settings.SLICE_RANKS.name: ",".join(map(str, spec.slice_ranks)),
+        env.update({settings.CAPTURE.name: str(spec.capture),
+                    settings.SLICE_RANKS.name: ",".join(map(str, spec.slice_ranks)),
                     settings.PRUNING.name: str(int(spec.pruning)), settings.STATUS_DIR.name: str(status_dir)})
         if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
