@@ -16,7 +16,7 @@ run's members (from the capture's payloads). Reductions fold in a chain in group
 `prefold`/`fold_from`/`finish`), so a sandbox member's result is bitwise what `semantics` defines over its
 live values and the virtual ranks' recorded ones — not the capture's result (which slice mode
 substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
-outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
+outputs (`ContributionTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
 stay async. A collective run by the protocol completes no earlier than the member's arrival (its call) +
 the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is
@@ -51,7 +51,7 @@ from prism.runtime import ops, semantics, shm
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
-from prism.runtime.capture.transport import CaptureTransport
+from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
@@ -211,17 +211,7 @@ class GlooWire:
 
 
 # -- rank side ---------------------------------------------------------------------------------------------
-class _Reader:
-    """What `CaptureTransport`'s completion functions read (`c.read(key, "-r<i>")`), from an exchange."""
-
-    def __init__(self, owner: "EmulateTransport") -> None:
-        self.owner = owner
-
-    def read(self, key: tuple, suffix: str):
-        return self.owner.got[key][int(suffix.removeprefix("-r"))]
-
-
-class EmulateTransport(CaptureTransport):
+class EmulateTransport(ContributionTransport):
     """The transport of one group of a sandbox rank (see the module doc)."""
 
     def __init__(self, store, group_name: str, group_rank: int, members: list[int],
@@ -231,7 +221,7 @@ class EmulateTransport(CaptureTransport):
         self.members = tuple(members)
         self.n = len(members)
         self.seq = 0
-        self._sent, self._received, self._received_any = {}, {}, {}  # (CaptureTransport: lazy properties)
+        self.received_any: dict[int, int] = {}  # recvs from any source, by tag
         STATS["groups"] += 1
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
@@ -246,7 +236,6 @@ class EmulateTransport(CaptureTransport):
         self.floor_src = floor_sender(self.parts, sandbox_ranks())
         self.got: dict[tuple, dict] = {}
         self.store = store
-        self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
 
     def _keep(self, key, outputs, work_id) -> None:  # nothing is kept: the values are this run's
@@ -255,6 +244,9 @@ class EmulateTransport(CaptureTransport):
     def _inputs(self, key: tuple, members=None):
         got = self.got[key]
         return [got[i] for i in (range(self.n) if members is None else members)]
+
+    def _contribution(self, key: tuple, member: int):
+        return self.got[key][member]
 
     def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
         if self.native:
@@ -435,7 +427,7 @@ class EmulateTransport(CaptureTransport):
 
 
 def _native_result(method: str, args: tuple):
-    """What a native collective's work answers as its result (the outputs, as `CaptureTransport` gives)."""
+    """What a native collective's work answers as its result (the outputs, as `ContributionTransport` gives)."""
     if method == "broadcast":
         return list(args[0])
     if method == "barrier":
