@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
 from prism import job as job_files
 from prism import artifacts
 from prism.calibrate import substitute
