@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from prism import settings
+
 
 def _import_jsonschema():
     """jsonschema without its optional `iri` format checker. Where rfc3987-syntax is installed (Jupyter's
@@ -110,11 +112,11 @@ class JobConfig:
     def environment(self) -> dict[str, str]:
         """What a stage exports to the ranks it launches: the device the job runs on, and the boundary
         functions the workload names (the variables of prism.runtime.named_boundaries)."""
-        env = {"PRISM_DEVICE": self.device}
+        env = {settings.DEVICE.name: self.device}
         if self.workload.iteration_fn:
-            env["PRISM_ITERATION_FN"] = self.workload.iteration_fn
+            env[settings.ITERATION_FN.name] = self.workload.iteration_fn
         if self.workload.microbatch_fn:
-            env["PRISM_MICROBATCH_FN"] = self.workload.microbatch_fn
+            env[settings.MICROBATCH_FN.name] = self.workload.microbatch_fn
         return env
 
 

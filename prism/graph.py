@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import json
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from prism import job as job_files
 from prism import schemas
 from prism.artifacts import ArtifactError, read_raw_stream, same_run, write_outputs
 from prism.graph_matching import (GraphError, check_comm_events, match_collectives, match_p2p, ranks_str,
@@ -47,25 +47,6 @@ _DIM_WORD = re.compile(r"(?<![a-z0-9])(tp|pp|dp|ep)(?![a-z0-9])")
 
 
 # ---------------------------------------------------------------------------------------------- reading
-
-
-def _read_meta(raw_dir: Path) -> dict:
-    path = raw_dir / "meta.json"
-    if not path.is_file():
-        raise GraphError(f"{path}: missing (the capture did not finish writing the job's metadata)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(meta.get("world_size"), int) or meta["world_size"] < 1:
-        raise GraphError(f"{path}: world_size must be a positive integer, got {meta.get('world_size')!r}")
-    version = str(meta.get("schema_version", schemas.SCHEMA_VERSION))
-    if version != schemas.SCHEMA_VERSION:
-        raise GraphError(
-            f"{path}: schema_version {version!r}, this prism reads {schemas.SCHEMA_VERSION!r}; "
-            "re-run the capture with this prism"
-        )
-    return meta
 
 
 def _rank_dirs(raw_dir: Path, world: int) -> list[Path]:
@@ -312,7 +293,7 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
             f"{raw_dir}: no raw streams (missing folder); run the capture first "
             "(`prism launch --mode capture --out JOB ...`, or `make demo`)"
         )
-    meta = _read_meta(raw_dir)
+    meta = job_files.read_meta_file(job_files.raw_meta(raw_dir))
     world = meta["world_size"]
     raw_events, raw_groups = _read_ranks(_rank_dirs(raw_dir, world))
     ev = pl.from_arrow(raw_events)

@@ -46,7 +46,7 @@ from typing import Callable
 
 import duckdb
 
-from prism import artifacts, sql_views
+from prism import artifacts, settings, sql_views
 
 DEFAULT_JOB = Path("results/default")
 CATALOG = "prism.duckdb"
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", action="store_true", help="print CSV instead of an aligned table")
     parser.add_argument("--write-catalog", action="store_true", help=f"write JOB/{CATALOG} with the views")
     args = parser.parse_args(argv)
-    job_dir = args.job or Path(os.environ.get("PRISM_JOB") or DEFAULT_JOB)
+    job_dir = args.job or Path(settings.JOB.get() or DEFAULT_JOB)
     if args.query is None and not args.write_catalog:
         parser.error("give a query (or --write-catalog)")
     try:

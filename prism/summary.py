@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from prism import job as job_files
 from prism import artifacts
 from prism.iterations import iteration_times
 
@@ -64,7 +65,7 @@ def oom_lines(job_dir: Path) -> list[str]:
 
 def summarize(job_dir: Path) -> str:
     oom = oom_lines(job_dir)
-    if oom and not (job_dir / "graph" / "events.parquet").is_file():
+    if oom and not job_files.graph_file(job_dir, "events").is_file():
         return "\n".join([f"prism summary of {job_dir}", ""] + oom) + "\n"
     con = duckdb.connect()
     graph = job_dir / "graph"
@@ -74,10 +75,10 @@ def summarize(job_dir: Path) -> str:
             raise FileNotFoundError(f"{path} is missing: run the graph stage first (prism graph "
                                     f"--job {job_dir})")
         con.read_parquet(str(path)).create_view(name)  # the path is a value, never pasted into SQL
-    meta_path = next((p for p in (job_dir / "raw" / "meta.json", job_dir / "capture" / "raw" / "meta.json")
+    meta_path = next((p for p in (job_files.meta_path(job_dir), job_files.meta_path(job_dir / "capture"))
                       if p.is_file()), None)
     inputs = [graph / f"{name}.parquet" for name in ("events", "comms", "groups", "ranks")]
-    inputs += [p for p in (job_dir / "calibrated" / "iterations.parquet",) if p.is_file()]
+    inputs += [p for p in (job_files.calibrated(job_dir, "iterations"),) if p.is_file()]
     for path in inputs:  # a corrupt page is named here, not deep inside a DuckDB query
         artifacts.check_version(path)
         artifacts.verify_parquet(path)
@@ -149,7 +150,7 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
         cpu = sorted(c for _, _, c in per_iter)
         lines.append(f"compute per rank and iteration (CPU time, iterations >= 1): median {_ms(statistics.median(cpu))}, "
                      f"min {_ms(cpu[0])}, max {_ms(cpu[-1])}")
-    iters = job_dir / "calibrated" / "iterations.parquet"
+    iters = job_files.calibrated(job_dir, "iterations")
     if iters.is_file():
         con.read_parquet(str(iters)).create_view("predicted")
         ends = con.execute("SELECT iteration, end_ns FROM predicted").fetchnumpy()

@@ -7,9 +7,10 @@
 #    private MiB a rank median/max, tree PSS, wall.
 # 3. scripts/rank_memory.py --sizes 64 --devices 16 (immortal on): where a rank's private pages are.
 # 4. W=1024 capture (bench, P=16) with py-spy recording the zygote (its coordinator) if PYSPY holds the
-#    py-spy wheel (OUT/zygote-w1024.txt: collapsed stacks), then the same with PRISM_CAPTURE_BATCH=0.
+#    py-spy wheel (OUT/zygote-w1024.txt: collapsed stacks).
 #    Each row has the coordinator's CPU seconds and wall, the fork loop's seconds, packets and messages.
-# (Ran at 33f18d4; PRISM_CAPTURE_BATCH, the batching it turned off, and the rows' "requests" were removed after.)
+# (Ran at 33f18d4, which also ran step 4 with PRISM_CAPTURE_BATCH=0 (OUT/w1024-nobatch.json); that variable,
+# the batching it turned off, and the rows' "requests" were removed after: the step is gone from this script.)
 set -uo pipefail
 out=$1 py=${PYTHON:-python3} pkgs=${PKGS:-}
 mkdir -p /tmp/site
@@ -49,9 +50,6 @@ if [ -n "$spy" ]; then
 fi
 wait $bench
 tail -4 /tmp/w1024.log
-echo "== 4b. W=1024 capture, PRISM_CAPTURE_BATCH=0"
-PRISM_CAPTURE_BATCH=0 $py -m prism.bench.capture_scale --sizes 1024 --devices 16 --json "$out/w1024-nobatch.json" \
-    --out /tmp/probe-w1024b 2>&1 | tail -4
 for f in "$out"/w*.json; do
     echo "== $f"; $py -c "import json,sys; [print({k: v for k, v in r.items() if k in ('W','wall_s','pss_peak','rank_private_mib_median','rank_private_mib_max','messages','requests','switches','events','events_per_s','coordinator_cpu_s','coordinator_wall_s','fork_s','immortal')}) for r in json.load(open(sys.argv[1]))]" "$f"
 done

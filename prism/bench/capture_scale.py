@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from prism import job as job_files
+from prism.bench.sampled_run import TreeMemory, emulate_once
 from prism.bench.size_stages import Stages, _stage, extrapolated_s, one_line, write_json  # noqa: F401 (_stage: tests)
 
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
@@ -55,72 +57,6 @@ def layout_args(tp: int, pp: int, dp: int, ep: int, steps: int) -> list[str]:
             "--steps", str(steps), "--microbatches", str(pp), "--micro-batch-size", "1", "--seq-len", "16",
             "--hidden", "32", "--ffn-hidden", "32", "--heads", str(heads), "--kv-heads", str(heads),
             "--layers", str(pp), "--experts", str(ep), "--topk", "1", "--vocab", "64"]
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def _pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class TreeMemory(threading.Thread):
-    """Samples the summed PSS of a process tree; `peak` is the largest sample."""
-
-    def __init__(self, root: int, period: float) -> None:
-        super().__init__(daemon=True)
-        self.root, self.period, self.peak, self.samples = root, period, 0, 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, sum(_pss(p) for p in _descendants(self.root)))
-            self.samples += 1
-            self.stop.wait(self.period)
-
-
-def run_sampled(cmd: list[str], timeout: float | None = None, period: float = 0.5, **popen):
-    """Run `cmd` (stdout discarded, stderr kept) while sampling its process tree's PSS; on `timeout` it is
-    stopped with SIGTERM (prism's launcher then stops its ranks and writes nothing half). Returns
-    (returncode, stderr, wall seconds, peak PSS bytes, timed out)."""
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
-    sampler = TreeMemory(proc.pid, period=period)
-    sampler.start()
-    timed_out = False
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        proc.terminate()
-        _, err = proc.communicate()
-    finally:
-        sampler.stop.set()
-        sampler.join()
-    return proc.returncode, err, time.monotonic() - start, sampler.peak, timed_out
 
 
 def _cgroup() -> Path | None:
@@ -181,7 +117,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     def left() -> float | None:
         return None if deadline is None else deadline - time.monotonic()
 
-    meta = json.loads((job / "raw" / "meta.json").read_text())
+    meta = json.loads(job_files.meta_path(job).read_text())
     cap = meta["capture"]
     row = {
         "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
@@ -217,7 +153,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
         return
     import pyarrow.parquet as pq
 
-    row["events"] = pq.ParquetFile(job / "graph" / "events.parquet").metadata.num_rows
+    row["events"] = pq.ParquetFile(job_files.graph_file(job, "events")).metadata.num_rows
     row["events_per_s"] = row["events"] / row["wall_s"]
     row["graph_bytes"] = _folder_bytes(job / "graph")
     stages.save(row)
@@ -235,8 +171,6 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
             row["bare_calibrate_s"], row["bare_calibrate_rss"] = row.pop("calibrate_s"), row.pop("calibrate_rss")
         scale_slices.run(job, stages)
     if emulate and not stages.failed:
-        from prism.bench.emulate import emulate_once  # (it imports this module)
-
         try:
             em = emulate_once(job, None, 1, timeout=stages.left())
         except RuntimeError as exc:

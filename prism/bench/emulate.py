@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,12 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prism import job as job_files
 from prism.bench import text_table
-from prism.bench.capture_scale import LAYOUTS, run_sampled, workload_args
+from prism.bench.capture_scale import LAYOUTS, workload_args
+from prism.bench.sampled_run import emulate_once
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -49,41 +49,6 @@ def prepare(w: int, devices: int, steps: int, work: Path) -> Path:
     _run(prism + ["graph", "--job", str(job)], f"graph at W={w}")
     _run(prism + ["calibrate", "--job", str(job)], f"calibrate at W={w}")
     return job
-
-
-def emulate_once(job: Path, sandbox: str | None, devices: int, extra: list[str] = (),
-                 timeout: float | None = None) -> dict:
-    """Time one ``prism emulate`` of `job`; returns the row of the table. Stopped (SIGTERM: prism stops its
-    ranks and writes no partial `emulation/`) and reported as failed after `timeout` seconds."""
-    cmd = [sys.executable, "-m", "prism.cli", "emulate", "--job", str(job), "--devices", str(devices), "--force",
-           *extra] + ([] if sandbox is None else ["--sandbox", sandbox])
-    code, err, wall, peak, timed_out = run_sampled(cmd, timeout)
-    if timed_out:
-        err = f"stopped after {timeout:.0f} s (the time left)\n" + err
-    if code != 0:
-        raise RuntimeError(f"emulate of {job} failed ({code}):\n{err[-3000:]}")
-    meta = json.loads((job / "emulation" / "meta.json").read_text())
-    stats = meta.get("emulation", {})
-    it = pq.read_table(job / "emulation" / "iterations.parquet")
-    sandbox_rows = it.filter(pc.equal(it["source"].cast("string"), "sandbox"))
-    per_iter = [d for k, d in zip(sandbox_rows["iteration"].to_pylist(), sandbox_rows["duration_ns"].to_pylist())
-                if k >= 1] or sandbox_rows["duration_ns"].to_pylist()
-    cal = pq.read_table(job / "calibrated" / "iterations.parquet")
-    ranks = [int(r) for r in meta.get("sandbox", [])]
-    cal = cal.filter(pc.is_in(cal["rank"], pa.array(ranks, pa.int32())))
-    predicted = [d for k, d in zip(cal["iteration"].to_pylist(), cal["duration_ns"].to_pylist()) if k >= 1]
-    cone = stats.get("cone") or {}
-    return {
-        "W": meta.get("world_size"), "sandbox": ",".join(map(str, meta.get("sandbox", []))), "wall_s": wall,
-        "startup_s": stats.get("startup_s"), "pss_peak": peak, "communicators": stats.get("communicators"),
-        "iteration_s": statistics.median(per_iter) / 1e9 if per_iter else None,
-        "iteration_samples": len(per_iter),
-        "calibrated_iteration_s": statistics.median(predicted) / 1e9 if predicted else None,
-        "cone_live_events": cone.get("cone_live_events"), "virtual_events": cone.get("virtual_events"),
-        "gate_late_max_ms": cone.get("gate_late_max_ms"), "real_comms_gated": cone.get("real_comms_gated"),
-        "replay_setup_s": cone.get("replay_setup_s"), "replay_kernel_s": cone.get("replay_kernel_s"),
-        "prefetch": stats.get("prefetch"),
-    }
 
 
 def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
@@ -119,11 +84,11 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
         "comm_id": g.comm, "op_event_id": g.wait_op, "iteration": np.zeros(n, dtype=np.int32),
         "group": pa.nulls(n, pa.string()), "group_seq": np.full(n, -1, dtype=np.int64),  # (names: not needed)
         "peer": np.full(n, -1, dtype=np.int32), "tag": np.zeros(n, dtype=np.int32)}),
-        folder / "graph" / "events.parquet")
+        job_files.graph_file(folder, "events"))
     pq.write_table(pa.table({"rank": rank, "seq": seq, "event_id": ids, "start_ns": tl.start_ns,
-                             "end_ns": tl.end_ns}, schema=schemas.TIMELINE), folder / "calibrated" / "timeline.parquet")
+                             "end_ns": tl.end_ns}, schema=schemas.TIMELINE), job_files.calibrated(folder, "timeline"))
     sandbox = (layout.pp - 1) * layout.tp * layout.dp
-    replay = TimedReplay(folder / "graph" / "events.parquet", folder / "calibrated" / "timeline.parquet", {sandbox})
+    replay = TimedReplay(job_files.graph_file(folder, "events"), job_files.calibrated(folder, "timeline"), {sandbox})
     job = replay.job
     real = [int(c) for c in job.comm_ids[replay.driven_mask]]
     # a real comm completes when its first member sees it: the cone's completion (`prism.clock_rule`: a wait
@@ -250,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for w in sizes:
             job = work / f"w{w}"
-            if args.reuse and (job / "calibrated" / "timeline.parquet").is_file():
+            if args.reuse and job_files.calibrated(job, "timeline").is_file():
                 print(f"  W={w}: reusing the calibrated job {job}", file=sys.stderr, flush=True)
             else:
                 print(f"  W={w}: capture, graph, calibrate ...", file=sys.stderr, flush=True)

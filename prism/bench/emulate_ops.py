@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllToAllOptions, BroadcastOptions,
                                         PrefixStore, ProcessGroupGloo, ReduceOp, ReduceScatterOptions, TCPStore)
 
+from prism import settings
 from prism.bench import text_table
 
 OPS = ["a2a_counts", "a2a", "all_reduce", "all_gather", "reduce_scatter", "broadcast"]
@@ -94,8 +95,8 @@ def _args(c: dict, out):
 
 
 def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> None:
-    os.environ["PRISM_PRUNING"] = "1"
-    from prism.runtime.emulate import transport as emulation
+    os.environ[settings.PRUNING.name] = "1"
+    from prism.runtime.emulate import transport as emulate_transport
     from prism.runtime.emulate import pruned
     from prism.runtime.semantics import RedOp
 
@@ -106,14 +107,15 @@ def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> No
     rows = []
     for shape in SHAPES:
         sandbox = members if shape == "sandbox" else members[:-1]
-        os.environ["PRISM_SLICE_RANKS"] = ",".join(map(str, sandbox))
+        os.environ[settings.SLICE_RANKS.name] = ",".join(map(str, sandbox))
         group = f"bench-{shape}"
         if rank in sandbox:
-            tr = emulation.EmulateTransport(store, group, rank, members, TIMEOUT)
+            tr = emulate_transport.EmulateTransport(store, group, rank, members, TIMEOUT)
         else:  # the compensator of the trailing virtual member, as the replay worker runs it
             parts = pruned.participants(members, set(sandbox))
             index = [i for i, (r, _) in enumerate(parts) if r == rank][0]
-            pg = ProcessGroupGloo(PrefixStore("gloo/", emulation.emu_store(group, store)), index, len(parts), TIMEOUT)
+            pg = ProcessGroupGloo(PrefixStore("gloo/", emulate_transport.emu_store(group, store)), index, len(parts),
+                                  TIMEOUT)
         for name in ops:
             c = case(name, rank, w)
             want = None
@@ -129,7 +131,7 @@ def _worker(rank: int, w: int, port: int, ops: list[str], n: int, results) -> No
                     tr.call(c["method"], torch.device("cpu"), *_args(c, out), op=c["op"]).wait()
                 else:
                     proto = pruned.Protocol(c["op"], members, set(sandbox), parts, c["root"])
-                    wire = emulation.GlooWire(pg)
+                    wire = emulate_transport.GlooWire(pg)
                     own = {members.index(rank): (dict(c["record"][0], op=c["op"]), c["record"][1])}
                     pruned.run(proto, index, own, wire, getattr(RedOp, c["red"]) if c["red"] else None)
                     wire.flush()

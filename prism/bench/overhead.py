@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from prism import settings
 from prism.runtime.launch import launcher
 
 DRIVER = Path(__file__).with_name("driver.py")
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus = torch.cuda.device_count()
         backend = "nccl" if gpus >= args.nproc else "gloo"  # NCCL needs a GPU per rank
         workload += ["--device", "cuda", "--backend", backend]
-        os.environ["PRISM_DEVICE"] = "cuda"
+        os.environ[settings.DEVICE.name] = "cuda"
         where = f"{torch.cuda.get_device_name(0)} x{min(gpus, args.nproc)}, {backend}"
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
     written: dict[str, list[int]] = {v: [] for v in VARIANTS}

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from prism import job as job_files
 from prism.bench import text_table
 from prism.runtime import semantics
 from prism.runtime.emulate.pruned import PrunedGroup, individual_all_reduce_bytes, ring_all_reduce_bytes
@@ -75,7 +76,7 @@ def measure(name: str, w: int, steps: int, work: Path) -> dict:
         wall, text = _launch(["--nproc", str(w), "--mode", "emulate", "--capture", str(job / "capture"),
                               "--sandbox", str(sandbox), "--devices", "1", *([] if on else ["--no-pruning"]),
                               "--out", str(out), *prog], f"emulation of {label} at W={w} (pruning {on})")
-        emu = json.loads((out / "raw" / "meta.json").read_text())["emulation"]
+        emu = json.loads(job_files.meta_path(out).read_text())["emulation"]
         key = "on" if on else "off"
         row.update({f"{key}_communicators": emu["communicators"], f"{key}_bytes": emu["bytes_moved"],
                     f"{key}_wall_s": wall})

@@ -42,10 +42,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from prism import job as job_files
 from prism import artifacts
 from prism.calibrate import durations as rules
 from prism.calibrate.arrays import K_COLLECTIVE, K_RECV, K_SEND, K_WAIT
-from prism.calibrate.stage import CalibrateError, load_graph
+from prism.calibrate.stage import CalibrateError
+from prism.job import load_graph
 
 _I64_MIN = np.iinfo(np.int64).min
 
@@ -164,7 +166,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     g, c = job.graph, job.columns
     n = len(job.event_ids)
     position = {int(e): i for i, e in enumerate(job.event_ids)}
-    plan = artifacts.read_parquet(job_dir / "slices" / "plan.parquet").to_pylist()
+    plan = artifacts.read_parquet(job_files.slice_plan(job_dir)).to_pylist()
     device, cpu = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
     t_start, t_end, t_complete = (np.full(n, -1, dtype=np.int64) for _ in range(3))
     measured = np.zeros(n, dtype=bool)
@@ -209,7 +211,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
     source = np.full(n, -1, dtype=np.int64)  # a borrowed event's source event
-    for dst, src in representatives(plan, job_dir / "slices" / "plan.parquet").items():
+    for dst, src in representatives(plan, job_files.slice_plan(job_dir)).items():
         dst_rows = np.flatnonzero(ranks == dst)
         src_rows = np.flatnonzero(ranks == src)
         if len(dst_rows) != len(src_rows):
@@ -261,11 +263,11 @@ def _tables(job, dur: np.ndarray, transfer: np.ndarray) -> tuple[pa.Table, pa.Ta
 def inputs(job_dir: Path, slices_dir: str = "slices") -> list[Path]:
     """The artifacts the durations come from (which must share one run): the graph, the plan, and the
     events of every measured slice."""
-    plan = job_dir / "slices" / "plan.parquet"
+    plan = job_files.slice_plan(job_dir)
     slices = sorted({r["slice"] for r in artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
                      if r["measured"]})
     found = [job_dir / slices_dir / f"slice={k}" / name for k in slices for name in ("events.parquet", "replay.parquet")]
-    return [job_dir / "graph" / "events.parquet", job_dir / "graph" / "comms.parquet", plan,
+    return [job_files.graph_file(job_dir, "events"), job_files.graph_file(job_dir, "comms"), plan,
             *(p for p in found if p.is_file())]
 
 

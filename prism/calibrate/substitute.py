@@ -19,8 +19,8 @@ import numpy as np
 
 from prism.calibrate import durations as rules
 from prism.calibrate.arrays import K_COMPUTE, K_MARKER
-from prism.calibrate.stage import JobGraph, _id_rank
 from prism.calibrate.sweep import Timeline, discover
+from prism.job import JobGraph, id_rank
 
 
 def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, np.ndarray, str]:
@@ -32,7 +32,7 @@ def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, n
     for folder in ("slices_timed", "slices"):  # what calibrated/ is made of: the timed pass when there is one
         d_path, t_path = job_dir / folder / "durations.parquet", job_dir / folder / "transfers.parquet"
         if d_path.is_file() and t_path.is_file():
-            dur = rules.read_durations(d_path, np.sort(job.event_ids))[_id_rank(job.event_ids)]
+            dur = rules.read_durations(d_path, np.sort(job.event_ids))[id_rank(job.event_ids)]
             xfer = rules.read_transfers(t_path, job.comm_ids)
             return dur, xfer, f"slice runs ({folder}/durations.parquet, {folder}/transfers.parquet)"
     return dur, xfer, "bare graph (no slice runs)"

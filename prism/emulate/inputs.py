@@ -11,13 +11,13 @@ fixes it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from prism import artifacts
+from prism import job as job_files
 
 
 class EmulateInputError(ValueError):
@@ -42,13 +42,6 @@ class Job:
         return (["-m", self.module] if self.module else [self.script]) + self.args
 
 
-def capture_dir(job: Path) -> Path:
-    for cand in (job / "capture", job):
-        if (cand / "raw" / "meta.json").is_file():
-            return cand
-    raise EmulateInputError(f"{job}: no capture ({job / 'capture' / 'raw' / 'meta.json'} and "
-                            f"{job / 'raw' / 'meta.json'} are missing): capture the job first (the pipeline's "
-                            "capture rule, or `prism launch --mode capture --out DIR ...`)")
 
 
 def _program(meta: dict, path: Path) -> tuple[str | None, str | None, list[str]]:
@@ -73,18 +66,8 @@ def load(job_dir: str | Path) -> Job:
     job_dir = Path(job_dir)
     if not job_dir.is_dir():
         raise EmulateInputError(f"{job_dir}: no such job folder")
-    cap = capture_dir(job_dir)
-    meta_path = cap / "raw" / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise EmulateInputError(f"{meta_path}: not valid JSON ({exc}); capture the job again") from None
-    if meta.get("mode") != "capture":
-        raise EmulateInputError(f"{cap / 'raw'}: a {meta.get('mode')!r} run, not a capture: emulate a captured "
-                                "job (its raw/ written by `prism launch --mode capture`)")
-    if not meta.get("payloads", False) or not (cap / "payloads").is_dir():
-        raise EmulateInputError(f"{cap}: no payloads/ (captured with --no-payloads?): the virtual ranks send "
-                                "the recorded payloads; capture again with payloads")
+    cap, meta = job_files.find_capture(job_dir)  # checked once there: a capture's, with its payloads
+    meta_path = job_files.meta_path(cap)
     for name in ("events", "comms", "groups", "ranks"):
         _require(job_dir / "graph" / f"{name}.parquet", f"build the graph first (`prism graph --job {job_dir}`)")
     calibrate = (f"the job is not calibrated: run `prism calibrate --job {job_dir}` (or the pipeline's target "
@@ -99,22 +82,22 @@ def load(job_dir: str | Path) -> Job:
 
 def _same_run(job_dir: Path, cap: Path, meta: dict, world: int) -> None:
     """The graph and the calibration are of this capture (same run, same events)."""
-    graph_events = job_dir / "graph" / "events.parquet"
-    for path in (graph_events, job_dir / "graph" / "ranks.parquet", job_dir / "calibrated" / "timeline.parquet"):
+    graph_events = job_files.graph_file(job_dir, "events")
+    for path in (graph_events, job_files.graph_file(job_dir, "ranks"), job_files.calibrated(job_dir, "timeline")):
         artifacts.check_version(path)
     try:
-        artifacts.same_run([cap / "raw", graph_events, job_dir / "graph" / "ranks.parquet",
-                            job_dir / "calibrated" / "timeline.parquet"])
+        artifacts.same_run([job_files.raw_dir(cap), graph_events, job_files.graph_file(job_dir, "ranks"),
+                            job_files.calibrated(job_dir, "timeline")])
     except artifacts.ArtifactError as exc:
         raise EmulateInputError(str(exc)) from None
-    ranks = pq.read_table(job_dir / "graph" / "ranks.parquet", columns=["rank", "n_events"])
+    ranks = pq.read_table(job_files.graph_file(job_dir, "ranks"), columns=["rank", "n_events"])
     if ranks.num_rows != world:
         raise EmulateInputError(f"{job_dir / 'graph' / 'ranks.parquet'}: {ranks.num_rows} ranks, but the capture "
                                 f"{cap / 'raw'} has {world}: the graph is of another job; re-run `prism graph` and "
                                 "`prism calibrate` on this capture")
     expected = sum(ranks.column("n_events").to_pylist())
     n_graph = pq.ParquetFile(graph_events).metadata.num_rows
-    n_timeline = pq.ParquetFile(job_dir / "calibrated" / "timeline.parquet").metadata.num_rows
+    n_timeline = pq.ParquetFile(job_files.calibrated(job_dir, "timeline")).metadata.num_rows
     if n_graph != expected or n_timeline != n_graph:
         raise EmulateInputError(
             f"{job_dir / 'calibrated' / 'timeline.parquet'} has {n_timeline} events, {graph_events} {n_graph} "
@@ -133,4 +116,4 @@ def check_ranks_captured(job: Job, ranks: list[int], n_events: dict[int, int]) -
                                     "`prism calibrate`")
 
 
-__all__ = ["EmulateInputError", "Job", "capture_dir", "check_ranks_captured", "load"]
+__all__ = ["EmulateInputError", "Job", "check_ranks_captured", "load"]

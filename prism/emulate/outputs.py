@@ -12,7 +12,7 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
   from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`);
   computed rows keep the sweep's spacing, shifted onto their rank's live rows (`one_clock`), so every
   (rank, stream) is one sequence, in order and not overlapping (`prism.schemas.check_timeline`).
-- ``iterations``: `prism.calibrate.stage.iterations_table` over that sweep for every rank ('computed'),
+- ``iterations``: `prism.job.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
 - ``memory``: the sandbox ranks' memory at each of their markers;
 - ``figures``: what the summary prints (`prism.emulate.results`), added by `with_figures`.
@@ -28,11 +28,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism import job as job_files
 from prism import artifacts, event_sequence, schemas
 from prism.emulate import results
 from prism.calibrate import substitute
-from prism.calibrate.stage import JobGraph, iterations_table
 from prism.calibrate.sweep import Timeline
+from prism.job import JobGraph, iterations_table
 
 class MismatchError(Exception):
     """A sandbox rank's run departs from its capture (exit 1): rank, seq and both sides named."""
@@ -150,7 +151,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     `graph` is ``graph/events.parquet`` in (rank, seq) order, `durations` / `transfers` the calibrated
     ones (`substitute.calibrated_inputs`); `steps` set: the sandbox may have stopped early.
     """
-    meta = json.loads((out / "raw" / "meta.json").read_text())
+    meta = json.loads(job_files.meta_path(out).read_text())
     t0 = int(meta["t0_ns"])
     ptr = job.graph.rank_ptr
     parts, rows = _sandbox_tables(out, sandbox, graph, ptr, steps is not None)

@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
+from prism import job as job_files
 from prism import artifacts
 from prism.calibrate import substitute
-from prism.calibrate.stage import CalibrateError, load_graph
+from prism.job import GraphTablesError, load_graph
 from prism.emulate import inputs, outputs, sandbox
 from prism.runtime.launch import run_files
 
@@ -147,7 +146,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     if devices is not None and devices < 1:
         raise EmulateError(f"--devices {devices}: at least one device slot")
     job = inputs.load(job_dir)
-    ranks_table = artifacts.read_parquet(job_dir / "graph" / "ranks.parquet")
+    ranks_table = artifacts.read_parquet(job_files.graph_file(job_dir, "ranks"))
     ranks = sandbox.resolve(spec, ranks_table)
     captured_steps = max(ranks_table["iterations"].to_pylist(), default=0)
     if steps is not None and steps > captured_steps:
@@ -157,9 +156,9 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     inputs.check_ranks_captured(job, ranks, n_events)
     graph_job = load_graph(job_dir)
     durations, transfers, _ = substitute.calibrated_inputs(job_dir, graph_job)
-    graph = artifacts.read_parquet(job_dir / "graph" / "events.parquet").sort_by(
+    graph = artifacts.read_parquet(job_files.graph_file(job_dir, "events")).sort_by(
         [("rank", "ascending"), ("seq", "ascending")])
-    calibrated = artifacts.read_parquet(job_dir / "calibrated" / "iterations.parquet")
+    calibrated = artifacts.read_parquet(job_files.calibrated(job_dir, "iterations"))
 
     staging = job_dir / f"{STAGING}{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -183,7 +182,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
             shutil.copy2(launch_log, result / "logs" / "launch.log")
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
         (result / "summary.txt").write_text(text)
-        shutil.copy2(run_dir / "raw" / "meta.json", result / "meta.json")  # the launch's stats
+        shutil.copy2(job_files.meta_path(run_dir), result / "meta.json")  # the launch's stats
         _publish(result, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print(f"{PREFIX}: stopped by SIGTERM; the launcher and its ranks stopped, nothing written", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, CalibrateError,
+    except (EmulateError, inputs.EmulateInputError, sandbox.SandboxError, GraphTablesError,
             artifacts.ArtifactError) as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from prism import job as job_files
 from prism.calibrate.critical_path import critical_path
-from prism.calibrate.stage import load_graph
+from prism.job import load_graph
 
 
 def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: int) -> pl.DataFrame:
@@ -44,7 +45,7 @@ def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: in
     before = np.flatnonzero(graph.iteration_end & (graph.iteration == iteration - 1))
     stop = int(end[before].max()) if len(before) else None
     durations = None
-    own = job / "slices" / "durations.parquet"
+    own = job_files.own_durations(job)
     if own.is_file():
         table = pl.read_parquet(own, columns=["event_id", "duration_ns"])
         joined = ordered.select("event_id").join(table, on="event_id", how="left", maintain_order="left")

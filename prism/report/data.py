@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from prism import job as job_files
 from prism.artifacts import ArtifactError
 from prism.iterations import iteration_times
 
@@ -76,11 +77,11 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
         comms = _comms(job / "graph", graph_stage)
     elif name == "baseline":
         stage = f"the baseline (prism baseline, then prism graph --job {job / 'baseline'})"
-        events = _from_host_clock(_graph_events(job / "baseline" / "graph", stage))
-        comms = _comms(job / "baseline" / "graph", stage)
+        events = _from_host_clock(_graph_events(job_files.graph_dir(job_files.baseline(job)), stage))
+        comms = _comms(job_files.graph_dir(job_files.baseline(job)), stage)
     elif name == "calibrated":
         events = _graph_events(job / "graph", graph_stage)
-        times = _read(job / "calibrated" / "timeline.parquet", f"the calibrate stage (prism calibrate --job {job})",
+        times = _read(job_files.calibrated(job, "timeline"), f"the calibrate stage (prism calibrate --job {job})",
                       ["event_id", "start_ns", "end_ns"])
         events = events.join(times, on="event_id", how="inner")
         if events.height != times.height:
@@ -88,7 +89,7 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
                               f"re-run prism calibrate --job {job}")
         comms = _comms(job / "graph", graph_stage)
     else:
-        path = job / "emulation" / "events.parquet"
+        path = job_files.emulation(job, "events.parquet")
         events = _read(path, "the emulation stage (snakemake with an `emulate` section in the config)")
         missing = [c for c in ("event_id", "rank", "seq", "kind", "op", "start_ns", "end_ns") if c not in events.columns]
         if missing:
@@ -117,7 +118,7 @@ def job_iteration_time(iterations: pl.DataFrame) -> dict | None:
 
 def marker_iterations(events: pl.DataFrame) -> pl.DataFrame:
     """rank, iteration, end_ns, duration_ns from the iteration_end markers of a measured timeline (iteration k
-    of a rank: from its previous marker's end, as `prism.calibrate.stage.iterations_table` does)."""
+    of a rank: from its previous marker's end, as `prism.job.iterations_table` does)."""
     ends = (events.filter((pl.col("kind") == "marker") & (pl.col("op") == "iteration_end"))
             .select("rank", "iteration", "end_ns").sort("rank", "iteration"))
     return ends.with_columns(duration_ns=pl.col("end_ns") - pl.col("end_ns").shift(1).over("rank"))

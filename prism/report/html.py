@@ -9,6 +9,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
+from prism import job as job_files
 from prism.emulate import results
 from prism.report import data, header, occupancy, plots
 from prism.report.critical import iteration_critical_path
@@ -76,7 +77,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     them up to 32 ranks, else the critical path's, rank 0 and the last)."""
     job = Path(job)
     calibrated = data.load_timeline(job, "calibrated")
-    iters_path = job / "calibrated" / "iterations.parquet"
+    iters_path = job_files.calibrated(job, "iterations")
     if not iters_path.is_file():
         raise data.ReportError(f"{iters_path} is missing: run the calibrate stage first (prism calibrate --job {job})")
     iterations = pl.read_parquet(iters_path)
@@ -85,7 +86,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     per_rank = data.per_rank_iteration(iterations)
 
     baseline = None
-    if (job / "baseline" / "graph" / "events.parquet").is_file():
+    if job_files.graph_file(job_files.baseline(job), "events").is_file():
         baseline = data.load_timeline(job, "baseline")
     base_iters = data.marker_iterations(baseline.events) if baseline else None
     measured = data.job_iteration_time(base_iters) if base_iters is not None and base_iters.height else None
@@ -154,7 +155,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
                                 f"Predicted timeline of iteration {shown} (black: the critical path)", t0=lo))
 
     page.heading("Compute, communication, idle: % of the iteration")
-    own = job / "slices" / "durations.parquet"
+    own = job_files.own_durations(job)
     breakdown = data.time_breakdown(calibrated.events, pl.read_parquet(own) if own.is_file() else None)
     if not own.is_file():
         page.text("No slices/durations.parquet: idle time is not separated from communication.", "note")

@@ -13,17 +13,18 @@ import os
 import sys
 from pathlib import Path
 
+from prism import job as job_files
 from prism.artifacts import check_out, same_run, stage_error
 
 
 def write_report(job: Path, out: Path | None = None, ranks: list[int] | None = None) -> Path:
     from prism.report.html import build
 
-    out = check_out(out or job / "report" / "report.html")
+    out = check_out(out or job_files.report(job))
     # one run's artifacts (an emulation/ or calibrated/ copied from another run is named, not shown)
-    inputs = [p for p in (job / "raw" / "meta.json", job / "capture" / "raw" / "meta.json",
-                          job / "graph" / "events.parquet", job / "calibrated" / "timeline.parquet",
-                          job / "emulation" / "events.parquet") if p.is_file()]
+    inputs = [p for p in (job_files.meta_path(job), job_files.meta_path(job / "capture"),
+                          job_files.graph_file(job), job_files.calibrated(job),
+                          job_files.emulation(job, "events.parquet")) if p.is_file()]
     if len(inputs) > 1:
         same_run(inputs)
     page = build(job, ranks)

@@ -17,15 +17,20 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from prism import settings
+
 from prism.runtime import markers, modes, oom, watchdog
-from prism.runtime.capture import client as capture
+from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
 from prism.runtime.backend import PrismProcessGroup
-from prism.runtime.capture.transport import CaptureTransport
 from prism.runtime.recorder import Recorder
-from prism.runtime.slice.transport import SliceRecorder, SliceTransport
-from prism.runtime.transport import RealTransport, job_store, slice_store
+from prism.runtime.slice.transport import SliceRecorder
+
+# imported with the interception, as before modes named their transports: in the zygote, before the ranks
+# are forked, so that they share these pages (emulate's transport is imported at a sandbox rank's first group)
+from prism.runtime import transport as _real_transport  # noqa: F401,E402
+from prism.runtime.capture import transport as _capture_transport  # noqa: F401,E402
 
 MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
 
@@ -36,14 +41,17 @@ def recorder() -> Recorder | None:
     return _state["recorder"]
 
 
+oom.locate_with(recorder)  # an out-of-memory failure says where the rank was
+
+
 def _ensure_recorder() -> Recorder | None:
     if _state["hooks"] is None:
         rec = None
         if _state["out"] is not None:
             rank = int(os.environ.get("RANK", "0"))
-            device = "cuda" if torch.cuda.is_available() and os.environ.get("PRISM_DEVICE", "cpu") == "cuda" else "cpu"
+            device = "cuda" if torch.cuda.is_available() and settings.DEVICE.get() == "cuda" else "cpu"
             if modes.get(_state["mode"]).recorder == "checked":  # checks every op against the capture as issued
-                rec = SliceRecorder(rank, _state["out"], Path(os.environ["PRISM_CAPTURE"]), device=device)
+                rec = SliceRecorder(rank, _state["out"], Path(settings.CAPTURE.get()), device=device)
             else:
                 rec = Recorder(rank, _state["out"], device=device)
         _state["recorder"] = rec
@@ -53,18 +61,9 @@ def _ensure_recorder() -> Recorder | None:
     return _state["recorder"]
 
 
-def _captured_results():
-    """Slice mode: the capture's results of this rank's order-dependent reductions (one per rank)."""
-    from prism.runtime.slice.transport import CapturedResults
-
-    if _state.get("results") is None:
-        _state["results"] = CapturedResults(Path(os.environ["PRISM_CAPTURE"]), int(os.environ.get("RANK", "0")))
-    return _state["results"]
-
-
 def _drain() -> None:
     """A capture drain point: complete pending ops; the parked time is no one's compute."""
-    if capture.client().drain() and _state["recorder"] is not None:
+    if capture_client.client().drain() and _state["recorder"] is not None:
         _state["recorder"].resync()
 
 
@@ -73,45 +72,12 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     name = str(dist_opts.group_id)
     rec = _ensure_recorder()
-    kind = modes.get(_state["mode"]).transport
-    if kind == "capture":
-        transport = CaptureTransport(name, dist_opts.group_rank, members, desc)
-    elif kind == "emulate":
-        from prism.runtime.emulate.transport import EmulateTransport
-
-        _common_start(dist_opts.store, rec)
-        transport = EmulateTransport(dist_opts.store, name, dist_opts.group_rank, members, dist_opts.timeout)
-    else:
-        args = (dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
-        kwargs = dict(want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name)
-        if kind == "slice":
-            # the real transport, in a key space the replay server (the virtual members) can reach
-            transport = SliceTransport(slice_store(name, dist_opts.store), *args, results=_captured_results(),
-                                       **kwargs)
-            slice_ranks = [int(r) for r in os.environ.get("PRISM_SLICE_RANKS", "").split(",") if r]
-            watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),
-                           int(os.environ.get("WORLD_SIZE", "1")), ranks=slice_ranks or None)
-        else:
-            transport = RealTransport(dist_opts.store, *args, **kwargs)
-            watchdog.start(job_store(dist_opts.store), int(os.environ.get("RANK", "0")),
-                           int(os.environ.get("WORLD_SIZE", "1")))
+    transport = modes.get(_state["mode"]).make_transport(dist_opts, name, members, desc, asked, rec)
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
     return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                              backend_name=real)
-
-
-def _common_start(store, rec: Recorder | None) -> None:
-    """Emulate, at the rank's first group: meet the other sandbox ranks and the replay worker; the rank's
-    timeline starts at their common t0 (`timed_replay.common_start`)."""
-    if _state.get("t0_ns") is None:
-        from prism.runtime.emulate.transport import sandbox_ranks
-        from prism.runtime.emulate.common_start import common_start
-
-        _state["t0_ns"] = common_start(job_store(store), len(sandbox_ranks()) + 1)
-        if rec is not None:
-            rec.resync(_state["t0_ns"])
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:
@@ -124,7 +90,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
     if mode_.coordinator:
-        capture.install_future_helpers()
+        capture_client.install_future_helpers()
         nonmember_groups.install()  # a rank outside a new group: answered without torch's per-call work
     original = c10d._new_process_group_helper
 
@@ -200,13 +166,13 @@ def _report_asked_backend(result, asked: str) -> None:
 
 
 def install_from_env() -> None:
-    install(os.environ["PRISM_MODE"], os.environ.get("PRISM_OUT") or None)
+    install(settings.MODE.get(), settings.OUT.get() or None)
 
 
 def start_rank() -> None:
     """In a freshly forked rank, before the program runs (capture: wait for a device slot)."""
     if modes.get(_state["mode"]).coordinator:
-        capture.client().start()
+        capture_client.client().start()
     oom.apply_limit()  # --rank-memory-gb: after the slot, so that CUDA starts where the rank runs
 
 
@@ -216,15 +182,15 @@ def finish(code: int = 0) -> None:
         return
     _state["finished"] = True
     watchdog.stop()
-    linked = capture.linked()  # capture mode, in a rank (not in the zygote)
+    linked = capture_client.linked()  # capture mode, in a rank (not in the zygote)
     if linked and code == 0:
-        capture.client().drain()
+        capture_client.client().drain()
     rec = _state["recorder"]
     if rec is not None and code == 0:
         rec.close()
-    if _state["mode"] == "emulate" and code == 0:
-        from prism.runtime.emulate import transport as emulation
+    if modes.get(_state["mode"]).sandbox and code == 0:  # the sandbox rank's transports' numbers
+        from prism.runtime.emulate.works import write_rank_stats
 
-        emulation.write_rank_stats(int(os.environ.get("RANK", "0")))
+        write_rank_stats(int(os.environ.get("RANK", "0")))
     if linked:
-        capture.client().finish(code)
+        capture_client.client().finish(code)

@@ -1,12 +1,18 @@
-"""The launch modes in one place: what each one starts and needs.
+"""The launch modes in one place: what each one starts and needs, and the parts that carry it out.
 
 The launcher (options, environment), the zygote (which processes it forks), the interception (which
 transport and recorder a rank gets) and `sitecustomize` (whether anything is installed) read a mode's
-record here instead of comparing mode strings of their own.
+record here instead of comparing mode strings of their own. A mode's parts are named by where they live
+("module:function"), imported only when used: a capture run never imports the emulate mode's modules.
+
+Adding a mode: one record below, its transport factory (`for_group(opts, name, members, desc, asked, rec)`:
+the transport of one process group of a rank) and, when some ranks are replayed, its replay process
+(`serve(spec)`: one process that stands in for the ranks not run for real, given the `ZygoteSpec`).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 
@@ -14,26 +20,62 @@ from dataclasses import dataclass
 class Mode:
     name: str
     intercepted: bool  # prism's backend is installed in the ranks (PRISM_MODE set)
-    transport: str  # "real", "capture", "slice", "emulate" (interception picks the class)
+    transport: str  # "module:function": the factory of a group's transport (`make_transport`)
     recorder: str  # "plain": records the trace; "checked": also stops at the first op unlike the capture
-    coordinator: bool  # the zygote runs the capture coordinator (every rank on --devices slots)
-    replay: bool  # the zygote forks one replay process that stands in for the ranks not run for real
+    coordinator: bool  # capture: the zygote runs the capture coordinator (every rank on --devices slots,
+    #                    the data through shared memory)
+    replay_role: str | None  # "module:function": the replay process the zygote forks (`serve_replay`);
+    #                          it stands in for the ranks not run for real (None: every rank runs)
+    replay_name: str | None  # how messages name that process
     store_in_supervisor: bool  # the job's store is hosted by the zygote (not every rank exists)
     needs_capture: bool  # --capture CAPDIR (a finished capture with payloads)
     ranks_option: str | None  # the option naming the ranks run for real (None: all W ranks run)
+    sandbox: bool = False  # emulate: the real ranks are a sandbox on --devices slots inside the replayed
+    #                        job (their output also in OUT/logs, their transports' numbers in meta.json)
+    watchdog: bool = False  # real, slice: each rank (slice: each slice rank) runs the hang watchdog (--hang-timeout)
+    timed: bool = False  # slice: --timed-by times the replayed ranks on a calibrated timeline
+
+    @property
+    def replay(self) -> bool:
+        """Whether the zygote forks a replay process (only some ranks run for real)."""
+        return self.replay_role is not None
+
+    @property
+    def device_slots(self) -> bool:
+        """Whether the ranks share --devices slots (capture: all W of them; emulate: the sandbox)."""
+        return self.coordinator or self.sandbox
+
+    def make_transport(self, opts, name: str, members: list[int], desc: str | None, asked: str, rec):
+        """The transport of one process group of this rank (`opts`: torch's group options)."""
+        return _part(self.transport)(opts, name, members, desc, asked, rec)
+
+    def serve_replay(self, spec) -> int:
+        """Run the replay process (in the zygote's forked child); returns its exit code."""
+        return _part(self.replay_role)(spec)
+
+
+def _part(where: str):
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode("off", intercepted=False, transport="real", recorder="plain", coordinator=False, replay=False,
-         store_in_supervisor=False, needs_capture=False, ranks_option=None),
-    Mode("real", intercepted=True, transport="real", recorder="plain", coordinator=False, replay=False,
-         store_in_supervisor=False, needs_capture=False, ranks_option=None),
-    Mode("capture", intercepted=True, transport="capture", recorder="plain", coordinator=True, replay=False,
-         store_in_supervisor=True, needs_capture=False, ranks_option=None),
-    Mode("slice", intercepted=True, transport="slice", recorder="checked", coordinator=False, replay=True,
-         store_in_supervisor=True, needs_capture=True, ranks_option="--slice-ranks"),
-    Mode("emulate", intercepted=True, transport="emulate", recorder="checked", coordinator=False, replay=True,
-         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox"),
+    Mode("off", intercepted=False, transport="prism.runtime.transport:for_group", recorder="plain",
+         coordinator=False, replay_role=None, replay_name=None, store_in_supervisor=False, needs_capture=False,
+         ranks_option=None),
+    Mode("real", intercepted=True, transport="prism.runtime.transport:for_group", recorder="plain",
+         coordinator=False, replay_role=None, replay_name=None, store_in_supervisor=False, needs_capture=False,
+         ranks_option=None, watchdog=True),
+    Mode("capture", intercepted=True, transport="prism.runtime.capture.transport:for_group", recorder="plain",
+         coordinator=True, replay_role=None, replay_name=None, store_in_supervisor=True, needs_capture=False,
+         ranks_option=None),
+    Mode("slice", intercepted=True, transport="prism.runtime.slice.transport:for_group", recorder="checked",
+         coordinator=False, replay_role="prism.runtime.slice.replay_server:serve_spec",
+         replay_name="the replay server", store_in_supervisor=True, needs_capture=True,
+         ranks_option="--slice-ranks", timed=True, watchdog=True),
+    Mode("emulate", intercepted=True, transport="prism.runtime.emulate.transport:for_group", recorder="checked",
+         coordinator=False, replay_role="prism.runtime.emulate.worker:serve", replay_name="the replay worker",
+         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True),
 )}
 
 
@@ -42,6 +84,11 @@ def get(name: str) -> Mode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"PRISM_MODE={name!r} is not a mode of this prism (modes: {', '.join(MODES)})") from None
+
+
+def captured(meta: dict) -> bool:
+    """Whether a run's meta.json is a capture's (the input slice and emulate replay from)."""
+    return MODES.get(meta.get("mode")) is MODES["capture"]
 
 
 def partial(name: str) -> bool:

@@ -23,8 +23,10 @@ import os
 import re
 import sys
 
-ITERATION_ENV = "PRISM_ITERATION_FN"
-MICROBATCH_ENV = "PRISM_MICROBATCH_FN"
+from prism import settings
+
+ITERATION_ENV = settings.ITERATION_FN.name
+MICROBATCH_ENV = settings.MICROBATCH_FN.name
 
 ITERATION_RULE = "outermost optimizer step"  # the default rules of prism.runtime.markers
 MICROBATCH_RULE = "forward of a module with trainable parameters"

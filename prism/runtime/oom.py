@@ -22,7 +22,9 @@ import os
 import re
 from pathlib import Path
 
-ENV = "PRISM_RANK_MEMORY_BYTES"
+from prism import settings
+
+ENV = settings.RANK_MEMORY_BYTES.name
 EXIT_CODE = 87  # a rank ran out of device memory (documented in docs/gpu.md and `prism launch --help`)
 FINDING = "oom.json"
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -38,15 +40,14 @@ def limit_bytes(gb: float) -> int:
 def apply_limit() -> int | None:
     """In a rank, after the fork: cap the caching allocator at $PRISM_RANK_MEMORY_BYTES on the rank's device
     and watch for out-of-memory errors. Returns the limit (None when none was asked)."""
-    value = os.environ.get(ENV)
-    if not value:
+    limit = settings.RANK_MEMORY_BYTES.get()
+    if not limit:
         return None
     import torch
 
     if not torch.cuda.is_available():
         _refuse("--rank-memory-gb limits a rank's CUDA memory, but this rank sees no CUDA device; "
                 "drop --rank-memory-gb or run on a GPU host")
-    limit = int(value)
     device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     total = torch.cuda.get_device_properties(device).total_memory
     if limit > total:
@@ -67,10 +68,16 @@ def _refuse(why: str) -> None:
     raise SystemExit(2)
 
 
-def _where() -> dict:
-    from prism.runtime import interception
+_recorder = [lambda: None]  # the rank's recorder, as the interception tells it (`locate_with`)
 
-    rec = interception.recorder()
+
+def locate_with(recorder) -> None:
+    """Say where a failure happened from `recorder()` (the interception's: the rank's `Recorder` or None)."""
+    _recorder[0] = recorder
+
+
+def _where() -> dict:
+    rec = _recorder[0]()
     if rec is None:
         return {"iteration": -1, "microbatch": -1, "phase": None}
     op, microbatch = rec.last_marker
@@ -105,8 +112,7 @@ def record_failure(exc: BaseException, rank: int, status_dir: str | Path) -> boo
         return False
     rec = dict(_seen) if _seen else dict(_where(), requested_bytes=requested_from_message(str(exc)),
                                           size_from="message")
-    limit = os.environ.get(ENV)
-    rec.setdefault("limit_bytes", int(limit) if limit else None)
+    rec.setdefault("limit_bytes", settings.RANK_MEMORY_BYTES.get() or None)
     rec.update(rank=rank, message=str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
     path = Path(status_dir) / f"rank{rank}.oom.json"
     tmp = path.with_suffix(".tmp")

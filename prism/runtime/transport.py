@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
+from prism.runtime import ops
+
 
 class Transport(Protocol):
     """The data movement of one process group (one instance per group and rank)."""
@@ -28,13 +30,6 @@ class Transport(Protocol):
     def end_coalescing(self, device: torch.device) -> Work | None: ...
 
 
-# PrismProcessGroup method -> torch Backend method with the same arguments.
-_BACKEND_METHOD = {
-    "all_gather_single": "_allgather_base",
-    "reduce_scatter_single": "_reduce_scatter_base",
-    "all_to_all_single": "alltoall_base",
-    "alltoall_base": "alltoall_base",
-}
 
 
 # Mode `slice`: the stores of every group live under this prefix of the job's store (the supervisor's).
@@ -96,7 +91,7 @@ class RealTransport:
 
     def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
         backend = self.backend_for(device)
-        return getattr(backend, _BACKEND_METHOD.get(method, method))(*args)
+        return getattr(backend, ops.BACKEND_METHOD.get(method, method))(*args)
 
     def start_coalescing(self, device: torch.device) -> None:
         backend = self.backend_for(device)
@@ -108,3 +103,15 @@ class RealTransport:
         if backend.supports_coalescing:
             return backend._end_coalescing()
         return None
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> RealTransport:
+    """Mode real (`modes`): the backend the program asked for, with this rank's hang watchdog."""
+    import os
+
+    from prism.runtime import watchdog
+
+    transport = RealTransport(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              want_nccl="nccl" in asked or asked == "undefined", global_ranks=members, group_name=name)
+    watchdog.start(job_store(opts.store), int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+    return transport

@@ -25,8 +25,10 @@ import time
 import weakref
 from collections import deque
 
+from prism import settings
+
 HANG_EXIT_CODE = 86  # the job would hang (capture: no rank can run; real: every rank stuck): documented
-ENV = "PRISM_HANG_TIMEOUT"
+ENV = settings.HANG_TIMEOUT.name
 DEFAULT_TIMEOUT_S = 60.0
 REPORT = "hang.txt"  # in the launcher's status folder (PRISM_STATUS_DIR)
 _KEY = "prism-watchdog/"
@@ -38,7 +40,7 @@ active: "Watchdog | None" = None  # this rank's watchdog (real mode), fed by the
 
 def timeout_from_env(environ=os.environ) -> float:
     """The hang timeout in seconds (0: off). Raises ValueError naming the variable on a bad value."""
-    text = environ.get(ENV, "").strip()
+    text = (settings.HANG_TIMEOUT.raw(environ) or "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
     try:
@@ -58,7 +60,7 @@ def start(store, rank: int, world: int, ranks: list[int] | None = None) -> "Watc
     if active is None:
         timeout_s = timeout_from_env()
         if timeout_s > 0:
-            active = Watchdog(store, rank, world, timeout_s, os.environ.get("PRISM_STATUS_DIR"), ranks)
+            active = Watchdog(store, rank, world, timeout_s, settings.STATUS_DIR.get(), ranks)
     return active
 
 

@@ -45,7 +45,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prism import artifacts, event_sequence, schemas
+from prism import artifacts, event_sequence, schemas, settings
+from prism import job as job_files
 from prism import config as prism_config
 from prism.runtime.launch import launcher
 
@@ -57,25 +58,13 @@ class MismatchError(Exception):
     """The slice run did not issue the capture's events, or recorded broken clocks (exit 1)."""
 
 
-def _capture_dir(job: Path, explicit: Path | None) -> Path:
-    if explicit is not None:
-        candidates = [explicit]
-    else:
-        candidates = [job / "capture", job]
-    for cand in candidates:
-        if (cand / "raw" / "meta.json").is_file():
-            meta = json.loads((cand / "raw" / "meta.json").read_text())
-            if meta.get("mode") != "capture":
-                raise SliceError(f"{cand / 'raw'} is a {meta.get('mode')!r} run, not a capture")
-            if not (cand / "payloads").is_dir():
-                raise SliceError(f"{cand}: no payloads/ (captured with --no-payloads?): capture again with payloads")
-            return cand
-    where = " or ".join(str(c / "raw" / "meta.json") for c in candidates)
-    raise SliceError(f"no capture found ({where} missing): run the capture stage first")
+def _capture_dir(job: Path, explicit: Path | None) -> tuple[Path, dict]:
+    """The capture replayed (`--capture`, else the job's) and its checked meta.json (`prism.job`)."""
+    return job_files.find_capture(job, candidates=[explicit] if explicit is not None else None)
 
 
 def _plan(job: Path, k: int) -> list[int]:
-    path = job / "slices" / "plan.parquet"
+    path = job_files.slice_plan(job)
     if not path.is_file():
         raise SliceError(f"{path}: missing; run `prism slices plan --job {job} --devices P` first")
     try:
@@ -103,7 +92,7 @@ def _program(config_json: str | None, meta: dict) -> tuple[int, str | None, str 
             raise SliceError(f"the config's nproc {job.nproc} differs from the capture's world size {world}: "
                              "re-run the capture with this config")
         return world, job.workload.script, job.workload.module, list(job.workload.args)
-    os.environ.setdefault("PRISM_DEVICE", meta.get("device", "cpu"))  # where the capture ran
+    os.environ.setdefault(settings.DEVICE.name, meta.get("device", "cpu"))  # where the capture ran
     cmd = list(meta.get("command") or [])
     if not cmd:
         raise SliceError("the capture's meta.json has no command; pass --config-json")
@@ -161,11 +150,11 @@ TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured
 def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: bool,
         timed_by: Path | None = None) -> int:
     ranks = _plan(job, k)
-    cap = _capture_dir(job, capture)
-    graph_path = job / "graph" / "events.parquet"
+    cap, meta = _capture_dir(job, capture)
+    graph_path = job_files.graph_file(job, "events")
     if not graph_path.is_file():
         raise SliceError(f"{graph_path}: missing; run the graph stage first (prism graph --job ...)")
-    sources = [cap / "raw", graph_path, job / "slices" / "plan.parquet"]
+    sources = [job_files.raw_dir(cap), graph_path, job_files.slice_plan(job)]
     if timed_by is not None:
         if not timed_by.is_file():
             raise SliceError(f"--timed-by {timed_by}: missing; calibrate the untimed slices first (prism calibrate "
@@ -175,7 +164,6 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             raise SliceError(f"--timed-by {timed_by} is not a timeline of the job {job} (JOB/<folder>/timeline.parquet)")
         sources.append(timed_by)
     run_id = artifacts.same_run(sources)
-    meta = json.loads((cap / "raw" / "meta.json").read_text())
     world, script, module, args = _program(config_json, meta)
     folder = job / (TIMED_DIR if timed_by is not None else "slices")
     staging = folder / f".slice={k}.run"
@@ -193,7 +181,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
                   file=sys.stderr)
             return code
         graph = artifacts.read_parquet(graph_path)
-        run_meta = json.loads((staging / "raw" / "meta.json").read_text())
+        run_meta = json.loads(job_files.meta_path(staging).read_text())
         parts = []
         for r in ranks:
             measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)

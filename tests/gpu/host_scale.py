@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prism.bench.capture_scale import run_sampled
+from prism.bench.sampled_run import run_sampled
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = {8: (2, 2, 2, 2), 32: (2, 2, 8, 4), 64: (2, 2, 16, 4)}  # W -> (tp, pp, dp, ep)

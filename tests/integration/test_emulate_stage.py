@@ -20,7 +20,7 @@ import pytest
 
 from prism import artifacts, schemas
 from prism import sql as prism_sql
-from prism.calibrate.stage import iterations_table, load_graph
+from prism.job import iterations_table, load_graph
 from prism.calibrate.sweep import Timeline
 from prism.emulate import outputs, stage
 from tests.conftest import REPO, make_env, run_prism
@@ -273,7 +273,7 @@ def test_real_emulation_end_to_end(job):
     assert meta["mode"] == "emulate" and meta["sandbox"] == [3] and meta["emulation"]["communicators"] > 0
     # the transfer hold: some of the sandbox's collectives ended at its arrival + the calibrated transfer
     assert meta["emulation"]["transfer_holds"] > 0 and meta["emulation"]["transfer_hold_s"] > 0, meta["emulation"]
-    diag = meta["emulation"]["rank_diagnostics"]["3"]  # the sandbox rank's (emulated_works._HOPS, thread_cpu)
+    diag = meta["emulation"]["rank_diagnostics"]["3"]  # the sandbox rank's (emulated_works.HOPS, thread_cpu)
     assert diag["protocol_ops"] > 0 and diag["exchange_s"] > 0 and diag["by_op"], diag
     assert diag["threads_cpu_s"]["MainThread"] > 0 and "prism-emu-g" in diag["threads_cpu_s"], diag
 

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pytest
 
 from prism.calibrate import substitute
-from prism.calibrate.stage import iterations_table, load_graph
+from prism.job import iterations_table, load_graph
 from prism.emulate import outputs, stage
 from tests.conftest import REPO, make_env, run_prism
 

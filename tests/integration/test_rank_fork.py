@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from prism.bench.capture_scale import _descendants
+from prism.bench.sampled_run import descendants as _descendants
 from tests.conftest import PROGRAMS, REPO, make_env, run_prism
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from tests.conftest import PROGRAMS, REPO, free_port, run_together
 
 PROGRAM = str(PROGRAMS / "env_probe.py")
 # what only one of the two sets, and why that is not a difference a program can tell from its timing
-PRISM_ONLY = {"PRISM_MODE", "PRISM_STATUS_DIR",  # the interception's mode, the launcher's status folder
+ONLY_PRISM_SETS = {"PRISM_MODE", "PRISM_STATUS_DIR",  # the interception's mode, the launcher's status folder
               "PYTHONPATH",  # prism's sitecustomize (the interception), before the user's own entries
               "PYTORCH_NVML_BASED_CUDA_CHECK",  # the zygote keeps CUDA uninitialised for its forked ranks
               "TORCHINDUCTOR_CACHE_DIR"}  # set by the zygote's warm torch._dynamo import
@@ -47,7 +47,7 @@ def test_a_rank_sees_torchrun_s_environment():
         assert t["OMP_NUM_THREADS"] == p["OMP_NUM_THREADS"] == "1"
         assert t["torch.get_num_threads"] == p["torch.get_num_threads"] == "1"
         assert set(t) - set(p) == TORCHRUN_ONLY, set(t) - set(p)
-        assert set(p) - set(t) <= PRISM_ONLY, set(p) - set(t)
+        assert set(p) - set(t) <= ONLY_PRISM_SETS, set(p) - set(t)
         differ = {k for k in set(t) & set(p) if t[k] != p[k]}
         assert differ == VALUES_DIFFER, {k: (t[k], p[k]) for k in differ}
         assert mine[rank]["OMP_NUM_THREADS"] == "2"

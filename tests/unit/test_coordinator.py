@@ -99,7 +99,14 @@ def test_all_to_all_may_have_different_sizes():
     c, _ = started(2, 2)
     key = ("c", "g", 0)
     arrive(c, 0, key, (0, 1), op="all_to_all_single", shape="3")
-    arrive(c, 1, key, (0, 1), op="all_to_all_single", shape="5")
+    arrive(c, 1, key, (0, 1), op="all_to_all_single", shape="5")  # no CaptureError: uneven splits are legal
+    assert c.keys[key].mismatch is None and c.keys[key].complete()
+    assert c.completed_keys == 1
+    # the same sizes on an all_reduce are a mismatch: the check above is the op's rule, not a blind spot
+    other = ("c", "g", 1)
+    arrive(c, 0, other, (0, 1), shape="3")
+    with pytest.raises(CaptureError, match="sizes differ"):
+        arrive(c, 1, other, (0, 1), shape="5")
 
 
 def test_hang_diagnosis_names_group_op_sequence_shape_and_the_missing_rank():

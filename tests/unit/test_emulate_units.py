@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from prism.calibrate import substitute
-from prism.calibrate.stage import JobGraph
+from prism.job import JobGraph
 from prism.calibrate.synthetic import from_programs
 from prism.emulate.sandbox import SandboxError, resolve
 

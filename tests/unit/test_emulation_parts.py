@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from prism.runtime import modes
-from prism.runtime.emulate import transport as emulation
+from prism.runtime.emulate import transport as emulate_transport
 
 
 def test_every_mode_is_described_once():
@@ -20,65 +20,65 @@ def test_every_mode_is_described_once():
 
 def test_participants_pruned_and_not():
     members = [0, 1, 2, 3, 4, 5]
-    assert emulation.participants(members, {2}, True) == [(0, [0, 1]), (2, [2]), (3, [3, 4, 5])]
-    assert emulation.participants(members, {0, 3}, True) == [(0, [0]), (1, [1, 2]), (3, [3]), (4, [4, 5])]
-    assert emulation.participants(members, {2}, False) == [(m, [m]) for m in members]
+    assert emulate_transport.participants(members, {2}, True) == [(0, [0, 1]), (2, [2]), (3, [3, 4, 5])]
+    assert emulate_transport.participants(members, {0, 3}, True) == [(0, [0]), (1, [1, 2]), (3, [3]), (4, [4, 5])]
+    assert emulate_transport.participants(members, {2}, False) == [(m, [m]) for m in members]
 
 
 def test_p2p_tags_tell_members_of_one_compensator_apart():
     n = 4
-    tags = {emulation.p2p_tag(t, n, s, d) for t in range(3) for s in range(n) for d in range(n)}
-    assert len(tags) == 3 * n * n and max(tags) < emulation.COLL_TAG
+    tags = {emulate_transport.p2p_tag(t, n, s, d) for t in range(3) for s in range(n) for d in range(n)}
+    assert len(tags) == 3 * n * n and max(tags) < emulate_transport.COLL_TAG
 
 
 def test_blob_round_trip_keeps_members_metas_and_bits():
     a = torch.randn(3, 2)
     b = torch.arange(5, dtype=torch.int64)
     c = torch.randn(4).to(torch.bfloat16)
-    blob = emulation.encode_parts([(2, {"op": "all_reduce"}, [a]), (3, {"splits": [1, 2]}, [b, c])])
-    got = emulation.decode_parts(blob)
+    blob = emulate_transport.encode_parts([(2, {"op": "all_reduce"}, [a]), (3, {"splits": [1, 2]}, [b, c])])
+    got = emulate_transport.decode_parts(blob)
     assert sorted(got) == [2, 3]
     assert got[2][0] == {"op": "all_reduce"} and torch.equal(got[2][1][0], a)
     assert got[3][0] == {"splits": [1, 2]} and torch.equal(got[3][1][0], b) and torch.equal(got[3][1][1], c)
-    assert emulation.decode_parts(emulation.encode_parts([])) == {}
+    assert emulate_transport.decode_parts(emulate_transport.encode_parts([])) == {}
 
 
 def test_native_work_completes_once_after_the_hold_through_wait_and_future():
-    """An all-sandbox group's native op (`_NativeWork`): the future (DDP's path) and `wait` both complete
+    """An all-sandbox group's native op (`NativeWork`): the future (DDP's path) and `wait` both complete
     it, its completion runs once, and neither answers before the transfer hold's floor."""
     import time
     from datetime import timedelta
 
     from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
 
-    from prism.runtime.emulate.transport import _NativeWork
+    from prism.runtime.emulate.works import NativeWork
 
     pg = ProcessGroupGloo(HashStore(), 0, 1, timedelta(seconds=30))
     out = torch.zeros(3)
     calls = []
     start = time.monotonic_ns()
-    work = _NativeWork([pg.allreduce([torch.ones(3)])], lambda: calls.append(out.add_(1)), start + 150_000_000,
+    work = NativeWork([pg.allreduce([torch.ones(3)])], lambda: calls.append(out.add_(1)), start + 150_000_000,
                        [out])
     future = work.get_future()
     assert work.wait() and time.monotonic_ns() - start >= 150_000_000
     assert future.wait() == [out] and work.is_completed()
     assert len(calls) == 1 and torch.equal(out, torch.ones(3))
-    early = _NativeWork([pg.barrier()], lambda: None, time.monotonic_ns() + 10**10, [])
+    early = NativeWork([pg.barrier()], lambda: None, time.monotonic_ns() + 10**10, [])
     early.works[0].wait()
     assert not early.is_completed()  # done by gloo, but its floor is 10 s away
 
 
 def test_emulated_work_is_held_to_its_floor_but_not_its_group_thread():
-    """A protocol collective's work (`_EmuWork`): the group's thread completes it and goes on at once (the
+    """A protocol collective's work (`EmuWork`): the group's thread completes it and goes on at once (the
     next collective's exchange must not wait for this one's hold); `wait`, `is_completed` and the future
     answer only once the floor passed, each future at its own floor (a later op with an earlier floor
     first); an error reaches whoever waits."""
     import time
 
-    from prism.runtime.emulate.works import _EmuWork
+    from prism.runtime.emulate.works import EmuWork
 
     start = time.monotonic_ns()
-    slow, quick = _EmuWork(["slow"]), _EmuWork(["quick"])
+    slow, quick = EmuWork(["slow"]), EmuWork(["quick"])
     slow_future, quick_future = slow.get_future(), quick.get_future()
     done = []
     slow_future.add_done_callback(lambda f: done.append(("slow", time.monotonic_ns() - start)))
@@ -95,7 +95,7 @@ def test_emulated_work_is_held_to_its_floor_but_not_its_group_thread():
         time.sleep(0.001)
     assert [name for name, _ in done] == ["quick", "slow"]
     assert done[0][1] >= 100_000_000 and done[1][1] >= 400_000_000
-    failed = _EmuWork([])
+    failed = EmuWork([])
     future = failed.get_future()
     failed.fail(RuntimeError("gloo says no"))
     with pytest.raises(RuntimeError, match="gloo says no"):

@@ -15,6 +15,7 @@ SCRIPT = textwrap.dedent("""
     import os, sys
     from prism.runtime.launch import rank_fork
     from prism.runtime.launch.rank_output import LineForwarder
+    from prism.runtime.launch.zygote_spec import ZygoteSpec
 
     ids = list(range(10))
     if sys.argv[1] == "fail":  # the helper of ranks 4-5 cannot fork its second rank
@@ -34,7 +35,8 @@ SCRIPT = textwrap.dedent("""
             import time
             time.sleep(60)
         return rank + 10
-    forker = rank_fork.RankForker({}, ids, False, out, None, run)
+    spec = ZygoteSpec(nproc=len(ids), run_id="t", status_dir=".", mode="real")
+    forker = rank_fork.RankForker(spec, ids, False, out, None, run)
     try:
         forker.fork_all()
     except rank_fork.ForkError as exc:

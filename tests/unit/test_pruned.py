@@ -191,7 +191,7 @@ def test_gloo_wire_sends_exactly_the_plans_bytes():
 
     from torch._C._distributed_c10d import HashStore, PrefixStore, ProcessGroupGloo
 
-    from prism.runtime.emulate import transport as emulation
+    from prism.runtime.emulate import transport as emulate_transport
     from prism.runtime.emulate import pruned
 
     members, sandbox = list(range(7)), {2, 4}
@@ -209,7 +209,7 @@ def test_gloo_wire_sends_exactly_the_plans_bytes():
         def one(i):
             try:
                 pg = ProcessGroupGloo(PrefixStore(f"t{k}/", store), i, len(parts), timedelta(seconds=30))
-                wires[i] = emulation.GlooWire(pg)
+                wires[i] = emulate_transport.GlooWire(pg)
                 own = {members.index(m): ({}, [xs[m]]) for m in parts[i][1]}
                 outs[i] = pruned.run(proto, i, own, wires[i], RedOp.SUM)
                 sent = wires[i].bytes

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime.slice import replay_server as replay
+from prism.runtime.replay.plan import Collective, ReplayError, ReplayPlan
+from prism.runtime.slice import replay_server
 from tests.conftest import free_port
 
 N = 3  # member 0 runs "for real"; members 1 and 2 are virtual
@@ -57,7 +58,7 @@ def _run(pgs, real, op: str, root: int, contribution):
     t = threading.Thread(target=real_side)
     t.start()
     root_payload = contribution(root) if root >= 0 else None
-    works = [replay.issue(pgs[m], op, m, N, root, contribution(m), root_payload) for m in range(1, N)]
+    works = [replay_server.issue(pgs[m], op, m, N, root, contribution(m), root_payload) for m in range(1, N)]
     for w in works:
         w.wait()
     t.join(30)
@@ -166,12 +167,26 @@ def test_scatter_from_a_virtual_root(pgs):
 
 
 def test_barrier(pgs):
-    _run(pgs, lambda pg: (pg.barrier(dist.BarrierOptions()), None), "barrier", -1, lambda m: None)
+    """The real member's barrier is released only once every replayed member issued it."""
+    released = threading.Event()
+
+    def real_side():
+        pgs[0].barrier(dist.BarrierOptions()).wait()
+        released.set()
+
+    t = threading.Thread(target=real_side, daemon=True)
+    t.start()
+    assert not released.wait(0.3)  # alone at the barrier: it waits for the replayed members
+    works = [replay_server.issue(pgs[m], "barrier", m, N, -1, None, None) for m in range(1, N)]
+    for w in works:
+        w.wait()
+    t.join(30)
+    assert released.is_set() and not t.is_alive()
 
 
 def test_unknown_op_is_named(pgs):
-    with pytest.raises(replay.ReplayError, match="cannot replay 'fancy_op'"):
-        replay.issue(pgs[1], "fancy_op", 1, N, -1, ({}, [_x(1)]), None)
+    with pytest.raises(ReplayError, match="cannot replay 'fancy_op'"):
+        replay_server.issue(pgs[1], "fancy_op", 1, N, -1, ({}, [_x(1)]), None)
 
 
 # -- a group's collectives are issued without waiting for the previous one ------------------------------------
@@ -198,15 +213,15 @@ class _Timed:
         self.log.append(("complete", comm))
 
 
-def _server(n: int, monkeypatch) -> tuple[replay.ReplayServer, list[threading.Event], list[int]]:
+def _server(n: int, monkeypatch) -> tuple[replay_server.ReplayServer, list[threading.Event], list[int]]:
     """A ReplayServer of one group {0 (slice), 1 (virtual)} with n all_reduces whose works complete only when
     their event is set; returns it, the events, and the ops issued so far (their seq)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    plan = replay.ReplayPlan(world=2, slice_ranks=[0], groups={"g": (0, 1)}, order=["g"],
-                             collectives={"g": [replay.Collective(k, "all_reduce", -1, f"k{k}") for k in range(n)]},
-                             payload={}, channels=[])
-    server = object.__new__(replay.ReplayServer)
+    plan = ReplayPlan(world=2, slice_ranks=[0], groups={"g": (0, 1)}, order=["g"],
+                      collectives={"g": [Collective(k, "all_reduce", -1, f"k{k}") for k in range(n)]},
+                      payload={}, channels=[])
+    server = object.__new__(replay_server.ReplayServer)
     server.plan, server.pgs, server.errors, server.state = plan, {"g": {1: None}}, [], {}
     server.ops, server.timed, server.issued = 0, _Timed(n), {}
     server.loader = ThreadPoolExecutor(max_workers=1)
@@ -218,7 +233,7 @@ def _server(n: int, monkeypatch) -> tuple[replay.ReplayServer, list[threading.Ev
         issued.append(len(issued))
         return _Work(done[len(issued) - 1])
 
-    monkeypatch.setattr(replay, "issue", fake_issue)
+    monkeypatch.setattr(replay_server, "issue", fake_issue)
     return server, done, issued
 
 
@@ -249,7 +264,7 @@ def test_a_groups_collectives_are_issued_before_the_previous_completes(monkeypat
 
 
 def test_at_most_in_flight_collectives_are_outstanding(monkeypatch):
-    monkeypatch.setattr(replay, "IN_FLIGHT", 2)
+    monkeypatch.setattr(replay_server, "IN_FLIGHT", 2)
     server, done, issued = _server(3, monkeypatch)
     t = threading.Thread(target=server._group, args=("g",), daemon=True)
     t.start()

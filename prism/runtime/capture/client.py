@@ -1,6 +1,6 @@
 """Capture mode, rank side: this rank's link to the coordinator, and the ops in flight.
 
-A rank issues a collective (`capture_transport`) by writing its contribution to a shared-memory file and
+A rank issues a collective (`capture.transport`) by writing its contribution to a shared-memory file and
 telling the coordinator it arrived; the rank keeps running. Waiting on it (`CaptureWork.wait`, or a drain
 point: the end of a backward pass, an optimizer step, the end of the program — where torch itself would wait
 on futures prism cannot see) gives the device slot back (`CaptureClient.block`) and blocks until the
@@ -20,12 +20,21 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from prism import settings
 from prism import schemas
 from prism.runtime import memory, shm
 from prism.runtime.work_parts import OwnResult
 
 
 _client: "CaptureClient | None" = None
+
+
+class GroupCount:
+    """The capture transports this rank created, and those it linked to the coordinator (their first op):
+    capture_stats.json's groups_created / groups_used (a test's window on laziness)."""
+
+    created = 0
+    linked = 0
 
 
 def key_name(key: tuple) -> str:
@@ -66,12 +75,9 @@ class CaptureClient:
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
-        env = os.environ
-        payloads = env.get("PRISM_PAYLOADS") or None
-        trace = env.get("PRISM_OUT") or None
-        cores = [int(c) for c in env["PRISM_CORES"].split(",")]
-        return cls(int(env["RANK"]), int(env["PRISM_CTL_FD"]), Path(env["PRISM_SHM_DIR"]),
-                   Path(payloads) if payloads else None, Path(trace) if trace else None, cores)
+        payloads, trace = settings.PAYLOADS.get(), settings.OUT.get()
+        return cls(int(os.environ["RANK"]), settings.CTL_FD.get(), Path(settings.SHM_DIR.get()),
+                   Path(payloads) if payloads else None, Path(trace) if trace else None, settings.CORES.get())
 
     # -- control -------------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
@@ -161,15 +167,14 @@ class CaptureClient:
             return
         folder = self.trace_dir / f"rank={self.rank}"
         folder.mkdir(parents=True, exist_ok=True)
-        from prism.runtime.capture.transport import CaptureTransport  # its group counters (it imports this)
         from prism.runtime.capture import nonmember_groups
 
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
-                 "private_bytes": memory.private_bytes(), "groups_created": CaptureTransport.created,
-                 "groups_used": CaptureTransport.linked, "nonmember_groups_answered": nonmember_groups.answered}
+                 "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
+                 "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
-        profile = os.environ.get("PRISM_MEMORY_PROFILE")  # a profiling aid: scripts/rank_memory.py
+        profile = settings.MEMORY_PROFILE.get()  # a profiling aid: scripts/rank_memory.py
         if profile:
             where = memory.private_by_kind(os.getppid())
             Path(profile, f"rank={self.rank}.json").write_text(json.dumps(where))

@@ -26,11 +26,9 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
+from prism.runtime import ops
 from prism.runtime.capture.device_state import SwapPolicy
 
-# ops whose members must all contribute the same shape
-SAME_SHAPE_OPS = {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
-                  "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor"}
 
 
 class CaptureError(Exception):
@@ -391,7 +389,7 @@ def _disagreement(a: Arrival, b: Arrival) -> str | None:
         return "ops differ: a rank skipped or reordered a collective on this group"
     if a.dtype != b.dtype:
         return "dtypes differ"
-    if a.op in SAME_SHAPE_OPS and a.shape != b.shape:
+    if a.op in ops.SAME_SHAPE and a.shape != b.shape:  # ops whose members all contribute one shape
         return "sizes differ"
     return None
 

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 from prism.runtime.launch.rank_output import LineForwarder
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 
 class CoordinatorLink:
     """Capture mode: the coordinator's state machine wired to the ranks' control sockets."""
 
-    def __init__(self, spec: dict, ctl: dict, out: LineForwarder) -> None:
+    def __init__(self, spec: ZygoteSpec, ctl: dict, out: LineForwarder) -> None:
         import torch.distributed as dist
 
         from prism.runtime.capture.coordinator import Coordinator
@@ -28,30 +29,30 @@ class CoordinatorLink:
         from prism.runtime.capture import device_state
 
         # device state: kept where it is, or (CUDA with --device-memory-gb) swapped to host when needed
-        capacity = spec.get("device_memory_bytes")
-        self.devices = device_state.for_device(spec.get("device", "cpu"), capacity)
-        policy = device_state.SwapPolicy(spec["devices"], capacity) if capacity else None
-        view = spec.get("hosts")  # a capture over hosts: this host's ranks, the others' through the bridge
+        capacity = spec.device_memory_bytes
+        self.devices = device_state.for_device(spec.device, capacity)
+        policy = device_state.SwapPolicy(spec.devices, capacity) if capacity else None
+        # a capture over hosts: this host's ranks, the others' through the bridge
         self.view = None
-        if view is not None:
+        if spec.hosts is not None:
             from prism.runtime.launch.hosts import HostView
 
-            self.view = HostView.from_dict(view)
-        self.coord = Coordinator(spec["nproc"], spec["devices"], policy=policy, sticky=self.devices.sticky,
+            self.view = HostView.from_dict(spec.hosts)
+        self.coord = Coordinator(spec.nproc, spec.devices, policy=policy, sticky=self.devices.sticky,
                                  local=self.view.ranks() if self.view else None)
-        self.pids = spec["pids"]
-        self.immortal = spec.get("immortal")
-        self.fork_s = spec.get("fork_s")
-        self.fork_helpers = spec.get("fork_helpers", 0)
+        self.pids = spec.pids
+        self.immortal = spec.immortal
+        self.fork_s = spec.fork_s
+        self.fork_helpers = spec.fork_helpers
         self.socks = ctl
-        self.shm_dir = Path(spec["shm_dir"])
-        self.status_dir = Path(spec["status_dir"])
+        self.shm_dir = Path(spec.shm_dir)
+        self.status_dir = Path(spec.status_dir)
         self.error: str | None = None
         self.last_progress = time.monotonic()
         self.started = (time.monotonic(), time.process_time())  # the coordinator's wall and CPU from here
         # the rendezvous store lives here, so no rank (which may be waiting for a slot) has to serve it (over
         # hosts: in host 0's launcher, for as long as any host runs)
-        self.store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"],
+        self.store = dist.TCPStore(spec.master_addr, spec.master_port, spec.nproc,
                                    is_master=self.view is None, wait_for_workers=False)
         from prism.runtime.capture.client import key_name
         from prism.runtime.capture.coordinator import CaptureError
@@ -71,7 +72,7 @@ class CoordinatorLink:
         if self.view is not None:
             from prism.runtime.capture.host_route import HostRoute
 
-            self.route = HostRoute(self.store, self.view, spec["host_records"], self.shm_dir)
+            self.route = HostRoute(self.store, self.view, spec.host_records, self.shm_dir)
             out.sel.register(self.route.bridge.wake_r.fileno(), selectors.EVENT_READ, self.on_bridge)
 
     def on_readable(self, rank: int) -> None:

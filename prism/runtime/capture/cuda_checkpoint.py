@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from prism import settings
+
 LOCK_TIMEOUT_MS = 20_000
 REPLY_TIMEOUT_S = 300.0
 FUNCTIONS = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore",
@@ -103,7 +105,7 @@ class Checkpointer:
 
     def __init__(self) -> None:
         env = dict(os.environ)
-        env.pop("PRISM_MODE", None)  # a plain Python process, prism's interception not installed
+        env.pop(settings.MODE.name, None)  # a plain Python process, prism's interception not installed
         self.proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.capture.cuda_checkpoint"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         first = self._reply(60.0)

@@ -17,11 +17,12 @@ import os
 import time
 from pathlib import Path
 
+from prism import settings
 from prism.runtime.capture.client import key_name
 from prism.runtime.capture.host_bridge import HostBridge
 
-HANG_ENV = "PRISM_HOST_HANG_S"
-DEFAULT_HANG_S = 60.0
+HANG_ENV = settings.HOST_HANG_S.name
+DEFAULT_HANG_S = settings.HOST_HANG_S.default
 
 
 class HostRoute:

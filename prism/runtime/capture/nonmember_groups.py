@@ -33,7 +33,9 @@ import inspect
 import os
 from datetime import timedelta
 
-ENV = "PRISM_FAST_NONMEMBER"
+from prism import settings
+
+ENV = settings.FAST_NONMEMBER.name
 # new_group's keywords a fast answer understands (the others take torch's path)
 _KEYWORDS = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc", "device_id",
              "sort_ranks")
@@ -42,7 +44,7 @@ answered = 0  # non-member calls answered here in this process (a test's window)
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return settings.FAST_NONMEMBER.get()
 
 
 def fast_new_group(original, c10d):

@@ -1,18 +1,18 @@
 """Capture mode, rank side: the transport that moves data through shared memory under the coordinator.
 
 `CaptureTransport` implements the ops of one process group (collectives, point to point) on this rank's
-link to the coordinator (`capture_client`): issuing an op writes this rank's contribution and announces its
-arrival; completing it computes this rank's outputs from the members' contributions (`semantics`). Sends are
-buffered: a send completes once its data is written.
+link to the coordinator (`capture.client`): issuing an op writes this rank's contribution and announces its
+arrival; completing it computes this rank's outputs from the members' contributions (the completions are
+`contributions.ContributionTransport`'s, the values `semantics`'). Sends are buffered: a send completes once its data is written.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from prism.runtime import semantics
-from prism.runtime.capture.client import CaptureClient, CaptureWork, client
+from prism.runtime.contributions import ContributionTransport
+from prism.runtime.capture.client import CaptureClient, CaptureWork, GroupCount, client
 
 
 def _shapes(result) -> list:
@@ -22,7 +22,7 @@ def _shapes(result) -> list:
     return [_shapes(r) for r in result]
 
 
-class CaptureTransport:
+class CaptureTransport(ContributionTransport):
     """The transport of one process group in capture mode.
 
     Lazy: a group costs its rank nothing until the rank uses it (Megatron-style programs create every
@@ -30,8 +30,6 @@ class CaptureTransport:
     per-peer counters exist, only from the group's first op on."""
 
     __slots__ = ("group", "me", "members", "n", "desc", "seq", "_c", "_sent", "_received", "_received_any")
-    created = 0  # groups this rank created / linked (a test's window on laziness)
-    linked = 0
 
     def __init__(self, group_name: str, group_rank: int, members: list[int], desc: str | None) -> None:
         self.group = group_name
@@ -42,14 +40,14 @@ class CaptureTransport:
         self.seq = 0
         self._c = None
         self._sent = self._received = self._received_any = None
-        CaptureTransport.created += 1
+        GroupCount.created += 1
 
     @property
     def c(self) -> CaptureClient:
         if self._c is None:  # first use: now the coordinator needs the group's description
             self._c = client()
             self._c.send(("group", self.group, self.desc, self.members))
-            CaptureTransport.linked += 1
+            GroupCount.linked += 1
         return self._c
 
     @property
@@ -69,18 +67,6 @@ class CaptureTransport:
         if self._received_any is None:
             self._received_any = {}
         return self._received_any
-
-    def start_coalescing(self, device) -> None:
-        pass
-
-    def end_coalescing(self, device):
-        return None
-
-    def call(self, method: str, device, *args, work_id: int = -1, op: str = "") -> CaptureWork:
-        handler = getattr(self, "_" + method, None)
-        if handler is None:
-            raise RuntimeError(f"prism capture does not support {method} yet")
-        return handler(work_id, op, *args)
 
     # -- collectives -------------------------------------------------------------------------------------
     def _collective(self, op: str, work_id: int, mine: list[torch.Tensor] | None, complete, result,
@@ -114,143 +100,10 @@ class CaptureTransport:
         """The members' contributions, read one at a time (group order): a rank holds one member's bytes
         at once, not the group's (its memory stays flat in the group size, hence in W)."""
         for i in (range(self.n) if members is None else members):
-            yield self.c.read(key, f"-r{i}")
+            yield self._contribution(key, i)
 
-    def _fold(self, key: tuple, red, pick) -> list[torch.Tensor]:
-        """`semantics.reduce` of each tensor `pick(member's tensors)[j]` over the members, streamed."""
-        folds = None
-        for _, ts in self._inputs(key):
-            picked = pick(ts)
-            folds = folds or [semantics.Fold(red) for _ in picked]
-            for f, t in zip(folds, picked):
-                f.add(t)
-        return [f.result() for f in folds or []]
-
-    def _allreduce(self, work_id, op, tensors, opts):
-        red = semantics.red_op(opts)
-
-        def complete(key):
-            for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
-                semantics.write(t, r)
-            self._keep(key, tensors, work_id)
-
-        return self._collective(op, work_id, list(tensors), complete, list(tensors), meta={"reduce_op": red.name})
-
-    _allreduce_coalesced = _allreduce
-
-    def _allgather(self, work_id, op, output_tensors, input_tensors, opts):
-        def complete(key):
-            for k, (_, ts) in enumerate(self._inputs(key)):
-                for j, out in enumerate(output_tensors):
-                    semantics.write(out[k], ts[j])
-
-        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
-
-    def _all_gather_single(self, work_id, op, output, input, opts):
-        def complete(key):
-            rows = output.view(self.n, -1)
-            for k, (_, ts) in enumerate(self._inputs(key)):
-                semantics.write(rows[k], ts[0].reshape(-1))
-
-        return self._collective(op, work_id, [input], complete, [output])
-
-    def _reduce_scatter(self, work_id, op, output_tensors, input_tensors, opts):
-        red = semantics.red_op(opts)
-
-        def complete(key):
-            mine = [j * self.n + self.me for j in range(len(output_tensors))]
-            for out, r in zip(output_tensors, self._fold(key, red, lambda ts: [ts[i] for i in mine])):
-                semantics.write(out, r)
-            self._keep(key, output_tensors, work_id)
-
-        flat = [t for lst in input_tensors for t in lst]
-        return self._collective(op, work_id, flat, complete, output_tensors, meta={"reduce_op": red.name})
-
-    def _reduce_scatter_single(self, work_id, op, output, input, opts):
-        red = semantics.red_op(opts)
-
-        def complete(key):
-            chunk = self._fold(key, red, lambda ts: [ts[0].reshape(self.n, -1)[self.me]])[0]
-            semantics.write(output, chunk.view_as(output))
-            self._keep(key, [output], work_id)
-
-        return self._collective(op, work_id, [input], complete, [output], info_tensors=[input],
-                                meta={"reduce_op": red.name})
-
-    def _alltoall_base(self, work_id, op, output, input, output_split_sizes, input_split_sizes, opts):
-        def complete(key):
-            got = list(self._inputs(key))
-            ins = [ts[0] for _, ts in got]
-            splits = [meta["splits"] for meta, _ in got]
-            semantics.write(output, semantics.all_to_all_single(ins, splits, self.me).view_as(output))
-
-        return self._collective(op, work_id, [input], complete, [output],
-                                meta={"splits": list(input_split_sizes), "out_splits": list(output_split_sizes)})
-
-    def _alltoall(self, work_id, op, output_tensors, input_tensors, opts):
-        def complete(key):
-            for k, (_, ts) in enumerate(self._inputs(key)):
-                semantics.write(output_tensors[k], ts[self.me])
-
-        return self._collective(op, work_id, list(input_tensors), complete, output_tensors)
-
-    def _broadcast(self, work_id, op, tensors, opts):
-        root = opts.rootRank
-
-        def complete(key):
-            if self.me != root:
-                _, ts = self.c.read(key, f"-r{root}")
-                for t, src in zip(tensors, ts):
-                    semantics.write(t, src)
-
-        mine = list(tensors) if self.me == root else None
-        return self._collective(op, work_id, mine, complete, list(tensors), info_tensors=list(tensors),
-                                reads=[] if self.me == root else [root])
-
-    def _reduce(self, work_id, op, tensors, opts):
-        red, root = semantics.red_op(opts), opts.rootRank
-
-        def complete(key):
-            if self.me == root:
-                for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
-                    semantics.write(t, r)
-                self._keep(key, tensors, work_id)
-
-        return self._collective(op, work_id, list(tensors), complete, list(tensors),
-                                reads="all" if self.me == root else [], meta={"reduce_op": red.name, "root": root})
-
-    def _gather(self, work_id, op, output_tensors, input_tensors, opts):
-        root = opts.rootRank
-
-        def complete(key):
-            if self.me == root:
-                for k, (_, ts) in enumerate(self._inputs(key)):
-                    semantics.write(output_tensors[0][k], ts[0])
-
-        return self._collective(op, work_id, list(input_tensors), complete, output_tensors,
-                                reads="all" if self.me == root else [])
-
-    def _scatter(self, work_id, op, output_tensors, input_tensors, opts):
-        root = opts.rootRank
-
-        def complete(key):
-            _, ts = self.c.read(key, f"-r{root}")
-            semantics.write(output_tensors[0], ts[self.me])
-
-        mine = list(input_tensors[0]) if self.me == root else None
-        return self._collective(op, work_id, mine, complete, output_tensors, info_tensors=list(output_tensors),
-                                reads=[root])
-
-    def _barrier(self, work_id, op, opts):
-        return self._collective(op, work_id, None, lambda key: None, [], reads=None)
-
-    def _allgather_coalesced(self, work_id, op, output_lists, input_tensors, opts):
-        def complete(key):
-            for k, (_, ts) in enumerate(self._inputs(key)):
-                for j, out in enumerate(output_lists[k]):
-                    semantics.write(out, ts[j])
-
-        return self._collective(op, work_id, list(input_tensors), complete, output_lists)
+    def _contribution(self, key: tuple, member: int):
+        return self.c.read(key, f"-r{member}")
 
     # -- point to point ------------------------------------------------------------------------------------
     def _send(self, work_id, op, tensors, dst, tag):
@@ -302,3 +155,8 @@ class CaptureTransport:
 
         work = CaptureWork(self.c, [key], complete, list(tensors), [self.c.path(key, "")])
         return work
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> CaptureTransport:
+    """Mode capture (`modes`): the group's ops go through the coordinator."""
+    return CaptureTransport(name, opts.group_rank, members, desc)

@@ -3,7 +3,7 @@
 Every party (each sandbox rank at its first process group, the worker once its timed replay is ready) adds
 itself to a counter on the job's store; the last one stamps t0 = its host monotonic clock (CLOCK_MONOTONIC,
 shared by every process of the host) and the others read it. The sandbox ranks' timelines start at t0
-(`Recorder.resync`) and the virtual ranks' clock counts from it (`timed_replay`), so both are on one clock.
+(`Recorder.resync`) and the virtual ranks' clock counts from it (`replay.clock`), so both are on one clock.
 """
 
 from __future__ import annotations

@@ -9,13 +9,13 @@ IEEE division, no flush to zero, so each step rounds like torch's own ops. The b
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from prism import settings
 from prism.runtime.semantics import RedOp
 
 SOURCES = Path(__file__).resolve().parents[3] / "cuda"
@@ -46,12 +46,12 @@ def _build():
         cpp_extension.verify_ninja_availability()
     except RuntimeError as e:
         raise KernelBuildError("building the CUDA fold kernel needs ninja: pip install ninja") from e
-    build_dir = os.environ.get("PRISM_CUDA_BUILD_DIR")
+    build_dir = settings.CUDA_BUILD_DIR.get()
     if build_dir:
         Path(build_dir).mkdir(parents=True, exist_ok=True)
     return cpp_extension.load(name="prism_fold", sources=[str(s) for s in sources],
                               extra_cflags=["-O2"], extra_cuda_cflags=NVCC_FLAGS,
-                              build_directory=build_dir, verbose=bool(os.environ.get("PRISM_CUDA_VERBOSE")))
+                              build_directory=build_dir, verbose=settings.CUDA_VERBOSE.is_set())
 
 
 def module():

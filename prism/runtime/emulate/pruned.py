@@ -43,16 +43,10 @@ from typing import Mapping, Protocol as _Interface, Sequence
 import torch
 
 from prism.runtime.emulate import compensation as comp
+from prism.runtime import ops
 from prism.runtime.semantics import RedOp
 
-# event op name -> protocol kind
-KINDS = {
-    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "reduce": "reduce",
-    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "all_gather": "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_coalesced": "all_gather",
-    "gather": "gather", "broadcast": "broadcast", "scatter": "scatter",
-    "all_to_all_single": "all_to_all", "all_to_all": "all_to_all", "barrier": "barrier",
-}
+KINDS = ops.PROTOCOL  # event op name -> protocol kind
 REDUCTIONS = {"all_reduce", "reduce", "reduce_scatter"}
 
 Part = tuple[dict, list[torch.Tensor]]  # a member's contribution: (meta, tensors)

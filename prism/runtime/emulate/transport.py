@@ -16,19 +16,19 @@ run's members (from the capture's payloads). Reductions fold in a chain in group
 `prefold`/`fold_from`/`finish`), so a sandbox member's result is bitwise what `semantics` defines over its
 live values and the virtual ranks' recorded ones — not the capture's result (which slice mode
 substitutes); data movement sends each sandbox member only what it reads. Completion then writes the
-outputs (`CaptureTransport`'s completion functions where the outcome is the members' contributions).
+outputs (`ContributionTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
 stay async. A collective run by the protocol completes no earlier than the member's arrival (its call) +
 the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is
-calibrated (the transfer hold: `timed_replay`'s module doc; `transfer_hold_s`); the hold is the work's
-(`emulated_works`), never the group thread's, so a group's next collective is exchanged while the previous
+calibrated (the transfer hold: `replay.clock`'s module doc; `transfer_hold_s`); the hold is the work's
+(`emulate.works`), never the group thread's, so a group's next collective is exchanged while the previous
 one is held. A native op of an all-sandbox group is not held: it is the job's own op (`_native`).
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
 (tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
 
 Worker side (`serve`): one process for every virtual rank, forked by the zygote. It reads the capture's
-plan (`replay.load_plan`: groups, collectives in group order, payload index, messages), creates the
+plan (`replay.plan.load_plan`: groups, collectives in group order, payload index, messages), creates the
 compensators of every group with a sandbox member, and replays: per group one thread issues each
 collective for all its compensators; per message channel (sandbox <-> virtual) one thread sends recorded
 payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`--prefetch-mb`).
@@ -37,8 +37,6 @@ payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -47,12 +45,13 @@ from pathlib import Path
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism import settings
 from prism.runtime.emulate import compensation as comp
-from prism.runtime import semantics, shm, thread_cpu
+from prism.runtime import ops, semantics, shm
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
-from prism.runtime.emulate.works import _HOPS, _STATS, _STATS_LOCK, _EmuWork, _NativeWork, _SourceWork
-from prism.runtime.capture.transport import CaptureTransport
+from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
+from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
@@ -93,11 +92,11 @@ class EmulationError(RuntimeError):
 
 
 def sandbox_ranks() -> set[int]:
-    return {int(r) for r in os.environ.get("PRISM_SLICE_RANKS", "").split(",") if r.strip()}
+    return set(settings.SLICE_RANKS.get())
 
 
 def pruning() -> bool:
-    return os.environ.get("PRISM_PRUNING", "1") != "0"
+    return settings.PRUNING.get()
 
 
 participants = pruned.participants
@@ -203,26 +202,16 @@ class GlooWire:
         """Wait for the sends; add what was sent to this process's numbers."""
         for w in self.works:
             w.wait()
-        with _STATS_LOCK:  # the worker's group threads share the numbers
-            _STATS["bytes_sent"] += self.bytes
-            _STATS["framing_bytes"] += self.framing
-            _STATS["collective_messages"] += self.sends
+        with STATS_LOCK:  # the worker's group threads share the numbers
+            STATS["bytes_sent"] += self.bytes
+            STATS["framing_bytes"] += self.framing
+            STATS["collective_messages"] += self.sends
         self.works, self.keep = [], []
         self.bytes = self.framing = self.sends = 0
 
 
 # -- rank side ---------------------------------------------------------------------------------------------
-class _Reader:
-    """What `CaptureTransport`'s completion functions read (`c.read(key, "-r<i>")`), from an exchange."""
-
-    def __init__(self, owner: "EmulateTransport") -> None:
-        self.owner = owner
-
-    def read(self, key: tuple, suffix: str):
-        return self.owner.got[key][int(suffix.removeprefix("-r"))]
-
-
-class EmulateTransport(CaptureTransport):
+class EmulateTransport(ContributionTransport):
     """The transport of one group of a sandbox rank (see the module doc)."""
 
     def __init__(self, store, group_name: str, group_rank: int, members: list[int],
@@ -232,8 +221,8 @@ class EmulateTransport(CaptureTransport):
         self.members = tuple(members)
         self.n = len(members)
         self.seq = 0
-        self._sent, self._received, self._received_any = {}, {}, {}  # (CaptureTransport: lazy properties)
-        _STATS["groups"] += 1
+        self.received_any: dict[int, int] = {}  # recvs from any source, by tag
+        STATS["groups"] += 1
         self.parts = participants(self.members, sandbox_ranks(), pruning())
         self.host = {m: i for i, (_, run) in enumerate(self.parts) for m in run}  # member -> participant
         self.index = self.host[self.members[self.me]]
@@ -242,12 +231,11 @@ class EmulateTransport(CaptureTransport):
         if len(self.parts) > 1:
             self.pg = ProcessGroupGloo(PrefixStore("gloo/", emu_store(group_name, store)), self.index,
                                        len(self.parts), timeout or timedelta(minutes=30))
-            _STATS["communicators"] += 1
+            STATS["communicators"] += 1
         self.native = self.pg is not None and native_group.all_sandbox(self.parts, sandbox_ranks())
         self.floor_src = floor_sender(self.parts, sandbox_ranks())
         self.got: dict[tuple, dict] = {}
         self.store = store
-        self._c = _Reader(self)  # (CaptureTransport.c: a lazy property over _c)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
 
     def _keep(self, key, outputs, work_id) -> None:  # nothing is kept: the values are this run's
@@ -257,13 +245,16 @@ class EmulateTransport(CaptureTransport):
         got = self.got[key]
         return [got[i] for i in (range(self.n) if members is None else members)]
 
+    def _contribution(self, key: tuple, member: int):
+        return self.got[key][member]
+
     def call(self, method: str, device, *args, work_id: int = -1, op: str = ""):
         if self.native:
             issued = native_group.issue(self.pg, self.n, self.me, method, args)
             if issued is not None:
                 return self._native(issued, _native_result(method, args))
         opts = args[-1] if args else None
-        self._root = getattr(opts, "rootRank", -1) if method in ("broadcast", "reduce", "gather", "scatter") else -1
+        self._root = getattr(opts, "rootRank", -1) if method in ops.ROOTED else -1
         return super().call(method, device, *args, work_id=work_id, op=op)
 
     def _collective(self, op: str, work_id: int, mine, complete, result, meta=None, info_tensors=None,
@@ -279,9 +270,9 @@ class EmulateTransport(CaptureTransport):
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
-        work = _EmuWork(result)
+        work = EmuWork(result)
 
-        def run() -> None:  # the exchange; the hold is the work's (`emulated_works`), never this thread's
+        def run() -> None:  # the exchange; the hold is the work's (`emulate.works`), never this thread's
             began = time.monotonic_ns()
             try:
                 wire = GlooWire(self.pg)
@@ -297,15 +288,15 @@ class EmulateTransport(CaptureTransport):
                 with torch.no_grad():
                     complete(key)
                 del self.got[key]
-                _STATS["collectives"] += 1
+                STATS["collectives"] += 1
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
             at = max(floor, int(virtual[0]))
-            with _STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
-                _HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
-                _HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9
-                per = _HOPS["by_op"].setdefault(f"{op} group {self.group}", [0, 0.0, 0.0, 0.0])
+            with STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
+                HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
+                HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9
+                per = HOPS["by_op"].setdefault(f"{op} group {self.group}", [0, 0.0, 0.0, 0.0])
                 per[0] += 1
                 per[1] += (began - arrival) / 1e9
                 per[2] += (data - began) / 1e9
@@ -321,7 +312,7 @@ class EmulateTransport(CaptureTransport):
         pruned, or a chain where the job runs gloo's own reduction)."""
         return arrival + transfers(self.store).get(f"{self.group}/{self.seq}", 0)
 
-    def _native(self, issued: native_group.Issued, result) -> "_NativeWork":
+    def _native(self, issued: native_group.Issued, result) -> "NativeWork":
         """A collective of an all-sandbox group, started as a native gloo op (`native_group`): completes
         when its works do. It is not held to the calibrated transfer: it is the job's own op among the
         job's own ranks, and holding it made each op last the longer of two noisy times, the slice run's
@@ -329,9 +320,9 @@ class EmulateTransport(CaptureTransport):
         `docs/fidelity.md`)."""
         works, finish, sent = issued
         self.seq += 1
-        with _STATS_LOCK:
-            _STATS["bytes_sent"] += sent
-        return _NativeWork(works, finish, 0, result)
+        with STATS_LOCK:
+            STATS["bytes_sent"] += sent
+        return NativeWork(works, finish, 0, result)
 
     # -- the kinds whose outcome is not every member's contribution ---------------------------------------
     def _result(self, key: tuple) -> list[torch.Tensor]:
@@ -408,15 +399,15 @@ class EmulateTransport(CaptureTransport):
     def _send(self, work_id, op, tensors, dst, tag):
         if self.pg is None:
             raise EmulationError(f"send within group {self.group} of one participant")
-        _STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
-        _STATS["messages"] += 1
+        STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
+        STATS["messages"] += 1
         return self.pg.send(list(tensors), self.host[self.members[dst]], p2p_tag(tag, self.n, self.me, dst))
 
     def _recv(self, work_id, op, tensors, src, tag):
         if self.pg is None:
             raise EmulationError(f"recv within group {self.group} of one participant")
-        _STATS["bytes_received"] += sum(t.numel() * t.element_size() for t in tensors)
-        _STATS["messages"] += 1
+        STATS["bytes_received"] += sum(t.numel() * t.element_size() for t in tensors)
+        STATS["messages"] += 1
         return self.pg.recv(list(tensors), self.host[self.members[src]], p2p_tag(tag, self.n, src, self.me))
 
     def _recv_anysource(self, work_id, op, tensors, tag):
@@ -432,11 +423,11 @@ class EmulateTransport(CaptureTransport):
                                  f"counterpart in the capture ({len(peers)} there): the sandbox departs from its "
                                  "capture; capture again with the same program")
         src = self.members.index(peers[k])
-        return _SourceWork(self._recv(work_id, op, tensors, src, tag), src)
+        return SourceWork(self._recv(work_id, op, tensors, src, tag), src)
 
 
 def _native_result(method: str, args: tuple):
-    """What a native collective's work answers as its result (the outputs, as `CaptureTransport` gives)."""
+    """What a native collective's work answers as its result (the outputs, as `ContributionTransport` gives)."""
     if method == "broadcast":
         return list(args[0])
     if method == "barrier":
@@ -458,7 +449,7 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
 
         from prism import schemas
 
-        path = Path(os.environ["PRISM_CAPTURE"]) / "raw" / f"rank={rank}" / "events.arrow"
+        path = Path(settings.CAPTURE.get()) / "raw" / f"rank={rank}" / "events.arrow"
         with pa.OSFile(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]
@@ -471,14 +462,16 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
     return _ANYSOURCE[rank]
 
 
-def write_rank_stats(rank: int) -> None:
-    """At the sandbox rank's end: its transports' numbers, for meta.json (`emulation`)."""
-    folder = os.environ.get("PRISM_STATUS_DIR")
-    if folder and _STATS["groups"]:  # (not in the zygote, which has no groups)
-        path = Path(folder) / f"emulate-rank{rank}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        fold_cuda = sys.modules.get("prism.runtime.emulate.fold_cuda")  # loaded only where a CUDA tensor was folded
-        diagnostics = dict(_HOPS, threads_cpu_s=thread_cpu.by_thread())
-        tmp.write_text(json.dumps(dict(_STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
-                                       diagnostics=diagnostics)))
-        os.replace(tmp, path)
+_T0_NS: list[int] = []  # the common start, once met
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> EmulateTransport:
+    """Mode emulate (`modes`): at the rank's first group, meet the other sandbox ranks and the replay worker
+    (the rank's timeline starts at their common t0, `replay.clock.common_start`); then the group's transport."""
+    if not _T0_NS:
+        from prism.runtime.emulate.common_start import common_start
+
+        _T0_NS.append(common_start(job_store(opts.store), len(sandbox_ranks()) + 1))
+        if rec is not None:
+            rec.resync(_T0_NS[0])
+    return EmulateTransport(opts.store, name, opts.group_rank, members, opts.timeout)

@@ -1,6 +1,7 @@
-"""Mode `emulate`, the replay worker: one process that stands in for every virtual rank (see `emulation`).
+"""Mode `emulate`, the replay worker: one process that stands in for every virtual rank (see
+`prism.runtime.emulate.transport`).
 
-It reads the capture's plan (`replay.load_plan`), creates the compensators of each group that holds a
+It reads the capture's plan (`prism.runtime.replay.plan.load_plan`), creates the compensators of each group that holds a
 sandbox rank and a virtual one (pruned: one per run of consecutive virtual members; `--no-pruning`: one
 per virtual member), and replays: per group one thread takes the group's collectives in `group_seq` order
 and runs, for each compensator in group order, its part of the pruned protocol (`pruned.run` over its
@@ -27,34 +28,36 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime.emulate import compensation as comp
 from prism.runtime import shm
-from prism.runtime.emulate import transport as emulation
+from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate import pruned
-from prism.runtime.replay import clock as timed_replay
+from prism.runtime.emulate import transport
 from prism.runtime.emulate.common_start import common_start
+from prism.runtime.emulate.works import STATS, STATS_LOCK
+from prism.runtime.launch.zygote_spec import ZygoteSpec
+from prism.runtime.replay import clock
 from prism.runtime.replay.cone import ConeError
-from prism.runtime.semantics import RedOp
+from prism.runtime.replay.host import VirtualRanks, keep_until_exit
+from prism.runtime.replay.plan import Channel, Collective, ReplayError, load_plan
 from prism.runtime.replay.prefetch import PayloadPool
-from prism.runtime.slice.replay_server import Channel, Collective, ReplayError, ReplayServer, _PollingStore, _alive, load_plan
+from prism.runtime.semantics import RedOp
 
 
 EXCHANGES = 8  # a p2p transfer hold's lead: the shortest of a channel's last 8 real exchanges
 
 
-class EmulationWorker(ReplayServer):
+class EmulationWorker(VirtualRanks):
     def __init__(self, plan, capture: Path, timeout: timedelta, pruned: bool, prefetch_bytes: int = 0) -> None:
         super().__init__(plan, capture, timeout)
         self.pool = PayloadPool(prefetch_bytes, self._read_file)
-        self.lazy = False  # every participant of a group takes part in its collectives
-        self.built = list(plan.order)
+        # every group's compensators are built (every participant takes part in its collectives)
         self.pruned = pruned
-        self.parts = {g: emulation.participants(plan.groups[g], plan.slice_ranks, pruned) for g in plan.order}
+        self.parts = {g: transport.participants(plan.groups[g], plan.slice_ranks, pruned) for g in plan.order}
         self.communicators = 0
         self.timed = None  # a TimedReplay when the job is calibrated
 
     def _gate(self, comm: int, hold: bool = True, exchanges: deque | None = None) -> int:
-        """The timed replay's gate (`timed_replay`'s module doc); with `hold` (a p2p message it sends), the
+        """The timed replay's gate (`clock`'s module doc); with `hold` (a p2p message it sends), the
         transfer hold released one real exchange early: the shortest of the last `exchanges` (ns) of this
         channel. Returns the comm's virtual floor (0: none)."""
         if self.timed is None:
@@ -121,10 +124,8 @@ class EmulationWorker(ReplayServer):
 
         def make(index: int, rank: int) -> None:
             try:
-                shared = _PollingStore(self.store, self._store_lock)
-                self._keep.append(shared)  # the Python object must outlive its use from C++
-                made[rank] = ProcessGroupGloo(PrefixStore("gloo/", emulation.emu_store(group, shared)), index,
-                                              size, self.timeout)
+                made[rank] = ProcessGroupGloo(PrefixStore("gloo/", transport.emu_store(group, self.shared_store())),
+                                              index, size, self.timeout)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failed.append(exc)
 
@@ -148,11 +149,11 @@ class EmulationWorker(ReplayServer):
         def load(c: Collective):
             return {v: self._load(payload[(v, c.key)]) for _, _, run in comps for v in run if (v, c.key) in payload}
 
-        wires = {i: emulation.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
+        wires = {i: transport.GlooWire(self.pgs[group][r]) for i, r, _ in comps}
         sandbox = set(self.plan.slice_ranks)
         pos = {m: k for k, m in enumerate(members)}
         # each collective's virtual floor goes to every sandbox participant (the sandbox's transfer hold)
-        sender = emulation.floor_sender(self.parts[group], sandbox)
+        sender = transport.floor_sender(self.parts[group], sandbox)
         floor_pg = self.pgs[group][self.parts[group][sender][0]] if self.timed and sender is not None else None
         to = [i for i, p in enumerate(self.parts[group]) if comp.is_sandbox(p, sandbox)]
         for c, recorded in self._prefetched(self.plan.collectives[group], load):
@@ -162,7 +163,7 @@ class EmulationWorker(ReplayServer):
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             floor = self._gate(comm, hold=False)  # the data moves at the last virtual arrival, the hold is apart
             floor_msg = torch.tensor([floor], dtype=torch.int64)
-            sent = [floor_pg.send([floor_msg], i, emulation.FLOOR_TAG) for i in to] if floor_pg is not None else []
+            sent = [floor_pg.send([floor_msg], i, transport.FLOOR_TAG) for i in to] if floor_pg is not None else []
             for i, _, run in comps:  # in group order: a compensator's chain link waits for the one before
                 pruned.run(proto, i, {pos[v]: recorded[v] for v in run if v in recorded}, wires[i], red)
             for wire in wires.values():
@@ -176,10 +177,8 @@ class EmulationWorker(ReplayServer):
     def _channel(self, ch: Channel) -> None:
         name = f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"
         members = self.plan.groups[ch.group]
-        while ch.group not in self.pgs:  # its group's compensators are being created
-            if self.errors:
-                return
-            time.sleep(0.005)
+        if not self.wait_for_group(ch.group):  # its group's compensators are being created
+            return
         sandbox = set(self.plan.slice_ranks)
         parts = self.parts[ch.group]
         host = {m: i for i, (_, run) in enumerate(parts) for m in run}
@@ -187,7 +186,7 @@ class EmulationWorker(ReplayServer):
         virtual = ch.src if sending else ch.dst
         pg = self.pgs[ch.group][parts[host[virtual]][0]]
         n, src, dst = len(members), members.index(ch.src), members.index(ch.dst)
-        tag = emulation.p2p_tag(ch.tag, n, src, dst)
+        tag = transport.p2p_tag(ch.tag, n, src, dst)
         exchanges: deque = deque(maxlen=EXCHANGES)
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
@@ -197,8 +196,8 @@ class EmulationWorker(ReplayServer):
                 began = time.monotonic_ns()
                 pg.send(list(ts), host[ch.dst], tag).wait()
                 exchanges.append(time.monotonic_ns() - began)
-                with emulation._STATS_LOCK:
-                    emulation._STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
+                with STATS_LOCK:
+                    STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in ts)
             else:
                 pg.recv([torch.empty_like(t) for t in ts], host[ch.src], tag).wait()
             self._done(comm)
@@ -215,39 +214,39 @@ def progress_reporter():
     return report
 
 
-def serve(spec: dict) -> int:
+def serve(spec: ZygoteSpec) -> int:
     """The worker's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     torch.set_num_threads(1)
     started = time.monotonic()
-    capture, status_dir = Path(spec["capture"]), Path(spec["status_dir"])
+    capture, status_dir = Path(spec.capture), Path(spec.status_dir)
     try:
-        plan = load_plan(capture, spec["ranks"])
+        plan = load_plan(capture, spec.ranks)
     except (ReplayError, OSError, pa.ArrowInvalid) as exc:
         print(f"[prism] emulation worker: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
-    worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
-                             bool(spec.get("pruning", True)), int(spec.get("prefetch_mb", 256)) << 20)
+    worker = EmulationWorker(plan, capture, timedelta(seconds=float(spec.replay_timeout_s or 600)),
+                             bool(spec.pruning), int(spec.prefetch_mb) << 20)
     worker.schedule_payloads()
-    _alive.append(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
-    found = timed_replay.find_artifacts(capture)
+    keep_until_exit(worker)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    found = clock.find_artifacts(capture)
     if found is not None:
         try:
-            worker.timed = timed_replay.TimedReplay(*found, set(spec["ranks"]), spec.get("steps_limit"),
+            worker.timed = clock.TimedReplay(*found, set(spec.ranks), spec.steps_limit,
                                                     progress=progress_reporter())
         except (ConeError, OSError, pa.ArrowInvalid, KeyError) as exc:
             print(f"[prism] emulation worker: cannot read the calibrated job ({found[0]}, {found[1]}): {exc}",
                   file=sys.stderr, flush=True)
             return 1
     threads = worker.start()
-    store = _PollingStore(worker.store, worker._store_lock)
+    store = worker.shared_store()
     if worker.timed is not None:  # before the common start, so that the sandbox ranks find it after it
-        store.set(emulation.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
+        store.set(transport.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
     try:  # the common start: the sandbox ranks meet the worker at their first process group
-        t0_ns = common_start(store, len(spec["ranks"]) + 1,
-                             timedelta(seconds=float(spec.get("replay_timeout_s") or 600)),
+        t0_ns = common_start(store, len(spec.ranks) + 1,
+                             timedelta(seconds=float(spec.replay_timeout_s or 600)),
                              stopped=lambda: stop.is_set() or bool(worker.errors))
     except (InterruptedError, TimeoutError) as exc:
         why = "; ".join(worker.errors) or str(exc)
@@ -258,8 +257,8 @@ def serve(spec: dict) -> int:
     if not worker.run_to_end(threads, t0_ns, stop, "emulation worker"):
         return 1
     timed = worker.timed is not None
-    if timed and spec.get("raw_staging"):  # the replayed timeline of the virtual ranks
-        folder = Path(spec["raw_staging"]) / "replay"
+    if timed and spec.raw_staging:  # the replayed timeline of the virtual ranks
+        folder = Path(spec.raw_staging) / "replay"
         folder.mkdir(parents=True, exist_ok=True)
         table = worker.timed.table()
         with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
@@ -269,11 +268,10 @@ def serve(spec: dict) -> int:
                "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
                "groups": len(worker.built),
                "communicators": worker.communicators, "collectives": worker.ops, "messages": worker.messages,
-               "bytes_sent": emulation._STATS["bytes_sent"],
-               "framing_bytes": emulation._STATS["framing_bytes"],
-               "collective_messages": emulation._STATS["collective_messages"], "wall_s": time.monotonic() - started,
+               "bytes_sent": STATS["bytes_sent"], "framing_bytes": STATS["framing_bytes"],
+               "collective_messages": STATS["collective_messages"], "wall_s": time.monotonic() - started,
                "pruning": worker.pruned,
-               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.get("prefetch_mb", 256)))}
+               "prefetch": dict(worker.pool.stats(), prefetch_mb=int(spec.prefetch_mb))}
     tmp = status_dir / "replay.done.tmp"
     tmp.write_text(json.dumps(summary))
     tmp.replace(status_dir / "replay.done")

@@ -1,6 +1,6 @@
 """Mode `emulate`, rank side: the works a sandbox rank's emulated collectives answer, and the transfer hold.
 
-The transfer hold (`timed_replay`'s module doc): a real collective completes, for the program, no earlier
+The transfer hold (`replay.clock`'s module doc): a real collective completes, for the program, no earlier
 than its *floor* (host monotonic ns): its calibrated completion for the arrivals known. The hold delays
 only what the program sees (`wait`, `is_completed`, the future); it never holds the thread that runs the
 group's exchanges: a group's collectives are exchanged one after the other on that thread as soon as
@@ -10,46 +10,52 @@ calibrated completions bunch at the end of the backward pass (DDP's buckets, the
 completed one exchange apart after that time instead of together (dp8-ep4's DP and EDP all-reduces: 11 ms
 an iteration past the model, device-10a in `docs/fidelity.md`).
 
-- `_EmuWork`: a collective run by the pruned protocol on the group's thread; the thread sets its floor
+- `EmuWork`: a collective run by the pruned protocol on the group's thread; the thread sets its floor
   and completes its inner future; `wait` holds on the caller's thread, the future (DDP's path) is
   completed at the floor by `TIMER`.
-- `_NativeWork`: a native gloo op of an all-sandbox group (`native_group`); it can be held the same way,
+- `NativeWork`: a native gloo op of an all-sandbox group (`native_group`); it can be held the same way,
   but `EmulateTransport` gives it no floor (the job's own op is not held: `EmulateTransport._native`).
-- `_SourceWork`: a recv's work that says who sent.
-`_STATS` are the rank's numbers (`emulation.write_rank_stats`), shared with `emulation`.
+- `SourceWork`: a recv's work that says who sent.
+`STATS` are the rank's numbers (`write_rank_stats`), shared with `emulate.transport` and `emulate.worker`.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
+import os
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch._C._distributed_c10d import Work
 
+from prism import settings
+from prism.runtime import thread_cpu
 from prism.runtime.work_parts import Forwarding, OwnResult
 
-_STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
+STATS = {"groups": 0, "communicators": 0, "bytes_sent": 0, "bytes_received": 0, "collectives": 0, "messages": 0,
           "framing_bytes": 0, "collective_messages": 0, "transfer_holds": 0, "transfer_hold_s": 0.0}
-_STATS_LOCK = threading.Lock()
-# where a protocol collective's time goes on the rank (s, summed; `emulation.write_rank_stats` "diagnostics"):
+STATS_LOCK = threading.Lock()
+# where a protocol collective's time goes on the rank (s, summed; `write_rank_stats` "diagnostics"):
 # issue -> its group thread starts the exchange (queue), the exchange itself, and, for a work already
 # waited on when the exchange ended, that end -> the waiting thread runs again (wake; holds excluded);
 # how far past the op's floor its data, then the floor message, came in (where the group has other
 # sandbox members, waiting for them counts too: their arrival is no part of the floor); and for every
 # hold (`hold_until`), how far past the floor the sleeping thread ran again
-_HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
+HOPS = {"protocol_ops": 0, "queue_s": 0.0, "exchange_s": 0.0, "waited_ops": 0, "wake_s": 0.0,
          "data_past_floor_s": 0.0, "floor_msg_past_floor_s": 0.0, "held_ops": 0, "hold_overshoot_s": 0.0,
          "by_op": {}}  # "<op> group <g>": [ops, queue s, exchange-to-data s, data past the floor s]
 
 
 def _count_hold(delay_ns: int) -> None:
-    with _STATS_LOCK:
-        _STATS["transfer_holds"] += 1
-        _STATS["transfer_hold_s"] += delay_ns / 1e9
+    with STATS_LOCK:
+        STATS["transfer_holds"] += 1
+        STATS["transfer_hold_s"] += delay_ns / 1e9
 
 
 def hold_until(floor_ns: int) -> None:
@@ -58,9 +64,9 @@ def hold_until(floor_ns: int) -> None:
     if delay > 0:
         time.sleep(delay / 1e9)
         _count_hold(delay)
-        with _STATS_LOCK:  # how far past its floor the held thread ran again (the sleep's overshoot)
-            _HOPS["held_ops"] += 1
-            _HOPS["hold_overshoot_s"] += max(0, time.monotonic_ns() - floor_ns) / 1e9
+        with STATS_LOCK:  # how far past its floor the held thread ran again (the sleep's overshoot)
+            HOPS["held_ops"] += 1
+            HOPS["hold_overshoot_s"] += max(0, time.monotonic_ns() - floor_ns) / 1e9
 
 
 class HoldTimer:
@@ -120,7 +126,7 @@ def held_future(source: torch.futures.Future, floor: Callable[[], int], result) 
     return future
 
 
-class _EmuWork(OwnResult, Work):
+class EmuWork(OwnResult, Work):
     """An emulated collective in flight: its exchange and completion run on the group's thread, which then
     calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor."""
 
@@ -136,10 +142,10 @@ class _EmuWork(OwnResult, Work):
     def finish(self, floor: int, issued: int = 0, began: int = 0) -> None:
         self.floor = floor
         self.exchanged = time.monotonic_ns()
-        with _STATS_LOCK:
-            _HOPS["protocol_ops"] += 1
-            _HOPS["queue_s"] += (began - issued) / 1e9
-            _HOPS["exchange_s"] += (self.exchanged - began) / 1e9
+        with STATS_LOCK:
+            HOPS["protocol_ops"] += 1
+            HOPS["queue_s"] += (began - issued) / 1e9
+            HOPS["exchange_s"] += (self.exchanged - began) / 1e9
         self.inner.set_result(self._result)
 
     def fail(self, exc: BaseException) -> None:
@@ -150,9 +156,9 @@ class _EmuWork(OwnResult, Work):
         self.inner.wait()
         woken = time.monotonic_ns()
         if self.exchanged and called < self.exchanged:
-            with _STATS_LOCK:
-                _HOPS["waited_ops"] += 1
-                _HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
+            with STATS_LOCK:
+                HOPS["waited_ops"] += 1
+                HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
         hold_until(self.floor)
         return True
 
@@ -166,7 +172,7 @@ class _EmuWork(OwnResult, Work):
         return self.inner.done() and time.monotonic_ns() >= self.floor
 
 
-class _NativeWork(OwnResult, Work):
+class NativeWork(OwnResult, Work):
     """A native collective of an all-sandbox group in flight (`EmulateTransport._native`): `wait` waits
     for gloo's works on the caller's thread, then completes (host copies back, a reduction's fold) and
     holds until `floor`; `get_future` does the same from gloo's callback (the hold by `TIMER`, never on
@@ -192,8 +198,8 @@ class _NativeWork(OwnResult, Work):
             with torch.no_grad():
                 self.finish()
             self.done = True
-            with _STATS_LOCK:
-                _STATS["collectives"] += 1
+            with STATS_LOCK:
+                STATS["collectives"] += 1
 
     def wait(self, timeout=None) -> bool:
         self._complete()
@@ -229,7 +235,7 @@ class _NativeWork(OwnResult, Work):
         return True
 
 
-class _SourceWork(Forwarding, Work):
+class SourceWork(Forwarding, Work):
     """A recv's work that also says who sent (what `recv_anysource` answers)."""
 
     def __init__(self, inner: Work, src: int) -> None:
@@ -238,3 +244,16 @@ class _SourceWork(Forwarding, Work):
 
     def _source_rank(self) -> int:
         return self._src
+
+
+def write_rank_stats(rank: int) -> None:
+    """At the sandbox rank's end: its transports' numbers (`STATS`, `HOPS`), for meta.json (`emulation`)."""
+    folder = settings.STATUS_DIR.get()
+    if folder and STATS["groups"]:  # (not in the zygote, which has no groups)
+        path = Path(folder) / f"emulate-rank{rank}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        fold_cuda = sys.modules.get("prism.runtime.emulate.fold_cuda")  # loaded only where a CUDA tensor was folded
+        diagnostics = dict(HOPS, threads_cpu_s=thread_cpu.by_thread())
+        tmp.write_text(json.dumps(dict(STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
+                                       diagnostics=diagnostics)))
+        os.replace(tmp, path)

@@ -13,7 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from prism.runtime import oom
+from prism import settings
+from prism.runtime import modes, oom
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,17 +27,17 @@ def die_with_parent() -> None:
         pass
 
 
-def run_rank(spec: dict, rank: int) -> int:
+def run_rank(spec: ZygoteSpec, rank: int) -> int:
     """In the forked child: become rank `rank` and run the program; returns the exit code."""
     die_with_parent()
-    world = spec["nproc"]
-    hosts = spec.get("hosts") or {"nproc": world, "node_rank": 0, "nnodes": 1}  # over hosts: torchrun's per-host view
+    world = spec.nproc
+    hosts = spec.hosts or {"nproc": world, "node_rank": 0, "nnodes": 1}  # over hosts: torchrun's per-host view
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank - hosts["node_rank"] * hosts["nproc"]), WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE=str(hosts["nproc"]), GROUP_RANK=str(hosts["node_rank"]), ROLE_RANK=str(rank),
         ROLE_WORLD_SIZE=str(world), ROLE_NAME="default", GROUP_WORLD_SIZE=str(hosts["nnodes"]),
-        MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-        TORCHELASTIC_RUN_ID=spec["run_id"], PRISM_STATUS_DIR=spec["status_dir"],
+        MASTER_ADDR=spec.master_addr, MASTER_PORT=str(spec.master_port),
+        TORCHELASTIC_RUN_ID=spec.run_id, **{settings.STATUS_DIR.name: spec.status_dir},
     )
     # the program's lines leave the rank as it prints them: its stdout is a pipe to the zygote, which Python
     # buffers by blocks, so `tail -f logs/capture.log` (and a signal's diagnosis) would see them only at exit
@@ -44,33 +46,33 @@ def run_rank(spec: dict, rank: int) -> int:
             stream.reconfigure(line_buffering=True)
     import torch
 
-    if spec.get("pin"):
+    if spec.pin:
         cores = sorted(os.sched_getaffinity(0))
-        index = spec["ranks"].index(rank) if spec.get("ranks") else rank  # slice: one core per slice rank
-        if spec.get("mode") == "emulate":  # the sandbox ranks share --devices slots
-            index %= spec["devices"]
+        index = spec.ranks.index(rank) if spec.ranks else rank  # slice: one core per slice rank
+        if modes.get(spec.mode).sandbox:  # the sandbox ranks share --devices slots
+            index %= spec.devices
         os.sched_setaffinity(0, {cores[index % len(cores)]})
         torch.set_num_threads(1)
-    intercepted = bool(os.environ.get("PRISM_MODE"))
+    intercepted = settings.MODE.is_set()
     if intercepted:
         from prism.runtime import interception
 
         interception.start_rank()
     code = 0
     try:
-        if spec.get("module"):
+        if spec.module:
             import runpy
 
-            sys.argv = [spec["module"]] + spec["args"]
+            sys.argv = [spec.module] + spec.args
             sys.path.insert(0, os.getcwd())
             # preloaded (its imports stay warm): runpy runs it anew as __main__ and warns if it is imported
-            sys.modules.pop(spec["module"], None)
-            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+            sys.modules.pop(spec.module, None)
+            runpy.run_module(spec.module, run_name="__main__", alter_sys=True)
         else:
             import runpy
 
-            script = spec["script"]
-            sys.argv = [script] + spec["args"]
+            script = spec.script
+            sys.argv = [script] + spec.args
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -84,51 +86,43 @@ def run_rank(spec: dict, rank: int) -> int:
     except BaseException as exc:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
-        code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec["status_dir"]) else 1
+        Path(spec.status_dir, f"rank{rank}.traceback").write_text(text)
+        code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec.status_dir) else 1
     if intercepted:
         try:
             interception.finish(code)
         except BaseException:
             text = traceback.format_exc()
             sys.stderr.write(text)
-            Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
+            Path(spec.status_dir, f"rank{rank}.traceback").write_text(text)
             code = code or 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code
 
 
-def run_replay(spec: dict) -> int:
-    """In the forked child: become the replay server of a slice (mode `slice`)."""
+def run_replay(spec: ZygoteSpec) -> int:
+    """In the forked child: become the mode's replay process (`Mode.replay_role`: the slice's replay server,
+    emulate's replay worker)."""
     die_with_parent()
-    os.environ.update(MASTER_ADDR=spec["master_addr"], MASTER_PORT=str(spec["master_port"]),
-                      WORLD_SIZE=str(spec["nproc"]), TORCHELASTIC_RUN_ID=spec["run_id"])
-    os.environ.pop("PRISM_OUT", None)  # the server records nothing
-    if spec.get("pin"):  # keep off the slice ranks' cores where others are free (their timings are measured)
+    os.environ.update(MASTER_ADDR=spec.master_addr, MASTER_PORT=str(spec.master_port),
+                      WORLD_SIZE=str(spec.nproc), TORCHELASTIC_RUN_ID=spec.run_id)
+    os.environ.pop(settings.OUT.name, None)  # the server records nothing
+    mode = modes.get(spec.mode)
+    if spec.pin:  # keep off the slice ranks' cores where others are free (their timings are measured)
         cores = sorted(os.sched_getaffinity(0))
-        free = cores[spec.get("devices") or len(spec["ranks"]):] if spec.get("mode") == "emulate" \
-            else cores[len(spec["ranks"]):]
+        free = cores[spec.devices or len(spec.ranks):] if mode.sandbox else cores[len(spec.ranks):]
         if free:
             os.sched_setaffinity(0, set(free))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
-        if spec.get("mode") == "emulate":
-            from prism.runtime.emulate import worker as emulate_worker
-
-            code = emulate_worker.serve(spec)
-        else:
-            from prism.runtime.slice import replay_server as replay
-
-            code = replay.serve(Path(spec["capture"]), spec["ranks"], Path(spec["status_dir"]),
-                                float(spec.get("replay_timeout_s") or 600), spec.get("timed"),
-                                spec.get("raw_staging"))
+        code = mode.serve_replay(spec)
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        Path(spec["status_dir"], "replay.traceback").write_text(text)
+        Path(spec.status_dir, "replay.traceback").write_text(text)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

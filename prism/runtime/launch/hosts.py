@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from prism import settings
+
 PREFIX = "prism/hosts/"
-DEFAULT_TIMEOUT_S = 120.0  # how long a launcher waits for the other hosts (rendezvous, the job's end)
-ENV_TIMEOUT = "PRISM_RDZV_TIMEOUT"
+DEFAULT_TIMEOUT_S = settings.RDZV_TIMEOUT.default  # the launcher's wait for the other hosts
+ENV_TIMEOUT = settings.RDZV_TIMEOUT.name
 ACK_S = 30.0  # how long host 0 keeps the store up for the other hosts to read the verdict
 
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
 import sys
 import sysconfig
 import time
 import types
 
-ENV = "PRISM_IMMORTAL"  # "0": leave the zygote's objects mortal (for comparisons)
+from prism import settings
+
+ENV = settings.IMMORTAL.name  # "0": leave the zygote's objects mortal (for comparisons)
 _COUNT = ctypes.c_ssize_t
 
 
@@ -100,7 +101,7 @@ def immortalise(roots: list | None = None) -> dict:
     """Make every object reachable from `roots` (default: all objects the garbage collector tracks)
     immortal. Returns what was done: {"objects": N, "seconds": s} or {"skipped": why}. Call it after the
     last `gc.collect()` and before `gc.freeze()` (a frozen object is no longer in `gc.get_objects()`)."""
-    if os.environ.get(ENV, "1") == "0":
+    if not settings.IMMORTAL.get():
         return {"skipped": f"turned off ({ENV}=0)"}
     value = immortal_refcnt()
     if value is None:

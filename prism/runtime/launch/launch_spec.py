@@ -38,6 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch.progress import LOG_PERIOD_S
 
@@ -216,23 +217,24 @@ def validate(spec: LaunchSpec) -> None:
     _validate_hosts(spec)
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
-    if spec.hang_timeout is not None and spec.mode not in ("real", "slice"):
-        raise LaunchError(f"--hang-timeout belongs to --mode real and slice (--mode {spec.mode} "
-                          + ("names a hang by itself)" if spec.mode == "capture" else "has no watchdog yet)"))
+    if spec.hang_timeout is not None and not mode.watchdog:
+        watched = " and ".join(m.name for m in modes.MODES.values() if m.watchdog)
+        raise LaunchError(f"--hang-timeout belongs to --mode {watched} (--mode {spec.mode} "
+                          + ("names a hang by itself)" if mode.coordinator else "has no watchdog yet)"))
     try:
         watchdog.timeout_from_env()
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     if spec.rank_memory_gb is not None and not spec.rank_memory_gb > 0:
         raise LaunchError(f"--rank-memory-gb {spec.rank_memory_gb:g}: give a positive size in GiB")
-    if spec.rank_memory_gb is not None and (spec.mode == "off" or os.environ.get("PRISM_DEVICE", "cpu") != "cuda"):
+    if spec.rank_memory_gb is not None and (not mode.intercepted or settings.DEVICE.get() != "cuda"):
         raise LaunchError("--rank-memory-gb limits each rank's CUDA caching allocator: set PRISM_DEVICE=cuda "
                           "(and run the program with CUDA tensors) in a mode other than off, or drop it")
     if spec.device_memory_gb is not None:
-        if spec.mode != "capture":
+        if not mode.coordinator:
             raise LaunchError(f"--device-memory-gb is the device capacity that --mode capture shares among "
                               f"blocked ranks; --mode {spec.mode} gives every rank its own device: drop it")
-        if os.environ.get("PRISM_DEVICE", "cpu") != "cuda":
+        if settings.DEVICE.get() != "cuda":
             raise LaunchError("--device-memory-gb swaps ranks' CUDA state to host memory: set PRISM_DEVICE=cuda "
                               "(and run the program with CUDA tensors) or drop --device-memory-gb")
         if not spec.device_memory_gb > 0:
@@ -242,7 +244,7 @@ def validate(spec: LaunchSpec) -> None:
         why = cuda_checkpoint.probe()
         if why is not None:
             raise LaunchError(f"--device-memory-gb: cannot swap device state on this host: {why}")
-    if spec.mode == "capture":
+    if mode.coordinator:
         cores = len(os.sched_getaffinity(0))
         if spec.nproc * spec.nnodes < 2:
             raise LaunchError("capture needs at least 2 ranks (--nproc 1 has nothing to capture: "
@@ -255,7 +257,7 @@ def validate(spec: LaunchSpec) -> None:
     elif spec.progress and not mode.intercepted:
         raise LaunchError(f"--progress reports what prism records; --mode {spec.mode} records nothing: drop "
                           "--progress or use --mode real")
-    if spec.mode not in ("capture", "emulate") and spec.devices is not None:
+    if not mode.device_slots and spec.devices is not None:
         raise LaunchError(f"--devices sets the device slots that --mode capture shares among the W ranks (or "
                           f"the sandbox ranks of --mode emulate); --mode {spec.mode} gives every rank its own "
                           "process: drop --devices")
@@ -264,7 +266,7 @@ def validate(spec: LaunchSpec) -> None:
     elif spec.slice_ranks or spec.capture is not None:
         raise LaunchError("--slice-ranks, --sandbox and --capture belong to --mode slice / emulate")
     if spec.timed_by is not None:
-        if spec.mode != "slice":
+        if not mode.timed:
             raise LaunchError(f"--timed-by times a slice run's replayed ranks; --mode {spec.mode} takes no timeline")
         for path, what in ((spec.timed_by, "the calibrated timeline"), (timed_graph(spec.timed_by), "its graph")):
             if not path.is_file():
@@ -282,7 +284,7 @@ def validate(spec: LaunchSpec) -> None:
     if spec.force and spec.out is None:
         raise LaunchError("--force clears the --out folder: it needs --out")
     # last: the options' own errors name their cause more precisely (and this one imports torch)
-    if os.environ.get("PRISM_DEVICE", "cpu") == "cuda":
+    if settings.DEVICE.get() == "cuda":
         why = cuda_missing()
         if why:
             raise LaunchError(f"PRISM_DEVICE=cuda, but {why}: run on a GPU host, or set PRISM_DEVICE=cpu "
@@ -299,7 +301,7 @@ def _validate_hosts(spec: LaunchSpec) -> None:
         raise LaunchError(f"--nnodes must be at least 1 (got {spec.nnodes})")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise LaunchError(f"--node-rank {spec.node_rank} outside 0..{spec.nnodes - 1} (--nnodes {spec.nnodes})")
-    if spec.mode != "capture":
+    if not modes.get(spec.mode).coordinator:
         raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture over hosts; --mode {spec.mode} runs on one host "
                           "(use --mode capture, or drop --nnodes)")
     if not spec.master_port:
@@ -328,13 +330,13 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if len(set(ranks)) != len(ranks):
         raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    slots = spec.devices if mode.name == "emulate" and spec.devices else len(ranks)
-    if mode.name == "emulate" and slots < 1:
+    slots = spec.devices if mode.sandbox and spec.devices else len(ranks)
+    if mode.sandbox and slots < 1:
         raise LaunchError(f"--devices must be at least 1 (got {slots})")
     if slots > cores:
         raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
                           f"machine has {cores}: use at most {cores}")
-    if mode.name == "emulate":
+    if mode.sandbox:
         spec.devices = slots
         if spec.prefetch_mb < 0:
             raise LaunchError(f"--prefetch-mb must be >= 0 (0 turns prefetch off; got {spec.prefetch_mb})")
@@ -343,7 +345,7 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if spec.capture is None:
         raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
                           "`prism launch --mode capture`, or a job folder holding it)")
-    if mode.name == "emulate" and not (spec.capture / "raw" / "meta.json").is_file() \
+    if mode.sandbox and not (spec.capture / "raw" / "meta.json").is_file() \
             and (spec.capture / "capture" / "raw" / "meta.json").is_file():
         spec.capture = spec.capture / "capture"  # a job folder: its capture lives in JOB/capture
     meta_path = spec.capture / "raw" / "meta.json"
@@ -351,7 +353,7 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
         raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
                           "did not finish); run `prism launch --mode capture --out CAPDIR` first")
     meta = json.loads(meta_path.read_text())
-    if meta.get("mode") != "capture":
+    if not modes.captured(meta):
         raise LaunchError(f"--capture {spec.capture}: a {meta.get('mode')!r} run, not a capture")
     if meta.get("world_size") != world:
         raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, --nproc is {world}: "

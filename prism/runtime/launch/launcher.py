@@ -8,6 +8,7 @@ when every rank succeeded, `--out`'s raw/ (with meta.json), payloads/ and logs/ 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,11 +21,13 @@ import time
 import uuid
 from pathlib import Path
 
+from prism import settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
 from prism.runtime.launch import run_files
 from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 SITE_DIR = Path(__file__).resolve().parents[1] / "site"
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
@@ -46,7 +49,7 @@ def launch(spec: LaunchSpec) -> int:
         return _launch_host(spec)
     try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
         limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
-                           run_files.SHM_ROOT if spec.mode == "capture" else None)
+                           run_files.SHM_ROOT if mode.coordinator else None)
     except limits.LimitError as exc:
         raise LaunchError(str(exc)) from None
     run_id = uuid.uuid4().hex
@@ -119,45 +122,43 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
     code = 1
     try:
         env = _rank_environment(spec, status_dir)
-        if spec.mode != "off" and spec.out is not None:
+        if mode.intercepted and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
-            env["PRISM_OUT"] = str(staging.resolve())
-        if spec.mode == "capture":
+            env[settings.OUT.name] = str(staging.resolve())
+        if mode.coordinator:  # capture: the data moves through shared memory
             shm_dir = Path(run_files.SHM_ROOT) / tag
             shm_dir.mkdir(parents=True)
-            env.update(PRISM_SHM_DIR=str(shm_dir))
+            env[settings.SHM_DIR.name] = str(shm_dir)
             if spec.out is not None and spec.payloads:
                 payload_staging = spec.out / f".payloads.tmp-{tag}"
                 payload_staging.mkdir()
-                env["PRISM_PAYLOADS"] = str(payload_staging.resolve())
-        zspec = {
-            "nproc": spec.nproc, "script": spec.script, "module": spec.module, "args": spec.args,
-            "pin": spec.pin, "master_addr": "127.0.0.1", "master_port": spec.master_port or free_port(),
-            "run_id": run_id, "status_dir": str(status_dir), "mode": spec.mode, "devices": spec.devices,
-            "shm_dir": str(shm_dir) if shm_dir else None, "preload": spec.preload,
-            "progress": _progress_style(spec),
-            "iterations": _iterations_expected(spec),
-            "device": os.environ.get("PRISM_DEVICE", "cpu"),
-            "rank_output": limits.rank_output(spec.nproc, spec.mode),
-            "device_memory_bytes": int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
-        }
+                env[settings.PAYLOADS.name] = str(payload_staging.resolve())
+        zspec = ZygoteSpec(
+            nproc=spec.nproc, script=spec.script, module=spec.module, args=list(spec.args), pin=spec.pin,
+            master_addr="127.0.0.1", master_port=spec.master_port or free_port(), run_id=run_id,
+            status_dir=str(status_dir), mode=spec.mode, devices=spec.devices,
+            shm_dir=str(shm_dir) if shm_dir else None, preload=list(spec.preload), progress=_progress_style(spec),
+            iterations=_iterations_expected(spec), device=settings.DEVICE.get(),
+            rank_output=limits.rank_output(spec.nproc, spec.mode),
+            device_memory_bytes=int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
+        )
         if hosts_run is not None:  # this host's ranks of the whole job, the rendezvous at host 0
-            zspec.update(hosts_run.zygote_spec())
-        if spec.mode == "emulate" and staging is not None:  # the sandbox ranks' output, also in OUT/logs
+            zspec = dataclasses.replace(zspec, **hosts_run.zygote_spec())
+        if mode.sandbox and staging is not None:  # the sandbox ranks' output, also in OUT/logs
             log_staging = spec.out / f".logs.tmp-{tag}"
             log_staging.mkdir()
-            zspec["log_dir"] = str(log_staging.resolve())
-            zspec["raw_staging"] = str(staging.resolve())  # the worker writes raw/replay/ there
-        if spec.mode == "slice" and spec.timed_by is not None:  # the server says when it issued (raw/replay/)
-            zspec["timed"] = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
+            zspec.log_dir = str(log_staging.resolve())
+            zspec.raw_staging = str(staging.resolve())  # the worker writes raw/replay/ there
+        if mode.timed and spec.timed_by is not None:  # the slice's server says when it issued (raw/replay/)
+            zspec.timed = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
             if staging is not None:
-                zspec["raw_staging"] = str(staging.resolve())
+                zspec.raw_staging = str(staging.resolve())
         if mode.replay:
-            zspec.update(ranks=spec.slice_ranks, capture=str(spec.capture), pruning=spec.pruning,
-                         prefetch_mb=spec.prefetch_mb, steps_limit=spec.steps_limit)
+            zspec.ranks, zspec.capture, zspec.pruning = list(spec.slice_ranks), str(spec.capture), spec.pruning
+            zspec.prefetch_mb, zspec.steps_limit = spec.prefetch_mb, spec.steps_limit
         spec_file = status_dir / "spec.json"
-        spec_file.write_text(json.dumps(zspec))
+        zspec.write(spec_file)
         started = time.time()
         if signals.received is None:
             code = _supervise_zygote(spec_file, env, signals)
@@ -165,14 +166,14 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
             oom.write_finding(status_dir, spec.out, {"world_size": spec.nproc, "mode": spec.mode, "run_id": run_id,
-                                                     "device": os.environ.get("PRISM_DEVICE", "cpu"),
+                                                     "device": settings.DEVICE.get(),
                                                      "command": (["-m", spec.module] if spec.module else
                                                                  [spec.script]) + spec.args})
 
         def publish() -> None:
             stats_file = status_dir / ("replay.done" if mode.replay else "capture_stats.json")
             stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-            if spec.mode == "emulate":
+            if mode.sandbox:  # the worker's numbers and the sandbox ranks' transports'
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
             _publish(staging, spec, run_id, started, stats, hosts_run.meta() if hosts_run else None)
@@ -263,27 +264,26 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    for var in (progress.ENV, "PRISM_MODE", "PRISM_OUT", "PRISM_PAYLOADS", "PRISM_SHM_DIR", "PRISM_CORES", "PRISM_CAPTURE",
-                "PRISM_SLICE_RANKS", "PRISM_PRUNING", "PRISM_STATUS_DIR"):
+    for var in settings.launcher_clears():  # what an outer run set for its ranks never leaks into these
         env.pop(var, None)
     _torchrun_defaults(env, spec.nproc)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
-    env.pop(oom.ENV, None)
     if spec.rank_memory_gb is not None:
         env[oom.ENV] = str(oom.limit_bytes(spec.rank_memory_gb))
     mode = modes.get(spec.mode)
     if mode.intercepted:
-        env["PRISM_MODE"] = spec.mode
-    if spec.mode != "capture" and _progress_style(spec) is not None:
+        env[settings.MODE.name] = spec.mode
+    if not mode.coordinator and _progress_style(spec) is not None:  # (capture: the coordinator's)
         env[progress.ENV] = str(status_dir)
-    if spec.mode == "capture":
-        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0",
-                   PRISM_CORES=",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    if mode.coordinator:
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0")
+        env[settings.CORES.name] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     if mode.replay:  # the store is hosted by the supervisor, as in capture
-        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0", PRISM_CAPTURE=str(spec.capture),
-                   PRISM_SLICE_RANKS=",".join(map(str, spec.slice_ranks)), PRISM_PRUNING=str(int(spec.pruning)),
-                   PRISM_STATUS_DIR=str(status_dir))
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCH_DIST_INIT_BARRIER="0")
+        env.update({settings.CAPTURE.name: str(spec.capture),
+                    settings.SLICE_RANKS.name: ",".join(map(str, spec.slice_ranks)),
+                    settings.PRUNING.name: str(int(spec.pruning)), settings.STATUS_DIR.name: str(status_dir)})
         if spec.nproc > SLICE_LAZY_GLOO_FROM and "TORCH_GLOO_LAZY_INIT" not in env:
             # a group of W members costs the replay server ~W^2 connections when made eagerly; lazily, only
             # the pairs that ever talk connect (on their first op; set TORCH_GLOO_LAZY_INIT=0 to keep eager)
@@ -343,18 +343,19 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "world_size": spec.nproc, "mode": spec.mode, "hostname": socket.gethostname(),
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id,
-        "device": os.environ.get("PRISM_DEVICE", "cpu"), "started": started, "wall_s": time.time() - started,
+        "device": settings.DEVICE.get(), "started": started, "wall_s": time.time() - started,
         "torch_version": version("torch"), "schema_version": "1",
         "boundaries": named_boundaries.rules(boundary_functions(spec)),
         "boundary_functions": boundary_functions(spec),
     }
-    if spec.mode == "capture":
+    mode = modes.get(spec.mode)
+    if mode.coordinator:
         meta.update(devices=spec.devices, payloads=spec.payloads, capture={**stats, **_rank_stats(staging)})
-    if spec.mode == "slice":
+    if mode.replay and not mode.sandbox:
         meta.update(slice_ranks=spec.slice_ranks, capture_dir=str(spec.capture), replay=stats,
                     gloo_lazy_init=os.environ.get("TORCH_GLOO_LAZY_INIT",
                                                   "1" if spec.nproc > SLICE_LAZY_GLOO_FROM else "0") == "1")
-    if spec.mode == "emulate":
+    if mode.sandbox:
         meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
                     t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
     meta.update(extra or {})  # a capture over hosts: the job's world size, its hosts, each rank's host

@@ -2,7 +2,7 @@
 watched while it runs: each message names the limit, what the job needs, and the fix.
 
 - open files (`ulimit -n`): prism's supervisor holds, per rank, two output pipes, and in capture the
-  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK). A capture whose pipes
+  rank's control socket and its connection to the rendezvous store (FDS_PER_RANK_COORDINATED). A capture whose pipes
   would not fit the hard limit (W=8192 with 4 a rank needs 32,832; a host may allow 20,000) writes each
   rank's output to two files instead, forwarded when the rank ends (`rank_output`): 2 a rank.
 - processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
@@ -22,12 +22,16 @@ import os
 import resource
 from pathlib import Path
 
-FDS_PER_RANK = {"capture": 4, "default": 2}
+from prism import settings
+from prism.runtime import modes
+
+FDS_PER_RANK = 2  # the output pipes
+FDS_PER_RANK_COORDINATED = 4  # capture: also the control socket and the store's connection
 FDS_PER_RANK_FILE_OUTPUT = 2  # capture, the ranks' output in files: the control socket, the store's connection
-OUTPUT_ENV = "PRISM_RANK_OUTPUT"  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
+OUTPUT_ENV = settings.RANK_OUTPUT.name  # "files" or "pipes": force how a capture's ranks' output reaches the launcher
 FDS_SPARE = 64
 FORK_BATCH = 64  # ranks a fork helper forks (`rank_fork`): the zygote holds one batch's child ends at a time
-FORK_BATCH_ENV = "PRISM_FORK_BATCH"  # N: the ranks a helper forks; 0: the zygote forks every rank itself
+FORK_BATCH_ENV = settings.FORK_BATCH.name  # N: the ranks a helper forks; 0: the zygote forks every rank itself
 THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store client start
 # A capture rank's private MiB (its end-of-rank smaps_rollup, `prism bench capture`), by interpreter: with the
 # zygote's objects immortal (CPython 3.12+, `immortal`) 10.4 / 10.6 MiB median / max at W=256 and 10.8 / 11.7
@@ -124,16 +128,20 @@ def shm_free_bytes(folder: str) -> int:
 def fork_batch(world: int) -> int:
     """Ranks a fork helper forks (`rank_fork`; 0: the zygote forks every rank itself): FORK_BATCH or
     PRISM_FORK_BATCH, when there are at least two batches."""
-    text = os.environ.get(FORK_BATCH_ENV, "").strip()
+    text = (settings.FORK_BATCH.raw() or "").strip()
     batch = int(text) if text.isdigit() else FORK_BATCH
     return batch if 0 < batch and world >= 2 * batch else 0
 
 
+def _per_rank(mode: str) -> int:
+    return FDS_PER_RANK_COORDINATED if modes.get(mode).coordinator else FDS_PER_RANK
+
+
 def fds_needed(world: int, mode: str, output: str = "pipes") -> int:
-    per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, FDS_PER_RANK["default"])
+    per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else _per_rank(mode)
     # while a batch is forked by a helper, the zygote also holds its ranks' child ends (2 output pipes unless
     # files, 1 control socket in capture) and the helpers' pid pipe (2)
-    child_ends = (0 if output == "files" else 2) + (mode == "capture")
+    child_ends = (0 if output == "files" else 2) + modes.get(mode).coordinator
     batch = fork_batch(world)
     return per * world + FDS_SPARE + (child_ends * batch + 2 if batch else 0)
 
@@ -142,8 +150,8 @@ def rank_output(world: int, mode: str, hard: int | None = None) -> str:
     """How the ranks' stdout and stderr reach the launcher: "pipes" (forwarded as they write) or, in capture
     when a pipe pair a rank would not fit the hard open-file limit, "files" (each rank's, forwarded when it
     ends). PRISM_RANK_OUTPUT=files|pipes chooses (files: capture only)."""
-    forced = os.environ.get(OUTPUT_ENV)
-    if mode != "capture":
+    forced = settings.RANK_OUTPUT.get()
+    if not modes.get(mode).coordinator:
         return "pipes"
     if forced in ("files", "pipes"):
         return forced
@@ -160,7 +168,7 @@ def check_start(world: int, mode: str, shm_root: str | None) -> None:
     output = rank_output(world, mode, hard)
     need = fds_needed(world, mode, output)
     if hard != resource.RLIM_INFINITY and hard < need:
-        per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else FDS_PER_RANK.get(mode, 2)
+        per = FDS_PER_RANK_FILE_OUTPUT if output == "files" else _per_rank(mode)
         raise LimitError(
             f"{world} ranks need about {need} open files in prism's supervisor ({per} a "
             f"rank), but this shell allows at most {hard} (`ulimit -Hn`): raise the limit (`ulimit -n {need}`; "
@@ -174,7 +182,7 @@ def check_start(world: int, mode: str, shm_root: str | None) -> None:
         if value is not None and value < world * per + 256:
             raise LimitError(f"{world} ranks need about {world * per} process ids, but kernel.{name} is {value}: "
                              f"raise it (`sysctl -w kernel.{name}={world * per * 2}`) or launch fewer ranks")
-    if mode != "capture":
+    if not modes.get(mode).coordinator:  # only capture holds all W ranks on this machine
         return
     avail, total = available_memory()
     per_rank = rank_mib_estimate()

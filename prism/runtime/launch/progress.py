@@ -17,19 +17,21 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from prism import settings
+
 
 TTY_PERIOD_S = 1.0
 LOG_PERIOD_S = 30.0
 
 
-ENV = "PRISM_PROGRESS_DIR"
+ENV = settings.PROGRESS_DIR.name
 _fd: int | None = None
 
 
 def note_iteration(done: int) -> None:
     """Rank side: `done` iterations ended (a no-op unless the launch asked for progress)."""
     global _fd
-    folder = os.environ.get(ENV)
+    folder = settings.PROGRESS_DIR.get()
     if not folder:
         return
     if _fd is None:

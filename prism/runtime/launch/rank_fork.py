@@ -34,8 +34,10 @@ import sys
 import time
 from pathlib import Path
 
+from prism import settings
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import limits
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -50,7 +52,7 @@ class RankForker:
     After `fork_all`: `children` (pid -> rank), `ctl` (rank -> the supervisor's end of its control socket,
     capture mode), and the ranks' output registered with `out` (pipes) or in `files`."""
 
-    def __init__(self, spec: dict, ids: list[int], capture: bool, out, files, run, unlogged=()) -> None:
+    def __init__(self, spec: ZygoteSpec, ids: list[int], capture: bool, out, files, run, unlogged=()) -> None:
         self.spec, self.ids, self.capture, self.out, self.files, self.run = spec, ids, capture, out, files, run
         self.unlogged = set(unlogged)  # ids whose output is not written to the job's logs (the replay server)
         self.children: dict[int, int] = {}
@@ -80,10 +82,10 @@ class RankForker:
                 os.close(ends[name])
         if self.files is None:
             r_out, r_err = ends["r_out"], ends["r_err"]
-            if self.spec.get("log_dir") and rank not in self.unlogged:
+            if self.spec.log_dir and rank not in self.unlogged:
                 from prism.runtime.launch.rank_output import Tee
 
-                log = open(Path(self.spec["log_dir"]) / f"rank={rank}.log", "ab")
+                log = open(Path(self.spec.log_dir) / f"rank={rank}.log", "ab")
                 self.top = max(self.top, log.fileno())
                 self.out.add(r_out, Tee(sys.stdout.buffer, log))
                 self.out.add(r_err, Tee(sys.stderr.buffer, log))
@@ -106,7 +108,7 @@ class RankForker:
                 self.files.attach(rank)
             if self.capture:  # the control socket moves above every supervisor fd, which are then closed
                 keep = fcntl.fcntl(ends["child"], fcntl.F_DUPFD, top + 1)
-                os.environ["PRISM_CTL_FD"] = str(keep)
+                os.environ[settings.CTL_FD.name] = str(keep)
             os.closerange(self.first_fd, top + 1)
             code = self.run(rank)
         finally:

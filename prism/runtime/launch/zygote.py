@@ -25,7 +25,6 @@ forwarding in `rank_output`; capture mode's link to the coordinator in `coordina
 from __future__ import annotations
 
 import gc
-import json
 import os
 import resource
 import signal
@@ -33,13 +32,15 @@ import sys
 import time
 from pathlib import Path
 
-from prism.runtime import memory, oom, watchdog
+from prism import settings
+from prism.runtime import memory, modes, oom, watchdog
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import immortal
 from prism.runtime.launch import limits
 from prism.runtime.capture.coordinator_link import CoordinatorLink
 from prism.runtime.launch.rank_fork import ForkError, RankForker
 from prism.runtime.launch.rank_output import FileOutput, LineForwarder
+from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 GRACE_S = 5.0
 REPLAY = -1  # mode slice: the replay server's id among the supervised children
@@ -60,7 +61,7 @@ def warm_imports(compute: bool) -> None:
     import torch._dynamo  # noqa: F401  (the optimizers import it on first step)
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # the optimizer's lazy imports
-    if os.environ.get("PRISM_MODE"):
+    if settings.MODE.is_set():
         import pyarrow as pa
 
         pa.array([0])  # pyarrow imports pandas on its first conversion: ~0.3 s and 40 MiB, once here
@@ -106,7 +107,7 @@ def _raise_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
 
 
-def supervise(spec: dict) -> int:
+def supervise(spec: ZygoteSpec) -> int:
     """Fork the ranks, wait for them; stop all on the first failure. Returns the exit code."""
     stopping = {"signal": None}
 
@@ -124,22 +125,20 @@ def supervise(spec: dict) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGCHLD, on_child)
     forks_began = time.monotonic()
-    _raise_fd_limit(limits.fds_needed(spec["nproc"], spec.get("mode") or "off", spec.get("rank_output", "pipes")))
+    _raise_fd_limit(limits.fds_needed(spec.nproc, spec.mode, spec.rank_output))
     sys.stdout.flush()
     sys.stderr.flush()
     out = LineForwarder()
     # the ranks' output in files (capture beyond the open-file limit's pipes: `limits.rank_output`), else pipes
-    files = FileOutput(str(Path(spec["status_dir"], "output"))) if spec.get("rank_output") == "files" else None
-    from prism.runtime import modes
-
-    mode = modes.get(spec.get("mode") or "off")
+    files = FileOutput(str(Path(spec.status_dir, "output"))) if spec.rank_output == "files" else None
+    mode = modes.get(spec.mode)
     capture = mode.coordinator
     slice_mode = mode.replay  # slice or emulate: only some ranks, plus the replay process
 
     def run(rank: int) -> int:  # in the forked child
         return forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
 
-    ids = list(spec["ranks"]) + [REPLAY] if slice_mode else list(_local_ranks(spec))
+    ids = list(spec.ranks) + [REPLAY] if slice_mode else list(_local_ranks(spec))
     forker = RankForker(spec, ids, capture, out, files, run, unlogged=(REPLAY,))
     try:
         forker.fork_all()
@@ -147,40 +146,40 @@ def supervise(spec: dict) -> int:
         print(f"[prism] {exc}", file=sys.stderr, flush=True)
         return LIMIT_EXIT
     children, ctl = forker.children, forker.ctl
-    spec["pids"] = {rank: pid for pid, rank in children.items()}
-    spec["fork_s"] = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
-    spec["fork_helpers"] = forker.helpers
+    spec.pids = {rank: pid for pid, rank in children.items()}
+    spec.fork_s = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
+    spec.fork_helpers = forker.helpers
     # the threads made from here on (the store's, the coordinator's unlinker) keep SIGCHLD blocked: it is
     # the main thread's, and no system call of theirs is interrupted by one of W exits
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     link = CoordinatorLink(spec, ctl, out) if capture else None
     progress = progress_state = None
-    if spec.get("progress"):
+    if spec.progress:
         from prism.runtime.launch.progress import CaptureProgress, IterationProgress
 
-        tty = spec["progress"] == "tty"
+        tty = spec.progress == "tty"
         if link is not None:
             progress, progress_state = CaptureProgress(sys.stderr, tty), link.coord
         else:  # real, slice, emulate: iterations the real ranks ended, from their notes in the status folder
-            real = spec.get("ranks") or list(range(spec["nproc"]))
-            progress = IterationProgress(sys.stderr, tty, spec.get("mode", "real"), real, spec.get("iterations"))
-            progress_state = Path(spec["status_dir"])
+            real = spec.ranks or list(range(spec.nproc))
+            progress = IterationProgress(sys.stderr, tty, spec.mode, real, spec.iterations)
+            progress_state = Path(spec.status_dir)
         out.before_write = progress.clear
     store = None
     if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
         import torch.distributed as dist
 
-        store = dist.TCPStore(spec["master_addr"], spec["master_port"], spec["nproc"], is_master=True,
+        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.nproc, is_master=True,
                               wait_for_workers=False)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    replay = {"pid": spec["pids"].get(REPLAY), "stopped": False, "wait_until": None, "error": None}
+    replay = {"pid": spec.pids.get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
     exited_ok: list[int] = []  # ranks that returned 0 while others still ran, before any failure
     usage_exits = 0
     usage_until = None  # a rank exited with USAGE_EXIT: the others are stopped only after this
     deadline = None
-    hang = Path(spec["status_dir"], watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
-    watched = spec.get("mode") in ("real", "slice")  # the ranks' watchdog (slice: the slice ranks')
+    hang = Path(spec.status_dir, watchdog.REPORT)  # real mode: a rank's watchdog found every rank stuck
+    watched = mode.watchdog  # the ranks' watchdog (slice: the slice ranks')
     memory_watch = limits.MemoryWatch(len(ids)) if capture else None
     limit_error = None
     while children:
@@ -268,16 +267,15 @@ def supervise(spec: dict) -> int:
         return USAGE_EXIT
     # a rank's out-of-memory record makes the run a finding whichever rank's exit came first (a peer of the
     # rank that ran out can fail sooner, e.g. its gloo connection closed while that rank was finishing)
-    if failed is not None and (finding := oom.finding(spec["status_dir"])):
+    if failed is not None and (finding := oom.finding(spec.status_dir)):
         print(f"[prism] {finding} The other ranks were stopped.", file=sys.stderr)
         return oom.EXIT_CODE
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
-        who = ("the replay worker" if mode.name == "emulate" else "the replay server") if rank == REPLAY \
-            else f"rank {rank}"
+        who = mode.replay_name if rank == REPLAY else f"rank {rank}"
         print(f"[prism] {who} failed with {how}; the other ranks were stopped.{early}", file=sys.stderr)
-        tb = Path(spec["status_dir"], "replay.traceback" if rank == REPLAY else f"rank{rank}.traceback")
+        tb = Path(spec.status_dir, "replay.traceback" if rank == REPLAY else f"rank{rank}.traceback")
         if tb.exists():
             print(f"[prism] {who} traceback:\n{tb.read_text()}", file=sys.stderr, end="")
         return code if code > 0 else 128 - code
@@ -286,12 +284,12 @@ def supervise(spec: dict) -> int:
     return 0
 
 
-def _local_ranks(spec: dict) -> range:
+def _local_ranks(spec: ZygoteSpec) -> range:
     """The global ranks this zygote forks: all, or over hosts this host's block (`launch.hosts`)."""
-    hosts = spec.get("hosts")
+    hosts = spec.hosts
     if hosts:
         return range(hosts["node_rank"] * hosts["nproc"], (hosts["node_rank"] + 1) * hosts["nproc"])
-    return range(spec["nproc"])
+    return range(spec.nproc)
 
 
 def _early_exits(ranks: list[int]) -> str:
@@ -304,13 +302,13 @@ def _early_exits(ranks: list[int]) -> str:
             "them waiting on it (gloo then reports the connection closed by peer)")
 
 
-def _stop_replay(spec: dict, replay: dict, children: dict[int, int]) -> float | None:
+def _stop_replay(spec: ZygoteSpec, replay: dict, children: dict[int, int]) -> float | None:
     """The slice ranks all succeeded: stop the replay server once it replayed everything (returns a stop
     deadline when it did not in time: the program issued fewer operations than in the capture)."""
     if replay["stopped"]:
         return None
     now = time.monotonic()
-    if Path(spec["status_dir"], "replay.done").exists():
+    if Path(spec.status_dir, "replay.done").exists():
         replay["stopped"] = True
         _kill(replay["pid"], signal.SIGTERM)
         return None
@@ -346,40 +344,41 @@ def _keep_cuda_for_the_ranks() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 
-def _check_cuda_uninitialised(spec: dict) -> None:
+def _check_cuda_uninitialised(spec: ZygoteSpec) -> None:
     import torch
 
     if torch.cuda.is_initialized():
-        by = f" (by --preload {','.join(spec['preload'])}?)" if spec.get("preload") else ""
+        by = f" (by --preload {','.join(spec.preload)}?)" if spec.preload else ""
         raise SystemExit(f"[prism] CUDA was initialised in prism's zygote before the ranks were forked{by}: "
                          "forked ranks could not use CUDA. Preload only modules that do not touch CUDA at "
                          "import time.")
 
 
 def main() -> int:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    spec = ZygoteSpec.read(Path(sys.argv[1]))
+    mode = modes.get(spec.mode)
     forked_rank.die_with_parent()
     _keep_cuda_for_the_ranks()
-    if spec.get("pin"):
+    if spec.pin:
         os.environ["OMP_NUM_THREADS"] = "1"
-    warm_imports(compute=spec.get("mode") == "capture" or bool(spec.get("pin")))
-    if spec.get("preload"):
+    warm_imports(compute=mode.coordinator or bool(spec.pin))
+    if spec.preload:
         import importlib
 
         sys.path.insert(0, os.getcwd())
-        for name in spec["preload"]:
+        for name in spec.preload:
             importlib.import_module(name)
         sys.path.pop(0)
-        for name in spec["preload"]:
-            _warm_up(name, spec.get("args") or [])
+        for name in spec.preload:
+            _warm_up(name, spec.args or [])
     _check_cuda_uninitialised(spec)
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
     # collections touch (and so copy) every page of the zygote's heap. In capture mode (thousands of ranks)
     # the objects also become immortal first (CPython 3.12+): the ranks then stop writing their reference
     # counts, and the pages those sit on stay shared; the C heap's free pages go back to the kernel.
     gc.collect()
-    if spec.get("mode") == "capture":
-        spec["immortal"] = immortal.immortalise()
+    if mode.coordinator:  # thousands of ranks share the zygote's pages
+        spec.immortal = immortal.immortalise()
         memory.trim()
     gc.freeze()
     return supervise(spec)

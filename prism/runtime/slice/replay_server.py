@@ -20,7 +20,7 @@ the capture bitwise (addition commutes); for larger groups gloo's reduction orde
 (`semantics`), so results agree within float rounding, as a real gloo run does.
 
 Timed (`--timed-by TIMELINE`, a timed slice run): the virtual ranks follow a calibrated timeline on the clock
-emulation uses (`timed_replay.TimedReplay`: their calibrated program order, durations and transfers, from a
+emulation uses (`clock.TimedReplay`: their calibrated program order, durations and transfers, from a
 common start taken when the server starts); each op with a slice rank is issued once every virtual member
 arrived at it on that clock (`gate`) and reported complete when it completed (`complete`), so virtual peers
 answer when they would in the real job and the slice ranks wait as they would there. The server then writes
@@ -44,9 +44,7 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,149 +54,11 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import shm
-from prism.runtime.capture.client import key_name
+from prism.runtime.replay.host import VirtualRanks, keep_until_exit
+from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
 from prism.runtime.transport import slice_store
 
-PREFETCH = 4  # payloads loaded ahead of use, per replay thread
 IN_FLIGHT = 8  # a group's collectives issued and not yet complete, at most (the job queues them the same way)
-_alive: list = []
-_END = object()
-
-
-class ReplayError(Exception):
-    """The capture cannot be replayed for this slice (missing files, a payload the op needs)."""
-
-
-# -- reading the capture ---------------------------------------------------------------------------------
-def _read_stream(path: Path) -> pa.Table:
-    if not path.is_file():
-        raise ReplayError(f"{path}: missing (is this a complete capture with payloads?)")
-    with pa.OSFile(str(path)) as source:
-        return ipc.open_stream(source).read_all()
-
-
-@dataclass
-class Collective:
-    seq: int
-    op: str
-    root: int  # group rank of the root (broadcast, reduce, gather, scatter), else -1
-    key: str
-
-
-@dataclass
-class Channel:
-    """The messages of one (group, sender, receiver, tag), in the order they were sent."""
-
-    group: str
-    src: int  # global ranks
-    dst: int
-    tag: int
-    hashes: list[str] = field(default_factory=list)  # the sender's recorded payloads, in order
-
-
-@dataclass
-class ReplayPlan:
-    """What the server must do for one slice."""
-
-    world: int
-    slice_ranks: list[int]
-    groups: dict[str, tuple[int, ...]]  # every relevant group: name -> members (global ranks)
-    order: list[str]  # relevant groups in creation order
-    collectives: dict[str, list[Collective]]
-    payload: dict[tuple[int, str], str]  # (global rank, key) -> hash
-    channels: list[Channel]
-
-    def virtual(self, group: str) -> list[int]:
-        return [r for r in self.groups[group] if r not in self.slice_ranks]
-
-    def to_build(self, group: str, lazy: bool) -> list[int]:
-        """The virtual members the server must create. Eager gloo waits for every member at creation: all
-        of them. Lazy gloo (TORCH_GLOO_LAZY_INIT=1) connects a pair on its first op: only the members that
-        communicate with a slice rank (every member if the group has collectives, else the peers of its
-        messages); a group that never communicates is not created at all."""
-        if not lazy or self.collectives[group]:
-            return self.virtual(group)
-        peers = {ch.src if ch.src not in self.slice_ranks else ch.dst for ch in self.channels if ch.group == group}
-        return [r for r in self.virtual(group) if r in peers]
-
-
-def _group_order(name: str) -> tuple:
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
-
-
-def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
-    """Read the capture: the groups, collectives and messages that involve a slice rank and a virtual one."""
-    raw = capture / "raw"
-    meta_path = raw / "meta.json"
-    if not meta_path.is_file():
-        raise ReplayError(f"{meta_path}: missing (not a capture folder, or the capture did not finish)")
-    world = int(json.loads(meta_path.read_text())["world_size"])
-    slice_set = set(slice_ranks)
-    groups: dict[str, tuple[int, ...]] = {}
-    # a group holding a slice rank is in that rank's groups table
-    for r in slice_ranks:
-        for name, members in zip(*_read_stream(raw / f"rank={r}" / "groups.arrow")
-                                 .select(["group", "members"]).to_pydict().values()):
-            members = tuple(members)
-            if any(m not in slice_set for m in members):
-                groups[name] = members
-    order = sorted(groups, key=_group_order)
-
-    # the collectives of each relevant group, from one slice member's events (every member issues them all)
-    collectives: dict[str, list[Collective]] = {g: [] for g in groups}
-    seen_by: dict[str, int] = {}
-    peers: set[int] = set()
-    for r in slice_ranks:
-        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group", "group_seq", "peer"])
-        cols = ev.to_pydict()
-        for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group"], cols["group_seq"],
-                                               cols["peer"]):
-            if kind in ("send", "recv") and group in groups:
-                if peer < 0:  # a recv from any source records its sender once it completed
-                    raise ReplayError(f"{raw / f'rank={r}' / 'events.arrow'}: a {op} without its sender "
-                                      "(captured by an older prism, or never waited on): capture again")
-                peers.add(peer)
-            if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
-                continue
-            members = groups[group]
-            root = members.index(peer) if op in ("broadcast", "reduce", "gather", "scatter") else -1
-            collectives[group].append(Collective(gseq, op, root, key_name(("c", group, gseq))))
-    for ops in collectives.values():
-        ops.sort(key=lambda c: c.seq)
-
-    # the payload indexes: of the slice ranks (their sends to virtual ranks, roots' shapes), of the virtual
-    # members of groups with collectives, and of the virtual peers of the slice ranks' messages
-    readers = set(slice_set)
-    for g, ops in collectives.items():
-        if ops:
-            readers.update(groups[g])
-    readers.update(p for p in peers if p not in slice_set)
-    payload: dict[tuple[int, str], str] = {}
-    channels: dict[tuple[str, int, int, int], list[tuple[int, str]]] = defaultdict(list)
-    for r in sorted(readers):
-        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "role", "hash"]).to_pydict()
-        for key, role, digest in zip(table["key"], table["role"], table["hash"]):
-            if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slice.transport)
-                continue
-            if key.startswith("c-"):
-                payload[(r, key)] = digest
-                continue
-            # p2p key: p-<group>-<src>-<dst>-<tag>-<k>
-            group, src, dst, tag, k = _split_p2p(key)
-            if group not in groups or (src in slice_set) == (dst in slice_set):
-                continue
-            channels[(group, src, dst, tag)].append((k, digest))
-    chans = []
-    for (group, src, dst, tag), items in sorted(channels.items()):
-        items.sort()
-        chans.append(Channel(group, src, dst, tag, [h for _, h in items]))
-    return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans)
-
-
-def _split_p2p(key: str) -> tuple[str, int, int, int, int]:
-    head, src, dst, tag, k = key.rsplit("-", 4)
-    return head[2:], int(src), int(dst), int(tag), int(k)
 
 
 # -- replaying one op --------------------------------------------------------------------------------------
@@ -264,81 +124,14 @@ def issue(pg: ProcessGroupGloo, op: str, me: int, n: int, root: int, mine: tuple
     raise ReplayError(f"the replay server cannot replay {op!r} yet")
 
 
-class _PollingStore(dist.Store):
-    """A store client shared by many members that rendezvous at once: a blocking get or wait would hold
-    the client (and block every other member's set), so it polls `check` instead."""
-
-    POLL_S = 0.002
-
-    def __init__(self, base, lock: threading.Lock) -> None:
-        super().__init__()
-        self.base, self.lock = base, lock
-
-    def _await(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        limit = (timeout or self.base.timeout).total_seconds()
-        deadline = time.monotonic() + limit
-        while True:
-            with self.lock:
-                if self.base.check(keys):
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the store did not get keys {keys} within {limit:.0f} s")
-            time.sleep(self.POLL_S)
-
-    def set(self, key, value):
-        with self.lock:
-            self.base.set(key, value)
-
-    def get(self, key):
-        self._await([key])
-        with self.lock:
-            return self.base.get(key)
-
-    def wait(self, keys, timeout=None):
-        self._await(list(keys), timeout)
-
-    def check(self, keys):
-        with self.lock:
-            return self.base.check(keys)
-
-    def add(self, key, amount):
-        with self.lock:
-            return self.base.add(key, amount)
-
-    def compare_set(self, key, expected, desired):
-        with self.lock:
-            return self.base.compare_set(key, expected, desired)
-
-    def delete_key(self, key):
-        with self.lock:
-            return self.base.delete_key(key)
-
-    def num_keys(self):
-        with self.lock:
-            return self.base.num_keys()
-
-
 # -- the server ----------------------------------------------------------------------------------------------
-class ReplayServer:
+class ReplayServer(VirtualRanks):
+    """The virtual members of every group with a slice rank, each its own gloo instance (the module doc)."""
+
     def __init__(self, plan: ReplayPlan, capture: Path, timeout: timedelta) -> None:
-        self.plan = plan
-        self.payloads = shm.PayloadStore(capture / "payloads")
-        self.timeout = timeout
-        self.pgs: dict[str, dict[int, ProcessGroupGloo]] = {}
-        self.loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prism-replay-load")
-        self.errors: list[str] = []
-        self.state: dict[str, str] = {}  # thread -> what it is doing now (diagnosis)
-        self.ops = 0
-        self.messages = 0
-        # one client of the job's store for every virtual member (each client costs a connection, and
-        # connections to a TCPStore are slow to open by the dozen), shared without blocking (_PollingStore)
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                   wait_for_workers=False, timeout=timeout)
-        self._store_lock = threading.Lock()
+        super().__init__(plan, capture, timeout)
         self.lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").lower() in ("1", "true")
         self.built = [g for g in plan.order if plan.to_build(g, self.lazy)]
-        self._keep: list = []
-        self.timed = None  # a timed_replay.TimedReplay: virtual members issue at their calibrated times
         self.issued: dict[int, int] = {}  # timed: comm -> when the virtual members issued it (monotonic ns)
 
     # timing (a timed slice run): wait for the virtual members' calibrated arrival, say when the op completed
@@ -369,9 +162,7 @@ class ReplayServer:
 
         def make(v: int) -> None:
             try:
-                shared = _PollingStore(self.store, self._store_lock)
-                self._keep.append(shared)  # the Python object must outlive its use from C++
-                store = PrefixStore("gloo/", slice_store(group, shared))
+                store = PrefixStore("gloo/", slice_store(group, self.shared_store()))
                 made[v] = ProcessGroupGloo(store, members.index(v), len(members), self.timeout)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failed.append(exc)
@@ -384,32 +175,6 @@ class ReplayServer:
         if failed:
             raise failed[0]
         self.pgs[group] = made
-
-    def _load(self, digest: str):
-        try:
-            return self.payloads.get(digest)
-        except shm.CorruptPayload as exc:
-            raise ReplayError(str(exc)) from None
-        except FileNotFoundError:
-            raise ReplayError(f"payload {digest} missing from {self.payloads.dir}") from None
-
-    def _prefetched(self, items: list, load):
-        """Yield (item, load(item)) in order, with up to PREFETCH loads running ahead."""
-        ahead: deque = deque()
-        it = iter(items)
-
-        def fill() -> None:
-            while len(ahead) <= PREFETCH:
-                item = next(it, _END)
-                if item is _END:
-                    return
-                ahead.append((item, self.loader.submit(load, item)))
-
-        fill()
-        while ahead:
-            item, fut = ahead.popleft()
-            fill()
-            yield item, fut.result()
 
     def _group(self, group: str) -> None:
         """Create the group's virtual members, then replay its collectives in order."""
@@ -480,10 +245,8 @@ class ReplayServer:
     def _channel(self, ch: Channel) -> None:
         name = f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"
         members = self.plan.groups[ch.group]
-        while ch.group not in self.pgs:  # its group's virtual members are being created
-            if self.errors:
-                return
-            time.sleep(0.005)
+        if not self.wait_for_group(ch.group):  # its group's virtual members are being created
+            return
         sending = ch.src not in self.plan.slice_ranks
         pg = self.pgs[ch.group][ch.src if sending else ch.dst]
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
@@ -498,51 +261,11 @@ class ReplayServer:
             self.messages += 1
         self.state[name] = "done"
 
-    def run_to_end(self, threads: list[threading.Thread], t0_ns: int, stop: threading.Event, who: str) -> bool:
-        """Start the timed replay's loop (when there is one) beside the replay `threads`, from the common
-        start `t0_ns`, and wait for all of them. False, said on stderr (`who` names the process), when one
-        of them failed or `stop` was set before everything was replayed."""
-        if self.timed is not None:
-            loop = threading.Thread(target=self._run, args=(self.timed.run, t0_ns, "timed replay"), daemon=True,
-                                    name="prism-timed-replay")
-            loop.start()
-            threads.append(loop)
-        while any(t.is_alive() for t in threads):
-            if self.errors:
-                break
-            if stop.is_set():
-                print(f"[prism] {who} stopped before it replayed everything; still waiting for: "
-                      + "; ".join(self.pending()), file=sys.stderr, flush=True)
-                if self.timed is not None:
-                    self.timed.stop()
-                return False
-            for t in threads:
-                t.join(0.05)
-                if t.is_alive():
-                    break
-        if self.errors:
-            print(f"[prism] {who} failed: " + "; ".join(self.errors), file=sys.stderr, flush=True)
-            return False
-        return True
 
-    def _run(self, fn, arg, name: str) -> None:
-        try:
-            fn(arg)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            self.errors.append(f"{name}: {type(exc).__name__}: {exc} (while {self.state.get(name, 'starting')})")
-
-    def start(self) -> list[threading.Thread]:
-        threads = [threading.Thread(target=self._run, args=(self._group, g, f"group {g}"), daemon=True,
-                                    name=f"prism-replay-g{g}") for g in self.built]
-        threads += [threading.Thread(target=self._run, args=(self._channel, ch,
-                                                             f"p2p {ch.src}->{ch.dst} group {ch.group} tag {ch.tag}"),
-                                     daemon=True, name="prism-replay-p2p") for ch in self.plan.channels]
-        for t in threads:
-            t.start()
-        return threads
-
-    def pending(self) -> list[str]:
-        return [f"{who}: {what}" for who, what in sorted(self.state.items()) if what != "done"]
+def serve_spec(spec) -> int:
+    """The replay process of mode slice (`modes`), from the zygote's spec: `serve`."""
+    return serve(Path(spec.capture), spec.ranks, Path(spec.status_dir), float(spec.replay_timeout_s or 600),
+                 spec.timed, spec.raw_staging)
 
 
 def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: float,
@@ -550,7 +273,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     """The replay server's process: replay, say so (`status_dir/replay.done`), wait for SIGTERM.
 
     With `timed` = (graph events, calibrated timeline), a timed slice run: the virtual members follow that
-    timeline (`timed_replay.TimedReplay`, the clock emulation uses, started with the server) and issue each
+    timeline (`clock.TimedReplay`, the clock emulation uses, started with the server) and issue each
     op with a slice rank at their calibrated arrival; `raw_staging/replay/issues.arrow` then says when they
     issued each one. Returns 0 when stopped after replaying everything, 1 on an error or when stopped
     before (printing what it still waited for)."""
@@ -565,15 +288,15 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         return 1
     server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
     if timed is not None:
-        from prism.runtime.replay import clock as timed_replay
+        from prism.runtime.replay import clock
 
         try:
-            server.timed = timed_replay.TimedReplay(Path(timed[0]), Path(timed[1]), set(slice_ranks))
+            server.timed = clock.TimedReplay(Path(timed[0]), Path(timed[1]), set(slice_ranks))
         except (OSError, pa.ArrowInvalid, KeyError) as exc:
             print(f"[prism] replay server: cannot read the timeline {timed[1]} (or {timed[0]}): {exc}",
                   file=sys.stderr, flush=True)
             return 1
-    _alive.append(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    keep_until_exit(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
     started = time.monotonic()
     t0_ns = time.monotonic_ns()  # the common start: the virtual ranks' calibrated clock starts here
     if not server.run_to_end(server.start(), t0_ns, stop, "replay server"):

@@ -30,10 +30,11 @@ import torch
 from torch._C._distributed_c10d import Work
 
 from prism import schemas
-from prism.runtime import semantics, shm
+from prism import settings
+from prism.runtime import semantics, shm, watchdog
 from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
-from prism.runtime.transport import RealTransport
+from prism.runtime.transport import RealTransport, job_store, slice_store
 from prism.runtime.work_parts import Forwarding
 
 FIELDS = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
@@ -78,7 +79,7 @@ class SliceRecorder(Recorder):
             where = (f"its op #{i} (seq {want[-1]} in the capture) is [{_show(got)}] here but "
                      f"[{_show(want[:-1])}] in the capture" if want is not None else
                      f"it issued [{_show(got)}] after the {len(self._expected)} ops of its capture")
-            mode = os.environ.get("PRISM_MODE", "slice")
+            mode = settings.MODE.get() or "slice"
             raise SliceDivergence(
                 f"prism {mode}: rank {self.rank} diverged from its capture: {where}. The {mode} run runs another "
                 "program or arguments than the capture, or the program is nondeterministic; capture again "
@@ -186,3 +187,20 @@ class SliceTransport(RealTransport):
         if method in _REDUCING and key in self._results:
             return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
         return work
+
+
+_RESULTS: list[CapturedResults] = []  # this rank's, read once
+
+
+def for_group(opts, name: str, members: list[int], desc: str | None, asked: str, rec) -> SliceTransport:
+    """Mode slice (`modes`): the real transport, in a key space the replay server (the virtual members) can
+    reach, substituting the capture's results of the order-dependent reductions."""
+    if not _RESULTS:
+        _RESULTS.append(CapturedResults(Path(settings.CAPTURE.get()), int(os.environ.get("RANK", "0"))))
+    transport = SliceTransport(slice_store(name, opts.store), opts.group_rank, opts.group_size, opts.timeout,
+                               results=_RESULTS[0], want_nccl="nccl" in asked or asked == "undefined",
+                               global_ranks=members, group_name=name)
+    # the slice's ranks watch each other (`watchdog`: the real-mode rule over the ranks run for real)
+    watchdog.start(job_store(opts.store), int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   ranks=settings.SLICE_RANKS.get() or None)
+    return transport

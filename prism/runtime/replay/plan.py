@@ -1,0 +1,157 @@
+"""The replay plan: what a process standing in for the virtual ranks must replay, read from a capture.
+
+Shared by the slice mode's replay server (`prism.runtime.slice.replay_server`) and the emulate mode's worker
+(`prism.runtime.emulate.worker`): `load_plan(capture, ranks)` reads the capture's groups, collectives (in
+group order) and point-to-point channels that involve one of `ranks` (the real ranks: the slice, the
+sandbox) and a virtual rank, and the payload index of the ranks that take part.
+
+Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
+`raw/rank=R/{groups,events,payloads}.arrow`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from prism.runtime.ops import ROOTED
+from prism.runtime.capture.client import key_name
+
+
+class ReplayError(Exception):
+    """The capture cannot be replayed for this slice (missing files, a payload the op needs)."""
+
+
+def _read_stream(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise ReplayError(f"{path}: missing (is this a complete capture with payloads?)")
+    with pa.OSFile(str(path)) as source:
+        return ipc.open_stream(source).read_all()
+
+
+@dataclass
+class Collective:
+    seq: int
+    op: str
+    root: int  # group rank of the root (broadcast, reduce, gather, scatter), else -1
+    key: str
+
+
+@dataclass
+class Channel:
+    """The messages of one (group, sender, receiver, tag), in the order they were sent."""
+
+    group: str
+    src: int  # global ranks
+    dst: int
+    tag: int
+    hashes: list[str] = field(default_factory=list)  # the sender's recorded payloads, in order
+
+
+@dataclass
+class ReplayPlan:
+    """What the server must do for one slice."""
+
+    world: int
+    slice_ranks: list[int]
+    groups: dict[str, tuple[int, ...]]  # every relevant group: name -> members (global ranks)
+    order: list[str]  # relevant groups in creation order
+    collectives: dict[str, list[Collective]]
+    payload: dict[tuple[int, str], str]  # (global rank, key) -> hash
+    channels: list[Channel]
+
+    def virtual(self, group: str) -> list[int]:
+        return [r for r in self.groups[group] if r not in self.slice_ranks]
+
+    def to_build(self, group: str, lazy: bool) -> list[int]:
+        """The virtual members the server must create. Eager gloo waits for every member at creation: all
+        of them. Lazy gloo (TORCH_GLOO_LAZY_INIT=1) connects a pair on its first op: only the members that
+        communicate with a slice rank (every member if the group has collectives, else the peers of its
+        messages); a group that never communicates is not created at all."""
+        if not lazy or self.collectives[group]:
+            return self.virtual(group)
+        peers = {ch.src if ch.src not in self.slice_ranks else ch.dst for ch in self.channels if ch.group == group}
+        return [r for r in self.virtual(group) if r in peers]
+
+
+def _group_order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
+    """Read the capture: the groups, collectives and messages that involve a slice rank and a virtual one."""
+    raw = capture / "raw"
+    meta_path = raw / "meta.json"
+    if not meta_path.is_file():
+        raise ReplayError(f"{meta_path}: missing (not a capture folder, or the capture did not finish)")
+    world = int(json.loads(meta_path.read_text())["world_size"])
+    slice_set = set(slice_ranks)
+    groups: dict[str, tuple[int, ...]] = {}
+    # a group holding a slice rank is in that rank's groups table
+    for r in slice_ranks:
+        for name, members in zip(*_read_stream(raw / f"rank={r}" / "groups.arrow")
+                                 .select(["group", "members"]).to_pydict().values()):
+            members = tuple(members)
+            if any(m not in slice_set for m in members):
+                groups[name] = members
+    order = sorted(groups, key=_group_order)
+
+    # the collectives of each relevant group, from one slice member's events (every member issues them all)
+    collectives: dict[str, list[Collective]] = {g: [] for g in groups}
+    seen_by: dict[str, int] = {}
+    peers: set[int] = set()
+    for r in slice_ranks:
+        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group", "group_seq", "peer"])
+        cols = ev.to_pydict()
+        for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group"], cols["group_seq"],
+                                               cols["peer"]):
+            if kind in ("send", "recv") and group in groups:
+                if peer < 0:  # a recv from any source records its sender once it completed
+                    raise ReplayError(f"{raw / f'rank={r}' / 'events.arrow'}: a {op} without its sender "
+                                      "(captured by an older prism, or never waited on): capture again")
+                peers.add(peer)
+            if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
+                continue
+            members = groups[group]
+            root = members.index(peer) if op in ROOTED else -1
+            collectives[group].append(Collective(gseq, op, root, key_name(("c", group, gseq))))
+    for ops in collectives.values():
+        ops.sort(key=lambda c: c.seq)
+
+    # the payload indexes: of the slice ranks (their sends to virtual ranks, roots' shapes), of the virtual
+    # members of groups with collectives, and of the virtual peers of the slice ranks' messages
+    readers = set(slice_set)
+    for g, ops in collectives.items():
+        if ops:
+            readers.update(groups[g])
+    readers.update(p for p in peers if p not in slice_set)
+    payload: dict[tuple[int, str], str] = {}
+    channels: dict[tuple[str, int, int, int], list[tuple[int, str]]] = defaultdict(list)
+    for r in sorted(readers):
+        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "role", "hash"]).to_pydict()
+        for key, role, digest in zip(table["key"], table["role"], table["hash"]):
+            if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slice.transport)
+                continue
+            if key.startswith("c-"):
+                payload[(r, key)] = digest
+                continue
+            # p2p key: p-<group>-<src>-<dst>-<tag>-<k>
+            group, src, dst, tag, k = _split_p2p(key)
+            if group not in groups or (src in slice_set) == (dst in slice_set):
+                continue
+            channels[(group, src, dst, tag)].append((k, digest))
+    chans = []
+    for (group, src, dst, tag), items in sorted(channels.items()):
+        items.sort()
+        chans.append(Channel(group, src, dst, tag, [h for _, h in items]))
+    return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans)
+
+
+def _split_p2p(key: str) -> tuple[str, int, int, int, int]:
+    head, src, dst, tag, k = key.rsplit("-", 4)
+    return head[2:], int(src), int(dst), int(tag), int(k)
