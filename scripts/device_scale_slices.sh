@@ -66,5 +66,5 @@ for spec in "$@"; do
     IFS=: read -r name budget sizes weak <<< "$spec"
     run "$name" "$budget" "$sizes" "$weak"
 done
-$py -m prism.bench.scale_slices "$out"/*.json 2>&1 | tee -a "$out/tables.txt"
+$py -m prism.bench.scale_tables "$out"/*.json 2>&1 | tee -a "$out/tables.txt"
 ls -la "$out"

@@ -22,12 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from prism import job as job_files
 from prism.bench.sampled_run import TreeMemory, emulate_once
+from prism.bench.scale_tables import print_table, print_tables
 from prism.bench.size_stages import Stages, _stage, extrapolated_s, one_line, write_json  # noqa: F401 (_stage: tests)
 
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
@@ -213,61 +213,7 @@ def memory_short(w: int, done: list[dict], available=None) -> str | None:
             "started (a machine with more memory, or fewer ranks)")
 
 
-def print_table(rows: list[dict], args) -> None:
-    gib, mib = 2 ** 30, 2 ** 20
-    print(f"\nprism bench capture: P={args.devices}, {args.steps} steps, tiny MoE model, payloads "
-          f"{'off' if args.no_payloads else 'on'}, workload warm-up {'off' if args.no_warmup else 'on'}")
-    print(f"{'W':>5} {'layout':<18} {'wall s':>7} {'PSS peak':>9} {'cgroup peak':>12} {'rank MiB med/max':>17} "
-          f"{'switches':>9} {'events':>10} {'events/s':>9} {'graph MiB':>9} {'payload MiB':>11} {'payload files':>13}")
-    for r in rows:
-        if r.get("skipped"):
-            print(f"{r['W']:>5} skipped: {r['skipped']}")
-            continue
-        cg = f"{r['cgroup_peak'] / gib:10.2f}Gi" if r["cgroup_peak"] else f"{'n/a':>12}"
-        priv = f"{r['rank_private_mib_median'] or 0:.1f}/{r['rank_private_mib_max'] or 0:.1f}"
-        events = f"{r['events']:>10,} {r['events_per_s']:>9,.0f} {r['graph_bytes'] / mib:9.2f}" if "events" in r \
-            else f"{'-':>10} {'-':>9} {'-':>9}"
-        print(f"{r['W']:>5} {r['layout']:<18} {r['wall_s']:7.1f} {r['pss_peak'] / gib:8.2f}G {cg} {priv:>17} "
-              f"{r['switches']:>9,} {events} {r['payload_bytes'] / mib:11.1f} {r['payload_files']:>13,}"
-              + (f"  (then {r['failed_stage']} failed)" if r.get("failed_stage") else ""))
-    done = [r for r in rows if not r.get("skipped") and r.get("fork_s") is not None]
-    if done:
-        print("\nwhere a capture's time went: fork s (helpers that forked in parallel) / the coordinator's CPU s "
-              "over its wall s / the ranks' CPU s")
-        for r in done:
-            print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
-                  f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
-                  f"{r.get('ranks_cpu_s') or 0:8.1f}")
-    staged = [r for r in rows if "plan_s" in r and ("calibrate_s" in r or "bare_calibrate_s" in r) and "events" in r]
-    if staged:
-        print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
-        print(f"{'W':>5} {'events':>10} {'capture':>28} {'graph':>28} {'plan --representative':>28} "
-              f"{'calibrate':>28}")
-        for r in staged:
-            cells = [(r["wall_s"], r["pss_peak"], r["raw_bytes"] + r["payload_bytes"]),
-                     (r["graph_s"], r["graph_rss"], r["graph_bytes"]), (r["plan_s"], r["plan_rss"], r["slices_bytes"]),
-                     (r.get("bare_calibrate_s", r.get("calibrate_s")), r.get("bare_calibrate_rss", r.get("calibrate_rss")),
-                      r["calibrated_bytes"])]  # the bare graph's calibration (with --slices: before them)
-            text = [f"{s:6.1f}/{m / gib:5.2f}/{r['events'] / s:9,.0f}/{b / mib:6.1f}" for s, m, b in cells]
-            print(f"{r['W']:>5} {r['events']:>10,} " + " ".join(f"{t:>28}" for t in text))
-    emulated = [r for r in rows if "emulate_s" in r or "emulate_error" in r]
-    if emulated:
-        print("\nemulate, one sandbox rank (default SPEC) on 1 device slot: wall s / tree PSS GiB / start-up s / "
-              "communicators / s per iteration (sandbox measured, calibrated) / emulation MiB")
-        for r in emulated:
-            if "emulate_error" in r:
-                print(f"{r['W']:>5} failed: {r['emulate_error']}")
-                continue
-            it, cal = r["emulate_iteration_s"], r["emulate_calibrated_iteration_s"]
-            print(f"{r['W']:>5} sandbox {r['emulate_sandbox']:>5} {r['emulate_s']:7.1f} {r['emulate_pss'] / gib:6.2f} "
-                  f"{r['emulate_startup_s'] or 0:6.2f} {r['emulate_communicators'] or 0:>4} "
-                  f"{it if it is not None else float('nan'):8.3f} {cal if cal is not None else float('nan'):8.3f} "
-                  f"{r['emulation_bytes'] / mib:8.2f}")
-
-
 def scale_slices_tables(rows: list[dict]) -> None:
-    from prism.bench.scale_slices import print_tables
-
     print_tables(rows)
 
 

@@ -4,7 +4,7 @@ whole rows when only its report failed: the host lacked plotly)."""
 import json
 import sys
 
-from prism.bench import scale_slices
+from prism.bench import scale_slices, scale_tables
 from prism.bench.size_stages import Stages, extrapolated_s, one_line, write_json
 
 PY = sys.executable
@@ -30,13 +30,13 @@ def test_a_late_stage_failing_keeps_the_earlier_stages_and_says_which_failed(tmp
     # every stage's end was saved: the last save holds the failure and the earlier numbers
     assert [("graph_s" in s, "plan_s" in s, "failed_stage" in s) for s in saved] == [
         (True, False, False), (True, True, False), (True, True, True)]
-    scale_slices.print_tables([row])
+    scale_tables.print_tables([row])
     out = capsys.readouterr().out
     assert "FAILED" in out and "\n      summary failed (1): ModuleNotFoundError: no plotly" in out
-    cells = scale_slices.stage_cells(row)
+    cells = scale_tables.stage_cells(row)
     assert cells[0].strip() == "12.5/  1.00" and cells[1] != "-" and cells[2] != "-"
-    assert cells[1 + scale_slices.STAGES.index("summary")] == "FAILED"
-    assert cells[1 + scale_slices.STAGES.index("report")] == "-"
+    assert cells[1 + scale_tables.STAGES.index("summary")] == "FAILED"
+    assert cells[1 + scale_tables.STAGES.index("report")] == "-"
 
 
 def test_slice_runs_that_fail_keep_the_ones_that_ran(tmp_path):
@@ -53,7 +53,7 @@ def test_slice_runs_that_fail_keep_the_ones_that_ran(tmp_path):
     assert row["slice_runs"] == 3 and row["slice_runs_done"] == 0
     assert row["failed_stage"] == "slice run 0" and "slices_run_s" in row
     assert "from_slices_s" not in row and "calibrate_s" not in row
-    assert "FAILED" in scale_slices.stage_cells(row)[1 + scale_slices.STAGES.index("slices")]
+    assert "FAILED" in scale_tables.stage_cells(row)[1 + scale_tables.STAGES.index("slices")]
 
 
 def test_json_is_replaced_whole(tmp_path):

@@ -7,6 +7,7 @@ import shutil
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from prism import artifacts, graph, schemas, summary
@@ -54,7 +55,8 @@ def test_a_corrupt_input_is_named_with_its_fix(job, tmp_path, capsys, case):
     copy = tmp_path / "job"
     shutil.copytree(job, copy)
     target = copy / rel
-    _corrupt_data_page(target)
+    for column in range(pq.read_metadata(target).num_columns):  # whichever columns the stage reads
+        _corrupt_data_page(target, column)
     before = sorted(p.relative_to(copy) for p in copy.rglob("*") if p != target)
     stamps = {p: p.stat().st_mtime_ns for p in copy.rglob("*.parquet") if p != target}
     capsys.readouterr()
