@@ -37,10 +37,11 @@ def layout(job: Path) -> str | None:
 
 
 def _commit() -> str | None:
+    """The checkout's commit, with "-dirty" when its tracked files differ from it (a copied or edited tree)."""
     root = Path(prism.__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7",
+                              "--exclude", "*"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
