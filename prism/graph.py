@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output folder (default: JOB/graph)")
     args = parser.parse_args(argv)
     raw_dir = args.raw or default_raw_dir(args.job)
-    out = args.out or args.job / "graph"
+    out = args.out or job_files.graph_dir(args.job)
     try:
         tables = build_graph(raw_dir)
         write_outputs(out, tables, run_id=same_run([raw_dir]))  # the graph carries the capture's run id

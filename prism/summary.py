@@ -68,7 +68,7 @@ def summarize(job_dir: Path) -> str:
     if oom and not job_files.graph_file(job_dir, "events").is_file():
         return "\n".join([f"prism summary of {job_dir}", ""] + oom) + "\n"
     con = duckdb.connect()
-    graph = job_dir / "graph"
+    graph = job_files.graph_dir(job_dir)
     for name in ("events", "comms", "groups", "ranks"):
         path = graph / f"{name}.parquet"
         if not path.is_file():

@@ -155,7 +155,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
 
     row["events"] = pq.ParquetFile(job_files.graph_file(job, "events")).metadata.num_rows
     row["events_per_s"] = row["events"] / row["wall_s"]
-    row["graph_bytes"] = _folder_bytes(job / "graph")
+    row["graph_bytes"] = _folder_bytes(job_files.graph_dir(job))
     stages.save(row)
     if not pipeline:
         return
@@ -163,7 +163,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
                            "--representative"], f"plan at W={w}"):
         row["slices_bytes"] = _folder_bytes(job / "slices")
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}"):
-        row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
+        row["calibrated_bytes"] = _folder_bytes(job_files.calibrated_dir(job))
     if slices:  # the representative slices run, then the calibration from them (`scale_slices`)
         from prism.bench import scale_slices
 
@@ -181,7 +181,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
                         "emulate_communicators": em["communicators"], "emulate_sandbox": em["sandbox"],
                         "emulate_iteration_s": em["iteration_s"],
                         "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
-                        "emulation_bytes": _folder_bytes(job / "emulation")})
+                        "emulation_bytes": _folder_bytes(job_files.emulation(job))})
             stages.save(row)
     if slices:
         from prism.bench import scale_slices

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from prism import job as job_files
+
 WEAK = {w: (2, 2, w // 4, 2) for w in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
 
 
@@ -30,7 +32,7 @@ def _folder_bytes(path: Path) -> int:
 def measured_slices(job: Path) -> list[int]:
     import pyarrow.parquet as pq
 
-    plan = pq.read_table(job / "slices" / "plan.parquet", columns=["slice", "measured"]).to_pylist()
+    plan = pq.read_table(job_files.slice_plan(job), columns=["slice", "measured"]).to_pylist()
     return sorted({r["slice"] for r in plan if r["measured"]})
 
 
@@ -54,7 +56,7 @@ def run(job: Path, stages) -> None:
     py, row = sys.executable, stages.row
     if stages.failed:
         return
-    if (job / "calibrated").exists():  # the bare graph's calibration (the bench's former one), for comparison
+    if job_files.calibrated_dir(job).exists():  # the bare graph's calibration (the bench's former one), for comparison
         row["bare_iteration_s"] = calibrated_iteration_s(job)
     ks = measured_slices(job)
     row["slice_runs"], row["slice_runs_done"], row["slice_run_max_s"], row["slices_run_rss"] = len(ks), 0, 0.0, 0
@@ -75,7 +77,7 @@ def run(job: Path, stages) -> None:
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job), "--durations",
                                 str(sl / "durations.parquet"), "--transfers", str(sl / "transfers.parquet")],
                   "calibrate from the slices"):
-        row["calibrated_bytes"] = _folder_bytes(job / "calibrated")
+        row["calibrated_bytes"] = _folder_bytes(job_files.calibrated_dir(job))
         row["slices_bytes"] = _folder_bytes(sl)
         row["iteration_s"] = calibrated_iteration_s(job)
         stages.save(row)

@@ -178,7 +178,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
-        path = job_dir / slices_dir / f"slice={k}" / "events.parquet"
+        path = job_files.slice_file(job_dir, k, folder=slices_dir)
         if not path.is_file():
             timed = f" --timed-by {job_dir}/calibrated_untimed/timeline.parquet" if slices_dir != "slices" else ""
             raise CalibrateError(f"{path} is missing: run slice {k} (prism slices run --job "
@@ -266,7 +266,7 @@ def inputs(job_dir: Path, slices_dir: str = "slices") -> list[Path]:
     plan = job_files.slice_plan(job_dir)
     slices = sorted({r["slice"] for r in artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
                      if r["measured"]})
-    found = [job_dir / slices_dir / f"slice={k}" / name for k in slices for name in ("events.parquet", "replay.parquet")]
+    found = [job_files.slice_file(job_dir, k, name, slices_dir) for k in slices for name in ("events.parquet", "replay.parquet")]
     return [job_files.graph_file(job_dir, "events"), job_files.graph_file(job_dir, "comms"), plan,
             *(p for p in found if p.is_file())]
 

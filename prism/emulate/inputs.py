@@ -69,11 +69,11 @@ def load(job_dir: str | Path) -> Job:
     cap, meta = job_files.find_capture(job_dir)  # checked once there: a capture's, with its payloads
     meta_path = job_files.meta_path(cap)
     for name in ("events", "comms", "groups", "ranks"):
-        _require(job_dir / "graph" / f"{name}.parquet", f"build the graph first (`prism graph --job {job_dir}`)")
+        _require(job_files.graph_file(job_dir, name), f"build the graph first (`prism graph --job {job_dir}`)")
     calibrate = (f"the job is not calibrated: run `prism calibrate --job {job_dir}` (or the pipeline's target "
                  f"{job_dir / 'calibrated' / 'timeline.parquet'})")
     for name in ("timeline", "iterations"):
-        _require(job_dir / "calibrated" / f"{name}.parquet", calibrate)
+        _require(job_files.calibrated(job_dir, name), calibrate)
     world = int(meta.get("world_size", -1))
     _same_run(job_dir, cap, meta, world)
     module, script, args = _program(meta, meta_path)

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism import artifacts
+from prism import job as job_files
 from prism.iterations import job_iteration_ends
 
 
@@ -142,8 +143,8 @@ def figures_table(fig: Figures) -> pa.Table:
 def read_figures(job_dir: str | Path) -> Figures:
     """`figures` of the job folder's ``emulation/iterations.parquet`` and ``calibrated/iterations.parquet``."""
     job_dir = Path(job_dir)
-    return figures(artifacts.read_parquet(job_dir / "emulation" / "iterations.parquet"),
-                   artifacts.read_parquet(job_dir / "calibrated" / "iterations.parquet"))
+    return figures(artifacts.read_parquet(job_files.emulation(job_dir, "iterations.parquet")),
+                   artifacts.read_parquet(job_files.calibrated(job_dir, "iterations")))
 
 
 def _ms(v: float | None) -> str:

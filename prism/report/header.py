@@ -12,11 +12,12 @@ from pathlib import Path
 import polars as pl
 
 import prism
+from prism import job as job_files
 
 
 def capture_meta(job: Path) -> tuple[Path | None, dict]:
     """The capture's meta.json (the pipeline's capture/raw/, or raw/ of a `prism launch --out JOB`) and its keys."""
-    for path in (job / "capture" / "raw" / "meta.json", job / "raw" / "meta.json"):
+    for path in map(job_files.meta_path, job_files.capture_candidates(job)):
         if path.is_file():
             try:
                 return path, json.loads(path.read_text())
@@ -27,7 +28,7 @@ def capture_meta(job: Path) -> tuple[Path | None, dict]:
 
 def layout(job: Path) -> str | None:
     """'TP2 x PP2 x DP4, EP2' from graph/ranks.parquet's coordinates (dimensions of size 1 left out)."""
-    path = job / "graph" / "ranks.parquet"
+    path = job_files.graph_file(job, "ranks")
     if not path.is_file():
         return None
     ranks = pl.read_parquet(path, columns=["tp", "pp", "dp", "ep"])

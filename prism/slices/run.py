@@ -210,7 +210,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
 
 def run_all(job: Path, config_json: str | None, capture: Path | None, pin: bool, timed_by: Path | None) -> int:
     """Every measured slice of the plan in turn; stops at the first that fails (its exit code)."""
-    plan_path = job / "slices" / "plan.parquet"
+    plan_path = job_files.slice_plan(job)
     if not plan_path.is_file():
         raise SliceError(f"{plan_path} is missing: plan the slices first (prism slices plan --job {job} --devices P)")
     rows = artifacts.read_parquet(plan_path, columns=["slice", "measured"]).to_pylist()
