@@ -28,7 +28,6 @@ of an outermost optimizer step, where torch may wait on futures of ops prism mus
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
@@ -37,6 +36,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from prism import settings
 from prism.runtime import named_boundaries
 from prism.runtime.launch import progress
 from prism.runtime.recorder import Recorder
@@ -82,8 +82,8 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     """Install the global hooks that mark `rec`'s stream (and call `on_boundary()` at the end of each
     backward pass and before each outermost optimizer step); returns their handles."""
     rec = rec if rec is not None else _NoRecorder()
-    named_it = os.environ.get(named_boundaries.ITERATION_ENV)
-    named_mb = os.environ.get(named_boundaries.MICROBATCH_ENV)
+    named_it = settings.ITERATION_FN.raw()
+    named_mb = settings.MICROBATCH_FN.raw()
     seen = {"forward": False}  # the rank ran a microbatch forward (else every step is its own iteration)
 
     def begin_microbatch() -> None:
