@@ -1,0 +1,144 @@
+"""What a slice rank's loading of captured results costs its own core: the same slice runs with the results loaded
+during the run (`PRISM_SLICE_PRELOAD_MB=0`, the rule before session 10) and before it (the default), alternated.
+
+    python -m prism.bench.fidelity_preload --work DIR [--config dp8-var] [--devices 2] [--steps 8] [--repeats 2]
+        [--preload 0,1024] [--untimed]
+
+Prepares DIR once (capture on P device slots, graph, plan, the untimed slices and their calibration:
+`fidelity.run_prism`, one pass, no emulation), then runs every measured slice with `prism launch --mode slice`
+(pinned, timed by DIR/calibrated/timeline.parquet unless --untimed) once per preload setting and repeat, and prints
+per slice rank: the captured results it loaded before and during the run (MB per rank-iteration), the CPU time of
+its loader thread during the run (`prism-results`, from `slice_results.json`: `thread_cpu.by_thread` at the rank's
+end, and the loader's own `time.thread_time`), and what its compute events of iterations >= 1 measured: CPU time and
+wall span minus CPU time, ms per rank-iteration (the stretch the timed pass counts as compute). CPU times are
+per-thread clocks, not wall times: they do not depend on the box's load the way the spans do.
+
+Analysis only: nothing here feeds a prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prism import artifacts, schemas, settings
+from prism.bench.fidelity import BY_NAME, MODEL, WORKLOAD, _prism, _run, run_prism
+
+KNOB = settings.SLICE_PRELOAD_MB.name
+
+
+def prepare(work: Path, config: str, devices: int, steps: int, timeout: float) -> None:
+    cfg = BY_NAME[config]
+    if (work / "calibrated" / "timeline.parquet").is_file():
+        return
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    run_prism(cfg, cfg.args(steps, MODEL), devices, work, work / "log.txt", timeout, emulate=False, passes=1)
+
+
+def slices(work: Path) -> dict[int, list[int]]:
+    plan = artifacts.read_parquet(work / "slices" / "plan.parquet").to_pylist()
+    out: dict[int, list[int]] = {}
+    for r in plan:
+        if r["measured"]:
+            out.setdefault(r["slice"], []).append(r["rank"])
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def run_slice(work: Path, config: str, steps: int, ranks: list[int], out: Path, preload_mb: float, timed: bool,
+              timeout: float) -> None:
+    cfg = BY_NAME[config]
+    shutil.rmtree(out, ignore_errors=True)
+    env_before = os.environ.get(KNOB)
+    os.environ[KNOB] = str(preload_mb)
+    try:
+        _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "slice", "--pin", "--slice-ranks",
+                    ",".join(map(str, ranks)), "--capture", str(work / "capture"), "--out", str(out),
+                    *(("--timed-by", str(work / "calibrated" / "timeline.parquet")) if timed else ()),
+                    *WORKLOAD, *cfg.args(steps, MODEL)), work / "log.txt", timeout)
+    finally:
+        if env_before is None:
+            os.environ.pop(KNOB, None)
+        else:
+            os.environ[KNOB] = env_before
+
+
+def rank_row(raw: Path, rank: int) -> dict:
+    """One slice rank's numbers (per rank-iteration: iterations >= 1 of its events)."""
+    stats = json.loads((raw / f"rank={rank}" / "slice_results.json").read_text())
+    ev = artifacts.read_raw_stream(raw / f"rank={rank}" / "events.arrow", schemas.RAW_EVENTS)
+    kind = ev["kind"].cast(pa.string()) if pa.types.is_dictionary(ev["kind"].type) else ev["kind"]
+    it = ev["iteration"].to_numpy()
+    sel = pc.equal(kind, schemas.KIND_COMPUTE).to_numpy(zero_copy_only=False) & (it >= 1)
+    n_it = max(len(np.unique(it[it >= 1])), 1)
+    n_all = max(len(np.unique(it[it >= 0])), 1)
+    wall = (ev["t_end_ns"].to_numpy() - ev["t_start_ns"].to_numpy())[sel].sum()
+    cpu = ev["cpu_ns"].to_numpy()[sel].sum()
+    threads = stats.get("threads_cpu_s", {})
+    return {
+        "rank": rank, "results_mb_it": stats["bytes"] / 1e6 / n_all,
+        "before_mb_it": stats["preloaded_bytes"] / 1e6 / n_all, "during_mb_it": stats["during_run_bytes"] / 1e6 / n_all,
+        "preload_s": stats["preload_wall_s"], "held_mb": stats["preloaded_bytes"] / 1e6,
+        "loader_cpu_ms_it": 1e3 * threads.get("prism-results", 0.0) / n_all,
+        "loader_own_cpu_ms_it": 1e3 * stats["during_run_cpu_s"] / n_all,
+        "compute_cpu_ms_it": cpu / 1e6 / n_it, "stretch_ms_it": (wall - cpu) / 1e6 / n_it,
+    }
+
+
+HEAD = ("| preload MB | repeat | slice | rank | results MB/it | loaded before run MB/it | loaded during run MB/it | "
+        "loader thread CPU during run ms/it (by_thread / own clock) | compute CPU ms/it | compute wall - CPU ms/it |")
+
+
+def fmt(preload: float, rep: int, k: int, r: dict) -> str:
+    return (f"| {preload:g} | {rep} | {k} | {r['rank']} | {r['results_mb_it']:.2f} | {r['before_mb_it']:.2f} | "
+            f"{r['during_mb_it']:.2f} | {r['loader_cpu_ms_it']:.1f} / {r['loader_own_cpu_ms_it']:.1f} | "
+            f"{r['compute_cpu_ms_it']:.1f} | {r['stretch_ms_it']:+.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_preload", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="the job folder (prepared once, then reused)")
+    parser.add_argument("--config", default="dp8-var", choices=sorted(BY_NAME))
+    parser.add_argument("--devices", type=int, default=2, help="device slots P (the slices' size)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each slice per preload setting (alternated)")
+    parser.add_argument("--preload", default="0,1024", help="PRISM_SLICE_PRELOAD_MB values, comma-separated")
+    parser.add_argument("--untimed", action="store_true", help="untimed slice runs (default: timed by the "
+                        "untimed pass's calibration, the pass whose compute is the wall span)")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    prepare(args.work, args.config, args.devices, args.steps, args.timeout)
+    settings_ = [float(x) for x in args.preload.split(",")]
+    print(f"{args.config}, P={args.devices}, {args.steps} steps, {'untimed' if args.untimed else 'timed'} slice runs; "
+          f"per rank-iteration ('/it'); work {args.work}\n\n{HEAD}\n" + "|---" * 10 + "|", flush=True)
+    sums: dict[float, list[dict]] = {p: [] for p in settings_}
+    for rep in range(args.repeats):
+        for preload in settings_:
+            for k, ranks in slices(args.work).items():
+                out = args.work / "preload-runs" / f"p{preload:g}-r{rep}-s{k}"
+                run_slice(args.work, args.config, args.steps, ranks, out, preload, not args.untimed, args.timeout)
+                for rank in ranks:
+                    row = rank_row(out / "raw", rank)
+                    sums[preload].append(row)
+                    print(fmt(preload, rep, k, row), flush=True)
+    print("\nmean over slice ranks and repeats:\n\n| preload MB | rank-runs | loaded during run MB/it | loader CPU "
+          "during run ms/it | compute CPU ms/it | compute wall - CPU ms/it | held before run, MB per rank (max) |\n"
+          "|---|---|---|---|---|---|---|")
+    for preload, rows in sums.items():
+        m = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "rank"}
+        print(f"| {preload:g} | {len(rows)} | {m['during_mb_it']:.2f} | {m['loader_cpu_ms_it']:.1f} | "
+              f"{m['compute_cpu_ms_it']:.1f} | {m['stretch_ms_it']:+.2f} | {max(r['held_mb'] for r in rows):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
