@@ -24,7 +24,6 @@ Each rank writes what it loaded, when, and its threads' CPU time to `raw/rank=R/
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
@@ -79,6 +78,12 @@ class SliceRecorder(Recorder):
         super().__init__(rank, out_dir, device=device)
         self._expected = captured_ops(capture, rank)
         self._next = 0
+        self.results: CapturedResults | None = None  # set by `for_group`
+
+    def close(self) -> None:
+        if self.results is not None and not self.closed:
+            self.results.write_stats(self.dir)
+        super().close()
 
     def check(self, kind, op, group, group_seq, peer, tag, nbytes) -> None:
         """Before the op reaches the transport: a divergent op must not be sent to the replayed peers."""
@@ -158,7 +163,7 @@ class CapturedResults:
             self._loading[k] = done
             held += size
             self._next += 1
-        self.stats.update(preloaded=self._next, preloaded_bytes=held, preload_wall_s=time.perf_counter() - t0,
+        self.stats.update(rank_cores=sorted(os.sched_getaffinity(0)), preloaded=self._next, preloaded_bytes=held, preload_wall_s=time.perf_counter() - t0,
                           preload_cpu_s=time.thread_time() - c0)
         if self._next < len(self._order):
             print(f"[prism] slice rank {self.rank}: {len(self._order) - self._next} of {len(self._order)} captured "
@@ -174,6 +179,7 @@ class CapturedResults:
             self.stats["during_run"] += 1
             self.stats["during_run_bytes"] += self._size.get(key, 0)
             self.stats["during_run_cpu_s"] += time.thread_time() - c0
+            self.stats["loader_cores"] = sorted(os.sched_getaffinity(0))  # this thread's: the rank's own core
         return out
 
     def take(self, key: str) -> Future:
@@ -268,7 +274,8 @@ def for_group(opts, name: str, members: list[int], desc: str | None, asked: str,
         _RESULTS.append(results)
         if rec is not None:
             rec.resync()  # the loading is before the program's first event, no one's compute
-            atexit.register(results.write_stats, rec.dir)
+            if isinstance(rec, SliceRecorder):
+                rec.results = results  # its numbers are written beside the rank's trace at the end
     transport = SliceTransport(slice_store(name, opts.store), opts.group_rank, opts.group_size, opts.timeout,
                                results=_RESULTS[0], want_nccl="nccl" in asked or asked == "undefined",
                                global_ranks=members, group_name=name)
