@@ -7,7 +7,7 @@ during the run (`PRISM_SLICE_PRELOAD_MB=0`, the rule before session 10) and befo
 Prepares DIR once (capture on P device slots, graph, plan, the untimed slices and their calibration:
 `fidelity.run_prism`, one pass, no emulation), then runs every measured slice with `prism launch --mode slice`
 (pinned, timed by DIR/calibrated/timeline.parquet unless --untimed) once per preload setting and repeat, and prints
-per slice rank: the captured results it loaded before and during the run (MB per rank-iteration), the CPU time of
+per slice rank: the captured results it loaded before and during the run (MB per rank-iteration: per step of the program), the CPU time of
 its loader thread during the run (`prism-results`, from `slice_results.json`: `thread_cpu.by_thread` at the rank's
 end, and the loader's own `time.thread_time`), and what its compute events of iterations >= 1 measured: CPU time and
 wall span minus CPU time, ms per rank-iteration (the stretch the timed pass counts as compute). CPU times are
@@ -71,15 +71,23 @@ def run_slice(work: Path, config: str, steps: int, ranks: list[int], out: Path, 
             os.environ[KNOB] = env_before
 
 
+def whole_iterations(it: np.ndarray) -> np.ndarray:
+    """The iterations that are steps of the program: not the few events after the last step's end (a tail
+    iteration of a handful of events)."""
+    values, counts = np.unique(it[it >= 0], return_counts=True)
+    return values[counts * 2 >= counts.max()]
+
+
 def rank_row(raw: Path, rank: int) -> dict:
     """One slice rank's numbers (per rank-iteration: iterations >= 1 of its events)."""
     stats = json.loads((raw / f"rank={rank}" / "slice_results.json").read_text())
     ev = artifacts.read_raw_stream(raw / f"rank={rank}" / "events.arrow", schemas.RAW_EVENTS)
     kind = ev["kind"].cast(pa.string()) if pa.types.is_dictionary(ev["kind"].type) else ev["kind"]
     it = ev["iteration"].to_numpy()
-    sel = pc.equal(kind, schemas.KIND_COMPUTE).to_numpy(zero_copy_only=False) & (it >= 1)
-    n_it = max(len(np.unique(it[it >= 1])), 1)
-    n_all = max(len(np.unique(it[it >= 0])), 1)
+    steps = whole_iterations(it)
+    sel = pc.equal(kind, schemas.KIND_COMPUTE).to_numpy(zero_copy_only=False) & np.isin(it, steps[1:])
+    n_it = max(len(steps) - 1, 1)  # iterations >= 1
+    n_all = max(len(steps), 1)  # every step: what was loaded, over the run
     wall = (ev["t_end_ns"].to_numpy() - ev["t_start_ns"].to_numpy())[sel].sum()
     cpu = ev["cpu_ns"].to_numpy()[sel].sum()
     threads = stats.get("threads_cpu_s", {})
@@ -115,21 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untimed", action="store_true", help="untimed slice runs (default: timed by the "
                         "untimed pass's calibration, the pass whose compute is the wall span)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--report", action="store_true", help="run nothing: the tables of the runs saved in "
+                        "WORK/preload-runs by an earlier call with the same --preload and --repeats")
     args = parser.parse_args(argv)
-    prepare(args.work, args.config, args.devices, args.steps, args.timeout)
+    if not args.report:
+        prepare(args.work, args.config, args.devices, args.steps, args.timeout)
     settings_ = [float(x) for x in args.preload.split(",")]
     print(f"{args.config}, P={args.devices}, {args.steps} steps, {'untimed' if args.untimed else 'timed'} slice runs; "
           f"per rank-iteration ('/it'); work {args.work}\n\n{HEAD}\n" + "|---" * 10 + "|", flush=True)
     sums: dict[float, list[dict]] = {p: [] for p in settings_}
+    servers: list[tuple] = []
     for rep in range(args.repeats):
         for preload in settings_:
             for k, ranks in slices(args.work).items():
                 out = args.work / "preload-runs" / f"p{preload:g}-r{rep}-s{k}"
-                run_slice(args.work, args.config, args.steps, ranks, out, preload, not args.untimed, args.timeout)
+                if not args.report:
+                    run_slice(args.work, args.config, args.steps, ranks, out, preload, not args.untimed, args.timeout)
                 for rank in ranks:
                     row = rank_row(out / "raw", rank)
                     sums[preload].append(row)
                     print(fmt(preload, rep, k, row), flush=True)
+                servers.append((preload, rep, k, ranks, server_row(out / "raw", ranks)))
     print("\nmean over slice ranks and repeats:\n\n| preload MB | rank-runs | loaded during run MB/it | loader CPU "
           "during run ms/it | compute CPU ms/it | compute wall - CPU ms/it | held before run, MB per rank (max) |\n"
           "|---|---|---|---|---|---|---|")
@@ -137,7 +151,23 @@ def main(argv: list[str] | None = None) -> int:
         m = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "rank"}
         print(f"| {preload:g} | {len(rows)} | {m['during_mb_it']:.2f} | {m['loader_cpu_ms_it']:.1f} | "
               f"{m['compute_cpu_ms_it']:.1f} | {m['stretch_ms_it']:+.2f} | {max(r['held_mb'] for r in rows):.1f} |")
+    print("\nthe replay server of each slice run (`meta.json` replay: its process CPU time over its wall time from "
+          "its start to the end of its replay; its cores beside the slice ranks'):\n\n| preload MB | repeat | slice "
+          "| server CPU s | server wall s | CPU / wall | server threads' CPU s (largest 3) | server cores | slice "
+          "ranks' cores |\n|---|---|---|---|---|---|---|---|---|")
+    for preload, rep, k, ranks, s in servers:
+        top = ", ".join(f"{n} {v:.1f}" for n, v in sorted(s["threads"].items(), key=lambda x: -x[1])[:3])
+        print(f"| {preload:g} | {rep} | {k} | {s['cpu_s']:.1f} | {s['wall_s']:.1f} | {s['cpu_s'] / s['wall_s']:.2f} | "
+              f"{top} | {s['cores']} | {s['rank_cores']} |")
     return 0
+
+
+def server_row(raw: Path, ranks: list[int]) -> dict:
+    replay = json.loads((raw / "meta.json").read_text()).get("replay", {})
+    cores = sorted({c for r in ranks for c in json.loads((raw / f"rank={r}" / "slice_results.json").read_text())
+                    .get("rank_cores", [])})
+    return {"cpu_s": replay.get("cpu_s", float("nan")), "wall_s": replay.get("wall_s", float("nan")),
+            "threads": replay.get("threads_cpu_s", {}), "cores": replay.get("cores", "?"), "rank_cores": cores}
 
 
 if __name__ == "__main__":
