@@ -2,7 +2,8 @@
 during the run (`PRISM_SLICE_PRELOAD_MB=0`, the rule before session 10) and before it (the default), alternated.
 
     python -m prism.bench.fidelity_preload --work DIR [--config dp8-var] [--devices 2] [--steps 8] [--repeats 2]
-        [--preload 0,1024] [--untimed]
+        [--preload 0,1024] [--untimed] [--report]
+    python -m prism.bench.fidelity_preload --held CAPTURE_DIR    what a slice rank of each rank would hold loaded
 
 Prepares DIR once (capture on P device slots, graph, plan, the untimed slices and their calibration:
 `fidelity.run_prism`, one pass, no emulation), then runs every measured slice with `prism launch --mode slice`
@@ -111,10 +112,27 @@ def fmt(preload: float, rep: int, k: int, r: dict) -> str:
             f"{r['compute_cpu_ms_it']:.1f} | {r['stretch_ms_it']:+.2f} |")
 
 
+def held(capture: Path) -> list[str]:
+    """Per rank of a capture: its captured results (payload index rows of role 'out') and their payload files'
+    bytes: what the rank holds loaded before a slice run's program runs (PRISM_SLICE_PRELOAD_MB permitting)."""
+    lines, sizes = [], []
+    for folder in sorted((capture / "raw").glob("rank=*"), key=lambda p: int(p.name.split("=")[1])):
+        with pa.OSFile(str(folder / "payloads.arrow")) as source:
+            rows = pa.ipc.open_stream(source).read_all().to_pylist()
+        outs = [r for r in rows if r["role"] == "out"]
+        size = sum(os.path.getsize(capture / "payloads" / r["hash"][:2] / f"{r['hash']}.bin") for r in outs)
+        sizes.append(size)
+        lines.append(f"{folder.name}: {len(outs)} results, {size / 1e6:.1f} MB of payload files")
+    lines.append(f"max {max(sizes, default=0) / 1e6:.1f} MB per rank, {sum(sizes) / 1e6:.1f} MB over the {len(sizes)} ranks")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_preload", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, required=True, help="the job folder (prepared once, then reused)")
+    parser.add_argument("--work", type=Path, help="the job folder (prepared once, then reused)")
+    parser.add_argument("--held", type=Path, metavar="CAPTURE_DIR", help="run nothing: per rank of this capture, the "
+                        "captured results a slice rank loads before the run (MB)")
     parser.add_argument("--config", default="dp8-var", choices=sorted(BY_NAME))
     parser.add_argument("--devices", type=int, default=2, help="device slots P (the slices' size)")
     parser.add_argument("--steps", type=int, default=8)
@@ -126,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="run nothing: the tables of the runs saved in "
                         "WORK/preload-runs by an earlier call with the same --preload and --repeats")
     args = parser.parse_args(argv)
+    if args.held:
+        print("\n".join(held(args.held)))
+        return 0
+    if args.work is None:
+        parser.error("--work is required (or --held CAPTURE_DIR)")
     if not args.report:
         prepare(args.work, args.config, args.devices, args.steps, args.timeout)
     settings_ = [float(x) for x in args.preload.split(",")]
