@@ -11,7 +11,7 @@ import torch
 
 from prism import schemas, settings
 from prism.runtime import shm
-from prism.runtime.slice.transport import CapturedResults
+from prism.runtime.slice.transport import CapturedResults, MissingResult
 
 N = 6  # results of rank 0
 SIZE = 4096  # floats per result
@@ -63,10 +63,19 @@ def test_past_the_bound_the_rest_is_read_during_the_run_with_the_same_values(cap
 
 def test_a_damaged_result_is_named_before_the_program_runs(capture):
     cap, _ = capture
-    path = sorted((cap / "payloads").rglob("*.bin"))[0]
-    path.write_bytes(path.read_bytes()[:-1])
     results = CapturedResults(cap, 0, preload_bytes=10**9)
+    path = results._file("c:g2")
+    path.write_bytes(path.read_bytes()[:-1])
     with pytest.raises(shm.CorruptPayload, match="capture again"):
+        results.preload()
+
+
+def test_a_missing_result_is_named_before_the_program_runs(capture):
+    cap, _ = capture
+    results = CapturedResults(cap, 0, preload_bytes=0)  # even when none is to be held: checked at the start
+    path = results._file("c:g3")
+    path.unlink()
+    with pytest.raises(MissingResult, match=f"{path}: missing.*capture again"):
         results.preload()
 
 

@@ -115,6 +115,10 @@ _REDUCING = {
 READ_AHEAD = 8  # results loaded ahead of use during the run (those past the preload bound)
 
 
+class MissingResult(FileNotFoundError):
+    """A captured result's payload file is missing (the message names it and the fix)."""
+
+
 class CapturedResults:
     """This rank's captured results of order-dependent reductions, by communication key: the first ones in the
     rank's program order, up to `preload_bytes` of payload files, loaded and checked by `preload()` (before the
@@ -151,7 +155,15 @@ class CapturedResults:
     def preload(self) -> None:
         """Load and check the results in program order while their files fit `preload_bytes` (in the caller's
         thread: before the program runs). Raises `shm.CorruptPayload` naming a damaged file."""
-        sizes = [os.path.getsize(self._file(k)) for k in self._order]
+        sizes = []
+        for k in self._order:
+            try:
+                sizes.append(os.path.getsize(self._file(k)))
+            except FileNotFoundError:
+                raise MissingResult(
+                    f"{self._file(k)}: missing: the capture's result of {k} (rank {self.rank}) is not among its "
+                    "payloads; the capture's payloads are incomplete: capture again (re-run the capture stage, or "
+                    "`prism launch --mode capture --out CAPDIR ...`)") from None
         self._size = dict(zip(self._order, sizes))
         self.stats["bytes"] = sum(sizes)
         t0, c0, held = time.perf_counter(), time.thread_time(), 0
