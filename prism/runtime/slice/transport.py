@@ -175,8 +175,8 @@ class CapturedResults:
             self._loading[k] = done
             held += size
             self._next += 1
-        self.stats.update(rank_cores=sorted(os.sched_getaffinity(0)), preloaded=self._next, preloaded_bytes=held, preload_wall_s=time.perf_counter() - t0,
-                          preload_cpu_s=time.thread_time() - c0)
+        self.stats.update(rank_cores=sorted(os.sched_getaffinity(0)), preloaded=self._next, preloaded_bytes=held,
+                          preload_wall_s=time.perf_counter() - t0, preload_cpu_s=time.thread_time() - c0)
         if self._next < len(self._order):
             print(f"[prism] slice rank {self.rank}: {len(self._order) - self._next} of {len(self._order)} captured "
                   f"results ({(self.stats['bytes'] - held) / 1e6:.1f} MB) are past PRISM_SLICE_PRELOAD_MB="
@@ -280,8 +280,12 @@ def for_group(opts, name: str, members: list[int], desc: str | None, asked: str,
     """Mode slice (`modes`): the real transport, in a key space the replay server (the virtual members) can
     reach, substituting the capture's results of the order-dependent reductions."""
     if not _RESULTS:
+        bound = settings.SLICE_PRELOAD_MB.get()
+        if bound < 0:
+            raise ValueError(f"{settings.SLICE_PRELOAD_MB.name}={bound:g} is negative: it takes the MB of captured "
+                             "results a slice rank may load before the run (0: none, all during the run)")
         results = CapturedResults(Path(settings.CAPTURE.get()), int(os.environ.get("RANK", "0")),
-                                  preload_bytes=int(settings.SLICE_PRELOAD_MB.get() * 1e6))
+                                  preload_bytes=int(bound * 1e6))
         results.preload()
         _RESULTS.append(results)
         if rec is not None:
