@@ -90,6 +90,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_HOST_HANG_S", "float", 60.0, "knob",
             "a capture over hosts: seconds a host's ranks may all wait with no frame from another host "
             "before the hang is named"),
+    Setting("PRISM_SLICE_PRELOAD_MB", "float", 1024.0, "knob",
+            "slice: MB of captured reduction results (groups of > 2 members) a slice rank loads and checks "
+            "before the program runs; those past it are loaded during the run on the rank's own core, which its "
+            "timed compute then includes (a warning says so); 0: all during the run"),
     # set by the launcher for its ranks
     Setting("PRISM_MODE", "text", None, "internal",
             "the launch mode of the ranks (`prism launch --mode`); unset: prism installs nothing"),
@@ -135,6 +139,7 @@ ITERATION_FN = _setting("PRISM_ITERATION_FN")
 MICROBATCH_FN = _setting("PRISM_MICROBATCH_FN")
 RDZV_TIMEOUT = _setting("PRISM_RDZV_TIMEOUT")
 HOST_HANG_S = _setting("PRISM_HOST_HANG_S")
+SLICE_PRELOAD_MB = _setting("PRISM_SLICE_PRELOAD_MB")
 MODE = _setting("PRISM_MODE")
 OUT = _setting("PRISM_OUT")
 STATUS_DIR = _setting("PRISM_STATUS_DIR")

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism.runtime import thread_cpu
 from prism.runtime.replay.host import VirtualRanks, keep_until_exit
 from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
 from prism.runtime.transport import slice_store
@@ -310,7 +311,10 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         (folder / "issues.arrow.tmp").replace(folder / "issues.arrow")
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
-               "timed": server.timed is not None, "timed_issues": len(server.issued)}
+               "timed": server.timed is not None, "timed_issues": len(server.issued),
+               # what the server's own CPU cost and where (issue 24 (b): beside the slice ranks' cores or not)
+               "cpu_s": sum(os.times()[:2]), "threads_cpu_s": thread_cpu.by_thread(),
+               "cores": sorted(os.sched_getaffinity(0))}
     (status_dir / "replay.done").write_text(json.dumps(summary))
     while not stop.wait(0.1):
         pass

@@ -12,12 +12,22 @@ than two members gets the capture's result (`role == "out"` rows of the rank's p
 backend reduces in its own order (gloo's ring, chunked), prism's capture in a fixed left fold, and the last
 bits differ; a data-dependent program (MoE routing) would then take another path than in the capture. The
 op still runs on the real transport (its timing is the real one); once it completes, its outputs are
-overwritten with the captured values (read ahead of use by a helper thread).
+overwritten with the captured values.
+
+Those results are loaded and checked (content hash) **before the program runs**, at the rank's first group:
+a slice rank is pinned to one core and its compute is timed as its wall span, so a loader running beside the
+program would be counted as the program's compute (docs/fidelity.md, session 10: dp8-var loads 6.3 MB per
+rank-iteration, ~0.55 ms of CPU per 265 KB result). `PRISM_SLICE_PRELOAD_MB` bounds what one rank holds that
+way; results past it are read ahead during the run by one helper thread on the rank's own core, with a warning.
+Each rank writes what it loaded, when, and its threads' CPU time to `raw/rank=R/slice_results.json`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,7 +41,7 @@ from torch._C._distributed_c10d import Work
 
 from prism import schemas
 from prism import settings
-from prism.runtime import semantics, shm, watchdog
+from prism.runtime import semantics, shm, thread_cpu, watchdog
 from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport, job_store, slice_store
@@ -68,6 +78,12 @@ class SliceRecorder(Recorder):
         super().__init__(rank, out_dir, device=device)
         self._expected = captured_ops(capture, rank)
         self._next = 0
+        self.results: CapturedResults | None = None  # set by `for_group`
+
+    def close(self) -> None:
+        if self.results is not None and not self.closed:
+            self.results.write_stats(self.dir)
+        super().close()
 
     def check(self, kind, op, group, group_seq, peer, tag, nbytes) -> None:
         """Before the op reaches the transport: a divergent op must not be sent to the replayed peers."""
@@ -96,41 +112,109 @@ _REDUCING = {
     "reduce_scatter": lambda args: list(args[0]),
     "reduce_scatter_single": lambda args: [args[0]],
 }
-READ_AHEAD = 8  # results loaded ahead of use
+READ_AHEAD = 8  # results loaded ahead of use during the run (those past the preload bound)
+
+
+class MissingResult(FileNotFoundError):
+    """A captured result's payload file is missing (the message names it and the fix)."""
 
 
 class CapturedResults:
-    """This rank's captured results of order-dependent reductions, by communication key, read ahead in the
-    rank's program order by one helper thread."""
+    """This rank's captured results of order-dependent reductions, by communication key: the first ones in the
+    rank's program order, up to `preload_bytes` of payload files, loaded and checked by `preload()` (before the
+    program runs); the rest read ahead of use by one helper thread."""
 
-    def __init__(self, capture: Path, rank: int) -> None:
+    def __init__(self, capture: Path, rank: int, preload_bytes: int = 0) -> None:
         path = Path(capture) / "raw" / f"rank={rank}" / "payloads.arrow"
         with pa.OSFile(str(path)) as source:
             table = ipc.open_stream(source).read_all()
         rows = sorted((w, k, h) for w, k, r, h in zip(*(table[c].to_pylist() for c in
                                                         ("work_id", "key", "role", "hash"))) if r == "out")
+        self.rank = rank
         self._hash = {k: h for _, k, h in rows}
         self._order = [k for _, k, _ in rows]
         self._pos = {k: i for i, k in enumerate(self._order)}
         self._store = shm.PayloadStore(Path(capture) / "payloads")
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prism-results") if rows else None
+        self._preload_bytes = max(0, int(preload_bytes))
+        self._pool: ThreadPoolExecutor | None = None  # started only for results past the preload
         self._loading: dict[str, Future] = {}
         self._next = 0  # first key of the order not yet submitted
+        self._size: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.stats = dict(results=len(rows), bytes=0, preload_limit_bytes=self._preload_bytes, preloaded=0,
+                          preloaded_bytes=0, preload_wall_s=0.0, preload_cpu_s=0.0, during_run=0,
+                          during_run_bytes=0, during_run_cpu_s=0.0)
 
     def __contains__(self, key: str) -> bool:
         return key in self._hash
 
+    def _file(self, key: str) -> Path:
+        h = self._hash[key]
+        return self._store.dir / h[:2] / f"{h}.bin"
+
+    def preload(self) -> None:
+        """Load and check the results in program order while their files fit `preload_bytes` (in the caller's
+        thread: before the program runs). Raises `shm.CorruptPayload` naming a damaged file."""
+        sizes = []
+        for k in self._order:
+            try:
+                sizes.append(os.path.getsize(self._file(k)))
+            except FileNotFoundError:
+                raise MissingResult(
+                    f"{self._file(k)}: missing: the capture's result of {k} (rank {self.rank}) is not among its "
+                    "payloads; the capture's payloads are incomplete: capture again (re-run the capture stage, or "
+                    "`prism launch --mode capture --out CAPDIR ...`)") from None
+        self._size = dict(zip(self._order, sizes))
+        self.stats["bytes"] = sum(sizes)
+        t0, c0, held = time.perf_counter(), time.thread_time(), 0
+        for k, size in zip(self._order, sizes):
+            if held + size > self._preload_bytes:
+                break
+            done: Future = Future()
+            done.set_result(self._store.get(self._hash[k]))
+            self._loading[k] = done
+            held += size
+            self._next += 1
+        self.stats.update(rank_cores=sorted(os.sched_getaffinity(0)), preloaded=self._next, preloaded_bytes=held,
+                          preload_wall_s=time.perf_counter() - t0, preload_cpu_s=time.thread_time() - c0)
+        if self._next < len(self._order):
+            print(f"[prism] slice rank {self.rank}: {len(self._order) - self._next} of {len(self._order)} captured "
+                  f"results ({(self.stats['bytes'] - held) / 1e6:.1f} MB) are past PRISM_SLICE_PRELOAD_MB="
+                  f"{self._preload_bytes / 1e6:.0f} and are loaded during the run on the rank's own core, which "
+                  "its compute times then include; raise PRISM_SLICE_PRELOAD_MB (memory allowing) to load them all "
+                  "before the run", file=sys.stderr)
+
+    def _load_during_run(self, key: str):
+        c0 = time.thread_time()
+        out = self._store.get(self._hash[key])
+        with self._lock:
+            self.stats["during_run"] += 1
+            self.stats["during_run_bytes"] += self._size.get(key, 0)
+            self.stats["during_run_cpu_s"] += time.thread_time() - c0
+            self.stats["loader_cores"] = sorted(os.sched_getaffinity(0))  # this thread's: the rank's own core
+        return out
+
     def take(self, key: str) -> Future:
-        """The result of `key` (a future of its tensors); loads the next few ahead."""
+        """The result of `key` (a future of its tensors); past the preloaded ones, loads the next few ahead."""
         with self._lock:
             stop = min(len(self._order), self._pos[key] + READ_AHEAD + 1)
             self._next = max(self._next, self._pos[key])
             while self._next < stop:
                 k = self._order[self._next]
-                self._loading.setdefault(k, self._pool.submit(self._store.get, self._hash[k]))
+                if k not in self._loading:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prism-results")
+                    self._loading[k] = self._pool.submit(self._load_during_run, k)
                 self._next += 1
             return self._loading.pop(key)
+
+    def write_stats(self, folder: Path) -> None:
+        """`slice_results.json` in the rank's raw folder: what was loaded before / during the run, and the CPU
+        time of each of the rank's threads (`thread_cpu.by_thread`) at its end."""
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "slice_results.json.tmp"
+        tmp.write_text(json.dumps(dict(self.stats, threads_cpu_s=thread_cpu.by_thread()), indent=1) + "\n")
+        os.replace(tmp, folder / "slice_results.json")
 
 
 class _ResultWork(Forwarding, Work):
@@ -196,7 +280,18 @@ def for_group(opts, name: str, members: list[int], desc: str | None, asked: str,
     """Mode slice (`modes`): the real transport, in a key space the replay server (the virtual members) can
     reach, substituting the capture's results of the order-dependent reductions."""
     if not _RESULTS:
-        _RESULTS.append(CapturedResults(Path(settings.CAPTURE.get()), int(os.environ.get("RANK", "0"))))
+        bound = settings.SLICE_PRELOAD_MB.get()
+        if bound < 0:
+            raise ValueError(f"{settings.SLICE_PRELOAD_MB.name}={bound:g} is negative: it takes the MB of captured "
+                             "results a slice rank may load before the run (0: none, all during the run)")
+        results = CapturedResults(Path(settings.CAPTURE.get()), int(os.environ.get("RANK", "0")),
+                                  preload_bytes=int(bound * 1e6))
+        results.preload()
+        _RESULTS.append(results)
+        if rec is not None:
+            rec.resync()  # the loading is before the program's first event, no one's compute
+            if isinstance(rec, SliceRecorder):
+                rec.results = results  # its numbers are written beside the rank's trace at the end
     transport = SliceTransport(slice_store(name, opts.store), opts.group_rank, opts.group_size, opts.timeout,
                                results=_RESULTS[0], want_nccl="nccl" in asked or asked == "undefined",
                                global_ranks=members, group_name=name)
