@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from prism.runtime import markers, modes, oom, watchdog
+from prism.runtime import markers, modes, oom, unsupported, watchdog
 from prism.runtime.capture import client as capture
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
@@ -98,8 +98,10 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
-    return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
-                             backend_name=real)
+    pg = PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
+                           backend_name=real)
+    pg.computes = kind != "real"  # prism computes the collectives: only what its semantics define
+    return pg
 
 
 def _common_start(store, rec: Recorder | None) -> None:
@@ -137,6 +139,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
             _state["default_asked"] = asked
         elif asked in ("prism", "undefined"):
             asked = _state.get("default_asked", asked)
+        unsupported.check_backend(asked, desc)
         _state["asked"].append((asked, desc))
         # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
         # device eagerly, but prism's group is the process group itself (no per-device backend): it is
@@ -156,6 +159,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         return result
 
     c10d._new_process_group_helper = helper
+    unsupported.guard_direct_backends()  # a communicator built from its class would bypass the interception
     _coalesce_cuda_p2p_batches()
     atexit.register(finish)
 

@@ -29,6 +29,7 @@ _FOLD = {
     RedOp.BOR: torch.bitwise_or,
     RedOp.BXOR: torch.bitwise_xor,
 }
+REDUCTIONS = tuple(_FOLD)  # the reduce ops prism defines (others are refused at issue: runtime.unsupported)
 
 
 class UnsupportedOp(Exception):

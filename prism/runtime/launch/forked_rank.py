@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from prism.runtime import oom
+from prism.runtime import oom, unsupported
 
 _PR_SET_PDEATHSIG = 1
 
@@ -83,8 +83,9 @@ def run_rank(spec: dict, rank: int) -> int:
             code = 1
     except BaseException as exc:
         text = traceback.format_exc()
-        sys.stderr.write(text)
         Path(spec["status_dir"], f"rank{rank}.traceback").write_text(text)
+        if not unsupported.record(exc, rank, spec["status_dir"]):  # else the supervisor's one line says it
+            sys.stderr.write(text)
         code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec["status_dir"]) else 1
     if intercepted:
         try:
