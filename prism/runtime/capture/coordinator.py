@@ -23,12 +23,14 @@ Replies (coordinator -> rank): ("go", slot, immediate).
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field
 
 from prism.runtime.capture.device_state import SwapPolicy
 
-# ops whose members must all contribute the same shape
+# ops whose members must all contribute the same number of elements (as gloo and NCCL, which move counts: a
+# member's shape may differ, e.g. DeepSpeed's pipeline all-reduces a 0-d loss on one stage and a [1] on another)
 SAME_SHAPE_OPS = {"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
                   "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor"}
 
@@ -391,9 +393,14 @@ def _disagreement(a: Arrival, b: Arrival) -> str | None:
         return "ops differ: a rank skipped or reordered a collective on this group"
     if a.dtype != b.dtype:
         return "dtypes differ"
-    if a.op in SAME_SHAPE_OPS and a.shape != b.shape:
+    if a.op in SAME_SHAPE_OPS and _count(a.shape) != _count(b.shape):
         return "sizes differ"
     return None
+
+
+def _count(shape: str | None) -> int | None:
+    """The element count of an arrival's shape ("4x8"; "" for a 0-d tensor)."""
+    return None if shape is None else math.prod(int(d) for d in shape.split("x") if d)
 
 
 def _who(ranks: list[int]) -> str:
