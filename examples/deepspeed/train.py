@@ -8,7 +8,8 @@
                 activations and gradients), engine.train_batch
 
 Prints `step N rank R loss L` on every rank that has a loss (zero: every rank, its own microbatches; pipe:
-the last stage's ranks), with fixed seeds: deterministic, compared across torchrun and prism's modes. No prism import, no CUDA.
+the last stage's ranks), with fixed seeds: deterministic, compared across torchrun and prism's modes. No prism
+import, no CUDA.
 Run: torchrun --nproc-per-node 2 examples/deepspeed/train.py --engine zero --zero-stage 2
 """
 
