@@ -24,6 +24,10 @@ from deepspeed.pipe import PipelineModule
 DIM, LAYERS, MICRO = 32, 4, 4
 
 
+def say(line: str) -> None:
+    os.write(1, f"{line}\n".encode())  # one write: two ranks' lines never interleave on a shared pipe
+
+
 def layers() -> list[nn.Module]:
     out = []
     for _ in range(LAYERS):
@@ -66,7 +70,7 @@ def main() -> None:
                 engine.backward(loss)
                 engine.step()  # steps the optimizer only at the accumulation boundary
                 total += loss.item() / args.accum
-            print(f"step {step} rank {rank} loss {total:.10e}", flush=True)
+            say(f"step {step} rank {rank} loss {total:.10e}")
     else:
         model = PipelineModule(layers=layers(), num_stages=args.pp, loss_fn=loss_fn,
                                partition_method="uniform", activation_checkpoint_interval=0)
@@ -76,7 +80,7 @@ def main() -> None:
         for step in range(args.steps):
             loss = engine.train_batch(data_iter=data)
             if engine.is_last_stage():
-                print(f"step {step} rank {rank} loss {loss.item():.10e}", flush=True)
+                say(f"step {step} rank {rank} loss {loss.item():.10e}")
     torch.distributed.barrier()
 
 
