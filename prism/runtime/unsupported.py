@@ -29,7 +29,7 @@ from pathlib import Path
 EXIT_CODE = 2  # bad input: the program uses what prism cannot carry
 CARRIED_BACKENDS = ("gloo", "nccl")
 _ALSO_ACCEPTED = ("undefined", "prism")  # no backend named (torch's default), or prism's own name
-_PRISM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PRISM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class UnsupportedFeature(RuntimeError):
@@ -59,7 +59,7 @@ def _caller() -> tuple[str, str]:
 
     frame = sys._getframe(2)
     via = ""
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     while frame is not None and frame.f_code.co_filename.startswith(torch_dir):
         name = frame.f_code.co_filename
         if f"{os.sep}rpc{os.sep}" in name:
@@ -143,7 +143,7 @@ def record(exc: BaseException, rank: int, status_dir: str | Path) -> bool:
     if " (at " not in text:  # where in the program: its innermost frame outside torch and prism
         import torch
 
-        skip = (os.path.dirname(os.path.abspath(torch.__file__)), _PRISM_DIR)
+        skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _PRISM_DIR)
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)
                   and not f.filename.startswith("<")]
         if frames:
