@@ -3,10 +3,11 @@
 # DeepSpeed's ZeRO-2 engine, W=2 on CPU (examples/deepspeed/train.py, 6 steps of 2 microbatches), in the
 # framework venv of scripts/frameworks/deepspeed_cpu.sh (run that first: it makes VENV). The predicted
 # iteration time against the pinned baseline's, one run each (the box is shared: no spread measured).
-# Usage: scripts/frameworks/deepspeed_pipeline.sh VENV WORK_DIR   (log: docs/results/frameworks/deepspeed_pipeline_w2.txt)
+# Usage: scripts/frameworks/deepspeed_pipeline.sh VENV WORK_DIR [TAG]
+#   (log: docs/results/frameworks/deepspeed_pipeline_w2.txt, or deepspeed_pipeline_w2_TAG.txt: one log per run)
 set -u
 VENV=$(realpath -m "$1"); WORK=$(realpath -m "$2"); REPO=$(cd "$(dirname "$0")/../.." && pwd)
-LOG=$REPO/docs/results/frameworks/deepspeed_pipeline_w2.txt; PY=$VENV/bin/python
+LOG=$REPO/docs/results/frameworks/deepspeed_pipeline_w2${3:+_$3}.txt; PY=$VENV/bin/python
 [ -x "$PY" ] || { echo "no $PY: run scripts/frameworks/deepspeed_cpu.sh VENV WORK first" >&2; exit 2; }
 rm -rf "$WORK"; mkdir -p "$WORK"
 export OMP_NUM_THREADS=1
@@ -31,10 +32,9 @@ J=$WORK/results/deepspeed-zero2-w2
 for f in "$J/summary.txt" "$J/baseline/summary.txt"; do [ -f "$f" ] && { echo "== $f"; cat "$f"; } >> "$LOG"; done
 "$PY" -m prism.cli sql --job "$J" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks" 2>&1 \
     | grep -vE 'leaked|nanobind|skipped remainder|refleaks' >> "$LOG"
-for d in baseline capture emulation; do
-    for l in "$J"/$d/logs/rank=*.log; do
-        [ -f "$l" ] && { echo "== $l"; grep -E '^step [0-9]+ rank' "$l"; } >> "$LOG"
-    done
+for stage in baseline_run capture slice_run_0 emulate; do  # each stage's losses, as the ranks printed them
+    l=$J/logs/$stage.log
+    [ -f "$l" ] && { echo "== losses in $l"; grep -oE 'step [0-9]+ rank [0-9]+ loss \S+' "$l" | sort; } >> "$LOG"
 done
 echo "# done $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOG"
 exit $rc
