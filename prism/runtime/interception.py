@@ -139,7 +139,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
             _state["default_asked"] = asked
         elif asked in ("prism", "undefined"):
             asked = _state.get("default_asked", asked)
-        unsupported.check_backend(asked, desc)
+        if not global_ranks_in_group:
+            unsupported.check_backend(asked, desc)  # the default group: any other is refused at its first op
         _state["asked"].append((asked, desc))
         # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
         # device eagerly, but prism's group is the process group itself (no per-device backend): it is
@@ -155,6 +156,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         pg = result[0] if isinstance(result, tuple) else result
         if device_id is not None and isinstance(pg, PrismProcessGroup):
             pg.bound_device_id = device_id
+        if isinstance(pg, PrismProcessGroup) and unsupported.uncarried(asked):
+            pg.uncarried = (asked, desc)
         _report_asked_backend(result, asked)
         return result
 

@@ -2,8 +2,8 @@
 and the fix, instead of a hang, a wrong trace or a silent fallback to gloo.
 
 - A process group on a backend prism does not intercept (`init_process_group("mpi")`, a backend the program
-  registered itself): prism would substitute its own gloo-like group and the program's backend would never
-  run (`check_backend`, at the group's creation).
+  registered itself, torch's "fake"): prism would substitute its own gloo-like group and the program's
+  backend would never run (`check_backend`: the default group at its creation, any other at its first op).
 - A communicator built outside `init_process_group`/`new_group`, which the interception never sees: a
   `ProcessGroupGloo`/`ProcessGroupNCCL` made from its class, `torch.distributed.rpc` (TensorPipe builds one
   at `init_rpc`). Its traffic would bypass prism: missing from the trace, and in capture, where only some
@@ -40,12 +40,21 @@ def _rank() -> str:
     return os.environ.get("RANK", "0")
 
 
-def check_backend(asked: str, desc: str | None) -> None:
-    """A group asked for `asked` ("gloo", "cpu:gloo,cuda:nccl", ...): refuse any backend but gloo and NCCL."""
+def uncarried(asked: str) -> list[str]:
+    """The backends named in `asked` ("gloo", "cpu:gloo,cuda:nccl", "fake", ...) that prism does not carry."""
     names = [part.split(":", 1)[-1].strip() for part in asked.split(",") if part.strip()]
-    unknown = [n for n in names if n not in CARRIED_BACKENDS + _ALSO_ACCEPTED]
+    return [n for n in names if n not in CARRIED_BACKENDS + _ALSO_ACCEPTED]
+
+
+def check_backend(asked: str, desc: str | None, op: str | None = None) -> None:
+    """Refuse a group on a backend but gloo and NCCL: the default group when it is made (everything goes
+    through it), any other at its first op (`op`): a group made and never used is no error (torchtitan puts
+    its size-1 and 'batch' mesh dimensions on the fake backend, which never communicate)."""
+    unknown = uncarried(asked)
     if unknown:
         what = f"process group {desc!r}" if desc else "a process group"
+        if op is not None:
+            what = f"{op} on {what}, which"
         raise UnsupportedFeature(
             f"rank {_rank()}: {what} asks for backend {asked!r}; prism intercepts only "
             f"{' and '.join(CARRIED_BACKENDS)} groups (it would replace {', '.join(map(repr, unknown))} by its "

@@ -4,7 +4,9 @@
                          divide factor, NCCL only: gloo refuses it too)
 --feature sparse         an all_reduce of a sparse COO tensor (DDP with sparse embedding gradients)
 --feature backend        init_process_group on a backend prism does not intercept: one the program registers
---feature group_backend  a new_group on such a backend, after a default group on gloo
+--feature group_backend  a new_group on such a backend, after a default group on gloo, used in the loop
+--feature unused_fake    a new_group on torch's "fake" backend that is never used (torchtitan's size-1 and
+                         'batch' mesh dimensions): no error, the loop runs on the default group
 --feature direct_gloo    a gloo process group built directly from its C++ class (`dist.ProcessGroupGloo`),
                          not through init_process_group/new_group: the interception never sees it
 --feature rpc            torch.distributed.rpc (TensorPipe): its own transport, under no process group
@@ -15,6 +17,7 @@ met), then `result done <rank>`.
 """
 
 import argparse
+import importlib
 import os
 from datetime import timedelta
 
@@ -36,13 +39,18 @@ def _own_backend(store, rank, size, timeout):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--feature", required=True,
-                        choices=["premul_sum", "sparse", "backend", "group_backend", "direct_gloo", "rpc"])
+                        choices=["premul_sum", "sparse", "backend", "group_backend", "unused_fake", "direct_gloo",
+                                 "rpc"])
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.feature in ("backend", "group_backend"):
         dist.Backend.register_backend("own", _own_backend, devices=["cpu"])
     dist.init_process_group("own" if args.feature == "backend" else "gloo")
     group = dist.new_group(backend="own") if args.feature == "group_backend" else None
+    if args.feature == "unused_fake":
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake" (torchtitan too)
+
+        dist.new_group(backend="fake")
     direct = None
     if args.feature == "direct_gloo":
         store = dist.PrefixStore("direct/", dist.distributed_c10d._get_default_store())

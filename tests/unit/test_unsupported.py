@@ -59,3 +59,11 @@ def test_the_supervisor_says_it_once_with_the_place_in_the_program(tmp_path):
     assert f"(at {__file__}:" in line and line.count("Fix: ") == 1
     assert unsupported.finding(tmp_path, 0) is None
     assert not unsupported.record(ValueError("not ours"), 0, tmp_path)
+
+
+def test_a_group_other_than_the_default_one_is_refused_at_its_first_op(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert unsupported.uncarried("fake") == ["fake"] and unsupported.uncarried("cpu:gloo,cuda:nccl") == []
+    with pytest.raises(UnsupportedFeature, match=r"^rank 1: all_gather on process group 'mesh_batch', which asks for "
+                                                 r"backend 'fake'"):
+        unsupported.check_backend("fake", "mesh_batch", op="all_gather")
