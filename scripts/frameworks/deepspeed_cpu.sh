@@ -5,7 +5,7 @@
 # the emulation of one sandbox rank; the losses side by side, "same" when equal as printed (10 digits).
 # DeepSpeed is NOT a prism dependency: it goes into its own venv VENV, outside the repository, which sees this
 # checkout's .venv (torch 2.13.0+cpu, prism) through a .pth file:
-#   python -m venv VENV; pip install deepspeed==0.19.8 -c <(echo torch==2.13.0)
+#   python -m venv VENV; pip install deepspeed==0.19.8 (its dependencies pinned below; torch is the checkout's)
 # The first run JIT-builds DeepSpeed's CPU shm op (minutes; cached under ~/.cache/torch_extensions). It is used
 # only by DeepSpeed's inference all-reduce, and only when LOCAL_SIZE is set (DeepSpeed's launcher; torchrun
 # and prism do not set it): the training below talks through torch.distributed only.
@@ -19,7 +19,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     SITE=$("$REPO/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     MINE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "import site; site.addsitedir('$SITE')" > "$MINE/prism_venv.pth"
-    "$VENV/bin/pip" install -q deepspeed==0.19.8 -c <(echo torch==2.13.0) || exit 1
+    "$VENV/bin/pip" install -q deepspeed==0.19.8 -c <(printf '%s\n' torch==2.13.0 hjson==3.1.0 msgpack==1.2.4 \
+        ninja==1.13.2 py-cpuinfo==9.0.0) || exit 1  # what it pulled in, as installed for the committed log
 fi
 PY=$VENV/bin/python
 export OMP_NUM_THREADS=1
