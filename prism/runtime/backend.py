@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work, _create_work_from_future
 
 from prism import schemas
-from prism.runtime import watchdog
+from prism.runtime import semantics, unsupported, watchdog
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import Transport
 
@@ -243,6 +243,9 @@ class _Joined(PrismWork):
 class PrismProcessGroup(dist.ProcessGroup):
     """A process group whose calls are recorded and carried by a `Transport`."""
 
+    computes = False  # the transport computes collectives itself (capture, slice, emulate): ops are checked
+    uncarried: tuple[str, str | None] | None = None  # (backend asked for, desc): a group prism cannot carry
+
     def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_name: str,
                  desc: str | None, transport: Transport, recorder: Recorder | None,
                  backend_name: str = "gloo") -> None:
@@ -288,6 +291,11 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- the one path every op takes -------------------------------------------------------------------
     def _issue(self, op: str, kind: str, method: str, tensors, args: tuple, peer: int = -1,
                tag: int = 0, anysource: bool = False) -> Work:
+        if self.uncarried is not None:
+            unsupported.check_backend(*self.uncarried, op=op)
+        if self.computes:
+            unsupported.check_op(op, f"{self._name} ({self._desc or 'no description'})", _flat(tensors), args,
+                                  semantics.REDUCTIONS)
         nbytes, dtype, shape, device = _describe(tensors)
         rec = self._rec
         wid = next(_work_ids)

@@ -19,7 +19,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from prism import settings
 
-from prism.runtime import markers, modes, oom, watchdog
+from prism.runtime import markers, modes, oom, unsupported, watchdog
 from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
@@ -76,8 +76,10 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     if rec is not None:
         rec.add_group(name, desc, members, asked)
     real = "nccl" if "nccl" in asked and torch.cuda.is_available() else "gloo"
-    return PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
-                             backend_name=real)
+    pg = PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
+                           backend_name=real)
+    pg.computes = modes.get(_state["mode"]).computes  # only what prism's semantics define
+    return pg
 
 
 def install(mode: str, out_dir: str | Path | None) -> None:
@@ -103,6 +105,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
             _state["default_asked"] = asked
         elif asked in ("prism", "undefined"):
             asked = _state.get("default_asked", asked)
+        if not global_ranks_in_group:
+            unsupported.check_backend(asked, desc)  # the default group: any other is refused at its first op
         _state["asked"].append((asked, desc))
         # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
         # device eagerly, but prism's group is the process group itself (no per-device backend): it is
@@ -118,10 +122,13 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         pg = result[0] if isinstance(result, tuple) else result
         if device_id is not None and isinstance(pg, PrismProcessGroup):
             pg.bound_device_id = device_id
+        if isinstance(pg, PrismProcessGroup) and unsupported.uncarried(asked):
+            pg.uncarried = (asked, desc)
         _report_asked_backend(result, asked)
         return result
 
     c10d._new_process_group_helper = helper
+    unsupported.guard_direct_backends()  # a communicator built from its class would bypass the interception
     _coalesce_cuda_p2p_batches()
     atexit.register(finish)
 

@@ -29,6 +29,7 @@ _FOLD = {
     RedOp.BOR: torch.bitwise_or,
     RedOp.BXOR: torch.bitwise_xor,
 }
+REDUCTIONS = tuple(_FOLD)  # the reduce ops prism defines (others are refused at issue: runtime.unsupported)
 
 
 class UnsupportedOp(Exception):
@@ -59,6 +60,8 @@ class Fold:
         self.op, self.fn, self.acc, self.n = op, _FOLD[op], None, 0
 
     def add(self, t: torch.Tensor) -> None:
+        if self.acc is not None and t.shape != self.acc.shape:  # as gloo and NCCL: elementwise over the counts
+            t = t.reshape(self.acc.shape)
         self.acc = t.clone() if self.acc is None else self.fn(self.acc, t)
         self.n += 1
 
@@ -103,5 +106,7 @@ def write(dst: torch.Tensor, src: torch.Tensor) -> None:
     selective activation checkpoint has been mutated"). (gloo's c10d all_gather_into_tensor and
     reduce_scatter_tensor do bump it, on gloo's thread, before or after the call returns: a race no
     program can rely on; prism's never do.)"""
+    if src.shape != dst.shape and src.numel() == dst.numel():  # a member's own shape for the same count
+        src = src.reshape(dst.shape)
     with torch.no_grad(), torch.autograd.grad_mode._unsafe_preserve_version_counter(dst):
         dst.copy_(src)

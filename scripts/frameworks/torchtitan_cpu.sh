@@ -7,10 +7,10 @@
 # (torchtitan 0.3.0 imports triton unconditionally; triton 3.9.0 imports on a CPU-only box.)
 # Its tokenizer comes from torchtitan's repository (tests/assets/tokenizer: TOKENIZER below); the corpus
 # from examples/torchtitan/make_data.py (the wheel ships no assets; c4_test's data.json is an LFS file).
-# Usage: scripts/frameworks/torchtitan_cpu.sh TOKENIZER_DIR WORK_DIR   (logs: docs/frameworks/)
+# Usage: scripts/frameworks/torchtitan_cpu.sh TOKENIZER_DIR WORK_DIR   (logs: docs/results/frameworks/)
 set -u
 TOKENIZER=$(realpath "$1"); WORK=$(realpath -m "$2"); REPO=$(cd "$(dirname "$0")/../.." && pwd)
-LOGS=$REPO/docs/frameworks; PY=$REPO/.venv/bin/python; mkdir -p "$WORK" "$LOGS"
+LOGS=$REPO/docs/results/frameworks; PY=$REPO/.venv/bin/python; mkdir -p "$WORK" "$LOGS"
 export HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
 $PY "$REPO/examples/torchtitan/make_data.py" "$WORK/data"
 TT=("$REPO/examples/torchtitan/cpu_train.py" --module llama3 --config llama3_debugmodel

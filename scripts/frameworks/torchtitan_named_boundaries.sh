@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Named boundaries on torchtitan (W=2 FSDP2, real mode), as it ran (data and tokenizer paths of torchtitan_cpu.sh under /tmp).
-# Log: docs/frameworks/torchtitan_named_boundaries.txt
+# Log: docs/results/frameworks/torchtitan_named_boundaries.txt
 REPO=/work/wt/frameworks; WORK=/tmp/ttnamed; mkdir -p $WORK; cd $WORK; export HF_DATASETS_OFFLINE=1
 TT=($REPO/examples/torchtitan/cpu_train.py --module llama3 --config llama3_debugmodel --training.steps 3 --training.seq_len 128
   --training.local_batch_size 2 --dataloader.dataset_path /tmp/ttwork/data --hf_assets_path /tmp/ttassets/tests/assets/tokenizer

@@ -2,10 +2,10 @@
 # The whole pipeline (prism run: baseline, capture, graph, slices, calibrate, emulate, summary, report) on
 # torchtitan's llama3 debug model, W=2 FSDP2 on CPU, through examples/torchtitan/cpu_train.py; the same
 # torchtitan options and installation as scripts/frameworks/torchtitan_cpu.sh.
-# Usage: scripts/frameworks/torchtitan_pipeline.sh TOKENIZER_DIR WORK_DIR   (log: docs/frameworks/)
+# Usage: scripts/frameworks/torchtitan_pipeline.sh TOKENIZER_DIR WORK_DIR   (log: docs/results/frameworks/)
 set -u
 TOKENIZER=$(realpath "$1"); WORK=$(realpath -m "$2"); REPO=$(cd "$(dirname "$0")/../.." && pwd)
-LOG=$REPO/docs/frameworks/torchtitan_pipeline_w2.txt; PY=$REPO/.venv/bin/python; mkdir -p "$WORK"
+LOG=$REPO/docs/results/frameworks/torchtitan_pipeline_w2.txt; PY=$REPO/.venv/bin/python; mkdir -p "$WORK"
 export HF_DATASETS_OFFLINE=1
 $PY "$REPO/examples/torchtitan/make_data.py" "$WORK/data"
 cat > "$WORK/job.yaml" <<YAML

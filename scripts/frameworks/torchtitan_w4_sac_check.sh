@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run as it ran (paths under /tmp: the data of torchtitan_cpu.sh, torchtitan's tokenizer, /tmp/fw_revert made by
 # cp -r prism /tmp/fw_revert/ and replacing the body of prism/runtime/semantics.py:write by dst.copy_(src)).
-# Log: docs/frameworks/torchtitan_cpu_w4_tp_sac.txt
+# Log: docs/results/frameworks/torchtitan_cpu_w4_tp_sac.txt
 REPO=/work/wt/frameworks; WORK=/tmp/ttwork4; mkdir -p $WORK
 export HF_DATASETS_OFFLINE=1
 TT=($REPO/examples/torchtitan/cpu_train.py --module llama3 --config llama3_debugmodel --training.steps 3 --training.seq_len 128

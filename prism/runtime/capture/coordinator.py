@@ -23,6 +23,7 @@ Replies (coordinator -> rank): ("go", slot, immediate).
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -389,9 +390,16 @@ def _disagreement(a: Arrival, b: Arrival) -> str | None:
         return "ops differ: a rank skipped or reordered a collective on this group"
     if a.dtype != b.dtype:
         return "dtypes differ"
-    if a.op in ops.SAME_SHAPE and a.shape != b.shape:  # ops whose members all contribute one shape
+    # members contribute the same number of elements (as gloo and NCCL, which move counts: a member's shape may
+    # differ, e.g. DeepSpeed's pipeline all-reduces a 0-d loss on one stage and a [1] on another)
+    if a.op in ops.SAME_SHAPE and _count(a.shape) != _count(b.shape):
         return "sizes differ"
     return None
+
+
+def _count(shape: str | None) -> int | None:
+    """The element count of an arrival's shape ("4x8"; "" for a 0-d tensor)."""
+    return None if shape is None else math.prod(int(d) for d in shape.split("x") if d)
 
 
 def _who(ranks: list[int]) -> str:

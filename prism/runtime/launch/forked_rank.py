@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from prism import settings
-from prism.runtime import modes, oom
+from prism.runtime import modes, oom, unsupported
 from prism.runtime.launch.zygote_spec import ZygoteSpec
 
 _PR_SET_PDEATHSIG = 1
@@ -85,8 +85,9 @@ def run_rank(spec: ZygoteSpec, rank: int) -> int:
             code = 1
     except BaseException as exc:
         text = traceback.format_exc()
-        sys.stderr.write(text)
         Path(spec.status_dir, f"rank{rank}.traceback").write_text(text)
+        if not unsupported.record(exc, rank, spec.status_dir):  # else the supervisor's one line says it
+            sys.stderr.write(text)
         code = oom.EXIT_CODE if oom.record_failure(exc, rank, spec.status_dir) else 1
     if intercepted:
         try:

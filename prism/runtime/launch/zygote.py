@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from prism import settings
-from prism.runtime import memory, modes, oom, watchdog
+from prism.runtime import memory, modes, oom, unsupported, watchdog
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import immortal
 from prism.runtime.launch import limits
@@ -270,6 +270,9 @@ def supervise(spec: ZygoteSpec) -> int:
     if failed is not None and (finding := oom.finding(spec.status_dir)):
         print(f"[prism] {finding} The other ranks were stopped.", file=sys.stderr)
         return oom.EXIT_CODE
+    if failed is not None and (finding := unsupported.finding(spec.status_dir, failed[0])):
+        print(f"[prism] {finding}. The other ranks were stopped.", file=sys.stderr)
+        return unsupported.EXIT_CODE
     if failed is not None:
         rank, code = failed
         how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
