@@ -336,9 +336,9 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
 
 def default_raw_dir(job: Path) -> Path:
     """``JOB/raw``, or ``JOB/capture/raw`` when only that exists."""
-    raw = job / "raw"
-    if not raw.exists() and (job / "capture" / "raw").exists():
-        return job / "capture" / "raw"
+    raw, captured = job_files.raw_dir(job), job_files.raw_dir(job / "capture")
+    if not raw.exists() and captured.exists():
+        return captured
     return raw
 
 

@@ -22,7 +22,7 @@ def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: in
     that ended by the previous iteration's job end (the iteration's start). Uses the durations
     the calibration used (``slices/durations.parquet``) when present, to tell a blocked wait."""
     job = Path(job)
-    written = job / "calibrated" / "critical_path.parquet"
+    written = job_files.calibrated(job, "critical_path")
     if written.is_file():  # the calibrate stage's, walked with the durations it swept (`critical_path_table`)
         path = pl.read_parquet(written, columns=["iteration", "step", "event_id"])
         path = path.filter(pl.col("iteration") == iteration)

@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from prism import job as job_files
+
 KINDS = {"compute": ("compute",), "communication": ("collective", "send", "recv"), "wait": ("wait",)}
 MAX_RANKS_DRAWN = 32  # up to this many ranks the report draws every rank's bars
 
 
 def rank_classes(job: Path, ranks: list[int]) -> pl.DataFrame:
     """rank, class: 'stage S' (pipeline stage) when graph/ranks.parquet gives more than one, else 'all ranks'."""
-    path = Path(job) / "graph" / "ranks.parquet"
+    path = job_files.graph_file(job, "ranks")
     if path.is_file():
         coords = pl.read_parquet(path, columns=["rank", "pp"])
         if coords["pp"].n_unique() > 1:

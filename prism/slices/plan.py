@@ -30,6 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from prism import artifacts, schemas
+from prism import job as job_files
 
 
 class PlanError(Exception):
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--representative", action="store_true",
                         help="measure one slice per class of equivalent slices")
     args = parser.parse_args(argv)
-    graph = args.job / "graph"
+    graph = job_files.graph_dir(args.job)
     try:
         run_id = artifacts.same_run([graph / f"{name}.parquet" for name in ("events", "comms", "ranks")])
         table = plan(graph, args.devices, args.representative)
