@@ -68,7 +68,7 @@ def group_names(job: str | Path, timeline: str) -> dict[str, str]:
     path = folder / "groups.parquet"
     if not path.is_file():
         return {}
-    groups = pl.read_parquet(path, columns=["group", "desc", "members"])
+    groups = pl.read_parquet(path, columns=["group_name", "group_desc", "members"])
     return {g: f"{d or 'group ' + g}[{','.join(map(str, sorted(m)))}]"
             for g, d, m in groups.iter_rows()}
 
@@ -107,7 +107,7 @@ def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": stream,
                     "args": {"name": "program" if stream == 0 else f"stream {stream}"}})
     has_source = "source" in ev.columns
-    cols = ["rank", "stream", "kind", "op", "group", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
+    cols = ["rank", "stream", "kind", "op", "group_name", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
     for rank, stream, kind, op, group, iteration, seq, event_id, nbytes, start, end, *source in ev.select(
             cols + (["source"] if has_source else [])).iter_rows():
         args = {"event_id": event_id, "seq": seq, "iteration": iteration}
@@ -164,7 +164,8 @@ def kineto(tl: Timeline, rank: int, groups: dict[str, str] | None = None) -> dic
     for iteration, start, end in steps.rows():  # HTA splits a trace into iterations by these
         out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{iteration}", "pid": host,
                     "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": {"External id": 0}})
-    rows = ev.select("kind", "op", "group", "iteration", "event_id", "bytes", "start_ns", "end_ns", "stream").rows()
+    rows = ev.select("kind", "op", "group_name", "iteration", "event_id", "bytes", "start_ns", "end_ns",
+                     "stream").rows()
     correlation = 0
     stream_free: dict[int, int] = {}  # each device stream runs one kernel at a time: when it is free again
     for i, (kind, op, group, iteration, event_id, nbytes, start, end, stream) in enumerate(rows):
