@@ -223,9 +223,10 @@ CRITICAL_PATH = pa.schema(
 # The emulation (`emulation/events.parquet`): every event of the job on the emulation's clock (ns from its
 # start), the graph's columns as measured by the row's source: 'sandbox' (a sandbox rank's real run),
 # 'replay' (a virtual rank the replay worker drove in wall-clock time), 'computed' (the calibrate sweep with
-# the sandbox's measured durations substituted; on a rank with live rows, shifted onto their clock:
-# `prism.emulate.outputs.one_clock`, so each (rank, stream) is one sequence; the unshifted sweep is what
-# `EMULATION_ITERATIONS`' 'computed' rows hold).
+# the sandbox's measured durations substituted: before a rank's live rows shifted onto their clock,
+# `prism.emulate.outputs.one_clock`; after them swept by the clock rule from the live rows' times,
+# `prism.emulate.tail`; so each (rank, stream) is one sequence and no wait ends before its comm's last
+# arrival; the unshifted sweep is what `EMULATION_ITERATIONS`' 'computed' rows hold).
 EMULATION_EVENTS = pa.schema(
     list(EVENTS)
     + [

@@ -7,7 +7,10 @@
   events never overlap: `prism.schemas.check_timeline` holds every timeline to that), args naming the group
   and its ranks (``tp[0,1]``), and flow arrows (``ph: s/f``) for each communication, forward in time: from
   the send's issue to the receiver's completion (the end of its wait, or the recv), and from a collective's
-  last arrival (the issue of the member that came last) to every other member's completion.
+  last arrival (the issue of the member that came last) to every other member's completion. An arrow that
+  would point backwards is left out and counted (``otherData.flows_left_out``): a measured timeline (capture,
+  baseline: separate processes) can have one; the calibrated and emulation timelines are held to none
+  (`tests/workflow/test_workflow.py`, the tiny job).
   Default: ``DIR/export/<timeline>.perfetto.json``.
 - ``kineto``: one file per rank, ``DIR/export/<timeline>.kineto/rank-R.json``, in the PyTorch profiler's
   (Kineto's) layout that Holistic Trace Analysis reads: ``distributedInfo`` (rank, world_size),
@@ -96,7 +99,9 @@ def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
     """The Chrome trace-event JSON of a timeline (a dict for json.dump). `groups`: {group id: name}
     (`group_names`), shown in the events' args. Flows run forward in time, from the sender's issue (or the
     collective's last arrival) to the receiver's completion; an arrow that would point backwards (a measured
-    timeline whose ranks' clocks disagree) is left out and counted in ``otherData.flows_left_out``."""
+    timeline whose ranks' clocks disagree) is left out and counted in ``otherData.flows_left_out``. The
+    calibrated and the emulation timelines leave none out: the first is one sweep, and the emulation's computed
+    rows after its live ones are swept from them (`prism.emulate.tail`)."""
     groups = groups or {}
     ev = tl.events.sort("rank", "stream", "start_ns", "seq")
     out: list[dict] = []
