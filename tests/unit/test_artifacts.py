@@ -162,3 +162,16 @@ def test_a_job_folder_of_the_old_schema_is_refused_with_the_stage_to_rerun(tmp_p
     err = capsys.readouterr().err
     assert f"schema_version '1', this prism reads '{schemas.SCHEMA_VERSION}'" in err and "re-run" in err, err
     assert "KeyError" not in err and not (tmp_path / "calibrated" / "timeline.parquet").exists()
+    assert "python -m prism.schema_upgrade" in err
+
+    # the upgrade renames the columns in place (values and run id kept); then the stage reads the folder
+    from prism import schema_upgrade
+
+    before = pq.read_table(tmp_path / "graph" / "groups.parquet")
+    assert schema_upgrade.main([str(tmp_path)]) == 0
+    after = pq.read_table(tmp_path / "graph" / "groups.parquet")
+    assert after.column_names == schemas.GROUPS.names
+    assert after["group_desc"].to_pylist() == before["desc"].to_pylist()
+    assert after.schema.metadata[b"prism.run_id"] == before.schema.metadata[b"prism.run_id"]
+    assert stage.main(["--job", str(tmp_path)]) == 0
+    assert "upgraded" not in schema_upgrade.upgrade(tmp_path)  # a second run changes nothing
