@@ -24,56 +24,49 @@ from prism.clock_rule import NEG, collective_done, ends, p2p_done, wait_ends
 
 
 @njit(cache=True)
-def _sweep_from_pins(rank_ptr, kind, comm, wait_op, comm_p2p, member_ptr, members, dur, xfer, pinned, start,
-                     end):
+def _sweep_from_pins(rank_ptr, kind, comm, wait_op, comm_p2p, n_members, dur, xfer, pinned, start, end):
     """In place: every event not `pinned` gets the rule's start and end; pinned ones keep theirs. Returns the
     number of events left unswept (> 0: a wait whose comm never completes)."""
     w = len(rank_ptr) - 1
-    n = len(kind)
-    issued = np.full(n, False)
+    m = len(comm_p2p)
+    issued = np.zeros(m, dtype=np.int64)  # members whose issue is placed
+    last = np.full(m, NEG, dtype=np.int64)  # the latest issue start (a collective's last arrival)
+    send_t = np.full(m, NEG, dtype=np.int64)
+    recv_t = np.full(m, NEG, dtype=np.int64)
     cursor = rank_ptr[:-1].copy()
     clock = np.zeros(w, dtype=np.int64)
-    left = n
+    left = len(kind)
     while left:
         moved = False
         for r in range(w):
             while cursor[r] < rank_ptr[r + 1]:
                 e = cursor[r]
+                k = kind[e]
                 if pinned[e]:
                     clock[r] = end[e]
                 else:
                     t = clock[r]
                     finish = ends(t, dur[e])
-                    if kind[e] == K_WAIT and wait_op[e] >= 0 and kind[wait_op[e]] != K_SEND:
+                    if k == K_WAIT and wait_op[e] >= 0 and kind[wait_op[e]] != K_SEND:
                         c = comm[wait_op[e]]
-                        done = NEG
-                        ready = True
-                        last = NEG
-                        send_t = NEG
-                        recv_t = NEG
-                        for j in range(member_ptr[c], member_ptr[c + 1]):
-                            m = members[j]
-                            if not issued[m]:
-                                ready = False
-                                break
-                            last = max(last, start[m])
-                            if kind[m] == K_SEND:
-                                send_t = start[m]
-                            elif kind[m] == K_RECV:
-                                recv_t = start[m]
-                        if not ready:
+                        if issued[c] < n_members[c]:
                             break
                         if comm_p2p[c]:
-                            done = p2p_done(recv_t, send_t, xfer[c])
+                            done = p2p_done(recv_t[c], send_t[c], xfer[c])
                         else:
-                            done = collective_done(last, xfer[c])
+                            done = collective_done(last[c], xfer[c])
                         finish = wait_ends(t, dur[e], done)
                     start[e] = t
                     end[e] = finish
                     clock[r] = finish
-                k = kind[e]
                 if k == K_COLLECTIVE or k == K_SEND or k == K_RECV:
-                    issued[e] = True
+                    c = comm[e]
+                    issued[c] += 1
+                    last[c] = max(last[c], start[e])
+                    if k == K_SEND:
+                        send_t[c] = start[e]
+                    elif k == K_RECV:
+                        recv_t[c] = start[e]
                 cursor[r] += 1
                 left -= 1
                 moved = True
@@ -95,14 +88,11 @@ def sweep_tails(graph: SweepGraph, live: np.ndarray, durations: np.ndarray, tran
     last_live = np.full(len(ptr) - 1, -1, dtype=np.int64)
     np.maximum.at(last_live, rank_of[live], idx[live])
     pinned = idx <= last_live[rank_of]  # live rows and everything before a rank's last live row
-    ops = np.flatnonzero(graph.comm >= 0)
-    order = ops[np.argsort(graph.comm[ops], kind="stable")]
-    member_ptr = np.searchsorted(graph.comm[order], np.arange(graph.n_comms + 1)).astype(np.int64)
+    n_members = np.bincount(graph.comm[graph.comm >= 0], minlength=graph.n_comms).astype(np.int64)
     start, end = start.astype(np.int64).copy(), end.astype(np.int64).copy()
     left = _sweep_from_pins(ptr, graph.kind.astype(np.int8), graph.comm.astype(np.int64),
-                            graph.wait_op.astype(np.int64), graph.comm_p2p.astype(np.bool_), member_ptr,
-                            order.astype(np.int64), durations.astype(np.int64), transfers.astype(np.int64),
-                            pinned, start, end)
+                            graph.wait_op.astype(np.int64), graph.comm_p2p.astype(np.bool_), n_members,
+                            durations.astype(np.int64), transfers.astype(np.int64), pinned, start, end)
     if left:
         raise RuntimeError(f"the emulation's computed rows: {left} events never complete (a dependency cycle)")
     return start, end
