@@ -190,7 +190,8 @@ def _check_stream_version(path: Path, schema: pa.Schema) -> None:
 def _version_error(path: Path, found: str | None) -> ArtifactError:
     return ArtifactError(
         f"{path}: schema_version {found!r}, this prism reads {schemas.SCHEMA_VERSION!r}; "
-        "re-run the stage that wrote it with this prism"
+        f"re-run the stage that wrote it with this prism ({writer_of(path)})"
+        + ("; or rename its columns in place: python -m prism.schema_upgrade JOB_FOLDER" if found == "1" else "")
     )
 
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 from prism import schemas
 
 # What must be equal, event by event, between a rank's re-run and its capture (its communication).
-SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
+SAME = ("kind", "op", "group_name", "group_seq", "peer", "tag", "bytes")
 
 
 def sequence(table: pa.Table) -> list[tuple]:

@@ -147,20 +147,20 @@ def _merge_groups(raw_groups: pl.DataFrame) -> pl.DataFrame:
         key=pl.col("members").list.eval(pl.element().cast(pl.String)).list.join(",")
     )
     conflicts = (
-        keyed.group_by("group", maintain_order=True).agg(pl.col("key").n_unique()).filter(pl.col("key") > 1)
+        keyed.group_by("group_name", maintain_order=True).agg(pl.col("key").n_unique()).filter(pl.col("key") > 1)
     )
     if conflicts.height:
-        name = conflicts["group"][0]
-        rows = keyed.filter(pl.col("group") == name).unique("key", keep="first", maintain_order=True)
+        name = conflicts["group_name"][0]
+        rows = keyed.filter(pl.col("group_name") == name).unique("key", keep="first", maintain_order=True)
         a, b = rows.row(0, named=True), rows.row(1, named=True)
         raise GraphError(
             f"group {name!r}: rank {a['rank']} has members {a['members']}, rank {b['rank']} has "
             f"{b['members']}; a group name must mean one set of ranks across the job"
         )
     groups = (
-        keyed.group_by("group", maintain_order=True)
+        keyed.group_by("group_name", maintain_order=True)
         .agg(
-            pl.col("desc").drop_nulls().first(),
+            pl.col("group_desc").drop_nulls().first(),
             pl.col("members").first(),
             pl.col("backend").first(),
         )
@@ -168,14 +168,14 @@ def _merge_groups(raw_groups: pl.DataFrame) -> pl.DataFrame:
     )
     dup = groups.filter(pl.col("members").list.n_unique() != pl.col("size"))
     if dup.height:
-        raise GraphError(f"group {dup['group'][0]!r}: members {dup['members'][0]} repeat a rank")
+        raise GraphError(f"group {dup['group_name'][0]!r}: members {dup['members'][0]} repeat a rank")
     return groups.with_columns(ring=pl.col("members"))
 
 
 def _member_positions(groups: pl.DataFrame) -> pl.DataFrame:
     """(group, rank, pos): every member's index in its group."""
     return (
-        groups.select("group", "desc", "size", rank=pl.col("members"))
+        groups.select("group_name", "group_desc", "size", rank=pl.col("members"))
         .with_columns(pos=pl.int_ranges(0, pl.col("rank").list.len()))
         .explode(["rank", "pos"])
         .with_columns(pl.col("rank").cast(pl.Int32), pl.col("pos").cast(pl.Int32))
@@ -187,7 +187,7 @@ def _member_positions(groups: pl.DataFrame) -> pl.DataFrame:
 
 def _coordinates(groups: pl.DataFrame, positions: pl.DataFrame, world: int) -> dict[str, pl.DataFrame]:
     """dim -> (rank, pos) for every dimension the groups name."""
-    desc = pl.col("desc").fill_null("").str.to_lowercase()
+    desc = pl.col("group_desc").fill_null("").str.to_lowercase()
     found: dict[str, pl.DataFrame] = {}
     for dim in DIMS:
         rows = positions.filter(desc == dim)
@@ -201,7 +201,7 @@ def _coordinates(groups: pl.DataFrame, positions: pl.DataFrame, world: int) -> d
     for dim, families in claims.items():
         if dim not in found and len(families) == 1:
             family_desc, size = families[0]
-            rows = positions.filter((pl.col("desc") == family_desc) & (pl.col("size") == size))
+            rows = positions.filter((pl.col("group_desc") == family_desc) & (pl.col("size") == size))
             found[dim] = rows.select("rank", "pos")
     return found
 
@@ -209,8 +209,8 @@ def _coordinates(groups: pl.DataFrame, positions: pl.DataFrame, world: int) -> d
 def _families(groups: pl.DataFrame, desc: pl.Expr):
     """((desc, size), [members, ...]) for every set of groups sharing a desc and a size."""
     table = (
-        groups.filter(~desc.is_in(list(DIMS)) & pl.col("desc").is_not_null())
-        .group_by("desc", "size", maintain_order=True)
+        groups.filter(~desc.is_in(list(DIMS)) & pl.col("group_desc").is_not_null())
+        .group_by("group_desc", "size", maintain_order=True)
         .agg(pl.col("members"))
     )
     for family_desc, size, members in table.iter_rows():

@@ -62,18 +62,18 @@ def _where(e: dict) -> str:
 def check_comm_events(ev: pl.DataFrame, positions: pl.DataFrame, world: int) -> None:
     comm = ev.filter(pl.col("kind").is_in(list(schemas.COMM_KINDS)))
     coll = comm.filter(pl.col("kind") == schemas.KIND_COLLECTIVE)
-    no_group = coll.filter(pl.col("group").is_null() | (pl.col("group_seq") < 0))
+    no_group = coll.filter(pl.col("group_name").is_null() | (pl.col("group_seq") < 0))
     if no_group.height:
         e = no_group.row(0, named=True)
         raise GraphError(f"{_where(e)}: collective {e['op']} has no group or no group_seq; recorder bug")
-    known = comm.filter(pl.col("group").is_not_null()).join(
-        positions.select("group", "rank", "pos"), on=["group", "rank"], how="left"
+    known = comm.filter(pl.col("group_name").is_not_null()).join(
+        positions.select("group_name", "rank", "pos"), on=["group_name", "rank"], how="left"
     )
     unknown = known.filter(pl.col("pos").is_null())
     if unknown.height:
         e = unknown.row(0, named=True)
         raise GraphError(
-            f"{_where(e)}: {e['op']} on group {e['group']!r}, which is not a group of rank {e['rank']} "
+            f"{_where(e)}: {e['op']} on group {e['group_name']!r}, which is not a group of rank {e['rank']} "
             "in any groups.arrow; the rank's group list is incomplete"
         )
     p2p = comm.filter(pl.col("kind") != schemas.KIND_COLLECTIVE)
@@ -90,18 +90,18 @@ def check_comm_events(ev: pl.DataFrame, positions: pl.DataFrame, world: int) -> 
 
 def match_collectives(ev: pl.DataFrame, positions: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     coll = ev.filter(pl.col("kind") == schemas.KIND_COLLECTIVE).join(
-        positions.select("group", "rank", "pos"), on=["group", "rank"], how="left"
+        positions.select("group_name", "rank", "pos"), on=["group_name", "rank"], how="left"
     )
-    dup = coll.group_by("group", "group_seq", "rank").agg(pl.col("seq")).filter(pl.col("seq").list.len() > 1)
+    dup = coll.group_by("group_name", "group_seq", "rank").agg(pl.col("seq")).filter(pl.col("seq").list.len() > 1)
     if dup.height:
         d = dup.row(0, named=True)
         raise GraphError(
             f"rank {d['rank']} events seq {d['seq']}: several collectives with group_seq {d['group_seq']} "
-            f"on group {d['group']!r}; recorder bug"
+            f"on group {d['group_name']!r}; recorder bug"
         )
     inst = (
-        coll.sort("group", "group_seq", "pos")
-        .group_by("group", "group_seq", maintain_order=True)
+        coll.sort("group_name", "group_seq", "pos")
+        .group_by("group_name", "group_seq", maintain_order=True)
         .agg(
             op=pl.col("op").first(),
             n_ops=pl.col("op").n_unique(),
@@ -120,7 +120,7 @@ def match_collectives(ev: pl.DataFrame, positions: pl.DataFrame, groups: pl.Data
             t_last_end_ns=pl.col("t_end_ns").max(),
             first_event=pl.col("event_id").min(),
         )
-        .join(groups.select("group", "desc", "size", group_members="members"), on="group", how="left")
+        .join(groups.select("group_name", "group_desc", "size", group_members="members"), on="group_name", how="left")
         .with_columns(
             equal_size=pl.col("op").str.replace_all("_", "").str.to_lowercase().is_in(list(_EQUAL_SIZE_OPS))
         )
@@ -148,14 +148,14 @@ def _split_by(rows: pl.DataFrame, column: str, unit: str = "") -> str:
 
 
 def _raise_collective(i: dict, coll: pl.DataFrame, ev: pl.DataFrame) -> None:
-    desc = f" ({i['desc']})" if i["desc"] else ""
-    name = f"{i['op']} #{i['group_seq']} on group {i['group']!r}{desc} {_members_str(i['group_members'])}"
-    rows = coll.filter((pl.col("group") == i["group"]) & (pl.col("group_seq") == i["group_seq"]))
+    desc = f" ({i['group_desc']})" if i["group_desc"] else ""
+    name = f"{i['op']} #{i['group_seq']} on group {i['group_name']!r}{desc} {_members_str(i['group_members'])}"
+    rows = coll.filter((pl.col("group_name") == i["group_name"]) & (pl.col("group_seq") == i["group_seq"]))
     first = rows.sort("event_id").row(0, named=True)
     if i["n_members"] != i["size"]:
         absent = sorted(set(i["group_members"]) - set(i["members"]))
         issued = (
-            ev.filter((pl.col("kind") == schemas.KIND_COLLECTIVE) & (pl.col("group") == i["group"]))
+            ev.filter((pl.col("kind") == schemas.KIND_COLLECTIVE) & (pl.col("group_name") == i["group_name"]))
             .group_by("rank")
             .len()
         )
@@ -167,7 +167,7 @@ def _raise_collective(i: dict, coll: pl.DataFrame, ev: pl.DataFrame) -> None:
         )
     if i["n_ops"] > 1:
         raise GraphError(
-            f"collective #{i['group_seq']} on group {i['group']!r}{desc} {_members_str(i['group_members'])}: "
+            f"collective #{i['group_seq']} on group {i['group_name']!r}{desc} {_members_str(i['group_members'])}: "
             f"ranks issued different ops ({_split_by(rows, 'op')}) at {_where(first)}; "
             "the ranks issue collectives on this group in different orders"
         )
@@ -187,15 +187,15 @@ def _raise_collective(i: dict, coll: pl.DataFrame, ev: pl.DataFrame) -> None:
 def match_p2p(ev: pl.DataFrame) -> pl.DataFrame:
     cols = ["event_id", "rank", "seq", "op", "bytes", "iteration", "t_start_ns", "t_end_ns"]
     # messages on different groups are different channels, even between the same ranks with the same tag
-    key = ["group", "src", "dst", "tag"]
+    key = ["group_name", "src", "dst", "tag"]
     sends = (
         ev.filter(pl.col("kind") == schemas.KIND_SEND)
-        .select(*cols, "group", "tag", src=pl.col("rank"), dst=pl.col("peer"))
+        .select(*cols, "group_name", "tag", src=pl.col("rank"), dst=pl.col("peer"))
         .with_columns(k=pl.int_range(pl.len()).over(key))
     )
     recvs = (
         ev.filter(pl.col("kind") == schemas.KIND_RECV)
-        .select(*cols, "group", "tag", src=pl.col("peer"), dst=pl.col("rank"))
+        .select(*cols, "group_name", "tag", src=pl.col("peer"), dst=pl.col("rank"))
         .with_columns(k=pl.int_range(pl.len()).over(key))
     )
     pairs = sends.join(recvs, on=[*key, "k"], how="full", coalesce=True, suffix="_r")
@@ -216,7 +216,7 @@ def match_p2p(ev: pl.DataFrame) -> pl.DataFrame:
         )
     return pairs.select(
         "op",
-        "group",
+        "group_name",
         "src",
         "dst",
         "tag",
@@ -236,10 +236,10 @@ def match_p2p(ev: pl.DataFrame) -> pl.DataFrame:
 
 def _raise_unmatched(p: dict, sends: pl.DataFrame, recvs: pl.DataFrame) -> None:
     same = (
-        (pl.col("group") == p["group"]) & (pl.col("src") == p["src"]) & (pl.col("dst") == p["dst"])
+        (pl.col("group_name") == p["group_name"]) & (pl.col("src") == p["src"]) & (pl.col("dst") == p["dst"])
         & (pl.col("tag") == p["tag"])
     )
-    on = f"group {p['group']!r}"
+    on = f"group {p['group_name']!r}"
     if p["event_id"] is not None:
         raise GraphError(
             f"{_where(p)}: send #{p['k']} from rank {p['src']} to rank {p['dst']} with tag {p['tag']} on {on} "

@@ -122,7 +122,9 @@ def read_meta_file(path: Path) -> dict:
     version = str(meta.get("schema_version", schemas.SCHEMA_VERSION))
     if version != schemas.SCHEMA_VERSION:
         raise JobError(f"{path}: schema_version {version!r}, this prism reads {schemas.SCHEMA_VERSION!r}; "
-                       "re-run the capture with this prism")
+                       "re-run the capture with this prism"
+                       + ("; or rename its columns in place: python -m prism.schema_upgrade JOB_FOLDER"
+                          if version == "1" else ""))
     return meta
 
 
@@ -146,7 +148,7 @@ def find_capture(job: Path, payloads: bool = True, candidates: list[Path] | None
 
 
 # -- the graph as sweep arrays ----------------------------------------------------------------------------
-EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group", "iteration", "comm_id", "op_event_id",
+EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group_name", "iteration", "comm_id", "op_event_id",
                  "t_start_ns", "t_end_ns", "device_ns", "cpu_ns", "t_complete_ns"]
 COMM_COLUMNS = ["comm_id", "kind", "n_members", "event_ids"]
 
@@ -252,7 +254,7 @@ def load_graph(job: str | Path) -> JobGraph:
             f"{ev_path}: rank {int(rank[i])} seq {int(seq[i])} has kind {name!r}, not one of {KINDS}"
         )
     op_code, op_names = _codes(events.column("op"))
-    group_code, group_names = _codes(events.column("group"))
+    group_code, group_names = _codes(events.column("group_name"))
     group_names = _with_descs(group_names, graph_file(job, "groups"))
 
     comm_ids = _ints(comms, "comm_id", comm_path)
@@ -306,10 +308,10 @@ def _with_descs(names: list[str], path: Path) -> list[str]:
     if not path.is_file():
         return names
     try:
-        groups = read_parquet(path).select(["group", "desc"]).to_pylist()
+        groups = read_parquet(path).select(["group_name", "group_desc"]).to_pylist()
     except (ArtifactError, KeyError, pa.ArrowInvalid):
         return names
-    descs = {g["group"]: g["desc"] for g in groups if g["desc"] and g["desc"] != g["group"]}
+    descs = {g["group_name"]: g["group_desc"] for g in groups if g["group_desc"] and g["group_desc"] != g["group_name"]}
     return [f"{n} ({descs[n]})" if n in descs else n for n in names]
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+# 2: the columns `group` and `desc` (SQL keywords) became `group_name` and `group_desc`; an artifact of
+# version 1 is refused with "re-run the stage that wrote it" (`prism.artifacts.check_version`)
+SCHEMA_VERSION = "2"
 
 _dict = pa.dictionary(pa.int32(), pa.string())
 
@@ -40,7 +42,7 @@ RAW_EVENT_FIELDS = [
     pa.field("seq", pa.int64(), nullable=False),  # program order on this rank, from 0
     pa.field("kind", _dict, nullable=False),
     pa.field("op", _dict, nullable=False),  # all_reduce, send, fwd_begin, iteration_end, ...
-    pa.field("group", _dict),  # torch group name of the process group (null: none)
+    pa.field("group_name", _dict),  # torch's name of the process group (null: none)
     pa.field("group_seq", pa.int64(), nullable=False),  # per-group sequence number of the op, -1: none
     # global rank: p2p peer (recv_anysource: the actual sender), or root of broadcast/reduce/...; -1
     pa.field("peer", pa.int32(), nullable=False),
@@ -75,8 +77,8 @@ RAW_EVENTS = pa.schema(RAW_EVENT_FIELDS)
 RAW_GROUPS = pa.schema(
     [
         pa.field("rank", pa.int32(), nullable=False),
-        pa.field("group", pa.string(), nullable=False),  # torch group name
-        pa.field("desc", pa.string()),  # group_desc given by the program ("tp", "dp", ... or torch's)
+        pa.field("group_name", pa.string(), nullable=False),  # torch's name of the process group
+        pa.field("group_desc", pa.string()),  # group_desc given by the program ("tp", "dp", ... or torch's)
         pa.field("members", pa.list_(pa.int32()), nullable=False),  # global ranks, in group-rank order
         pa.field("backend", pa.string(), nullable=False),  # the backend the program asked for
     ]
@@ -112,7 +114,7 @@ COMMS = pa.schema(
         pa.field("comm_id", pa.int64(), nullable=False),
         pa.field("kind", _dict, nullable=False),  # collective | p2p
         pa.field("op", _dict, nullable=False),
-        pa.field("group", _dict),
+        pa.field("group_name", _dict),
         pa.field("group_seq", pa.int64(), nullable=False),  # collectives: per-group sequence; p2p: -1
         pa.field("src", pa.int32(), nullable=False),  # p2p: sender; collective: root or -1
         pa.field("dst", pa.int32(), nullable=False),  # p2p: receiver; -1
@@ -130,8 +132,8 @@ COMMS = pa.schema(
 
 GROUPS = pa.schema(
     [
-        pa.field("group", pa.string(), nullable=False),
-        pa.field("desc", pa.string()),
+        pa.field("group_name", pa.string(), nullable=False),
+        pa.field("group_desc", pa.string()),
         pa.field("size", pa.int32(), nullable=False),
         pa.field("members", pa.list_(pa.int32()), nullable=False),
         pa.field("ring", pa.list_(pa.int32()), nullable=False),  # ring order used by ring collectives
@@ -221,9 +223,10 @@ CRITICAL_PATH = pa.schema(
 # The emulation (`emulation/events.parquet`): every event of the job on the emulation's clock (ns from its
 # start), the graph's columns as measured by the row's source: 'sandbox' (a sandbox rank's real run),
 # 'replay' (a virtual rank the replay worker drove in wall-clock time), 'computed' (the calibrate sweep with
-# the sandbox's measured durations substituted; on a rank with live rows, shifted onto their clock:
-# `prism.emulate.outputs.one_clock`, so each (rank, stream) is one sequence; the unshifted sweep is what
-# `EMULATION_ITERATIONS`' 'computed' rows hold).
+# the sandbox's measured durations substituted: before a rank's live rows shifted onto their clock,
+# `prism.emulate.outputs.one_clock`; after them swept by the clock rule from the live rows' times,
+# `prism.emulate.tail`; so each (rank, stream) is one sequence and no wait ends before its comm's last
+# arrival; the unshifted sweep is what `EMULATION_ITERATIONS`' 'computed' rows hold).
 EMULATION_EVENTS = pa.schema(
     list(EVENTS)
     + [

@@ -25,8 +25,9 @@ process's working directory (or its ``file_search_path``), not the database file
 job folder (``cd results/tiny && duckdb prism.duckdb``), or ``SET file_search_path = 'results/tiny'`` first.
 
 Besides one view per artifact, `prism.sql_views` derives the views users ask for: ``calibrated.events``
-(the timeline with each event's kind, op, group name, rank coordinates, idle), ``calibrated.idle`` (per rank
-and iteration, with its pipeline stage and rank class), ``baseline.iterations``, ``capture.group_names``.
+(the timeline with each event's kind, op, group name and label, rank coordinates, idle), ``calibrated.idle``
+(per rank and iteration, with its pipeline stage and rank class), ``baseline.iterations``,
+``capture.group_labels``.
 """
 
 from __future__ import annotations

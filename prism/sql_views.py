@@ -1,12 +1,13 @@
 """The views `prism sql` derives from the artifacts' views: the questions users ask, answered without joins.
 
-Each is created when the views it reads exist (`derived`); column names are no SQL keywords (``group_id``,
-``group_name``, never ``group`` / ``desc``):
+Each is created when the views it reads exist (`derived`); no column is named after an SQL keyword (the
+artifacts' own are not either: ``group_name``, ``group_desc``, never ``group`` / ``desc``):
 
-- ``capture.group_names``: group_id, group_name (its dimension and ranks, ``tp[0,1]``), dim, size, members;
-- ``calibrated.events``: the calibrated timeline joined with the graph's events (kind, op, group, peer, stream,
-  iteration, microbatch, comm, bytes), the rank's coordinates (tp, pp, dp, ep), and ``idle_ns``: the part of a
-  wait beyond its own duration (the durations the calibration swept: ``slices_timed/`` when the job has it,
+- ``capture.group_labels``: group_name (torch's name of the process group), group_desc (the program's
+  ``group_desc``), group_label (its description and ranks, ``tp[0,1]``), size, members;
+- ``calibrated.events``: the calibrated timeline joined with the graph's events (kind, op, group_name and its
+  group_label, peer, stream, iteration, microbatch, comm, bytes), the rank's coordinates (tp, pp, dp, ep),
+  and ``idle_ns``: the part of a wait beyond its own duration (the durations the calibration swept: ``slices_timed/`` when the job has it,
   else ``slices/``), the time the rank was blocked on others (the report's idle); NULL without slice runs;
 - ``calibrated.idle``: per rank and iteration, its pipeline stage, rank class (``slices/plan.parquet``), idle
   and the iteration's span on that rank;
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-GROUP_NAMES = """
-SELECT "group" AS group_id,
-       coalesce("desc", 'group ' || "group") || '[' || array_to_string(list_sort(members), ',') || ']' AS group_name,
-       "desc" AS dim, size, members
+GROUP_LABELS = """
+SELECT group_name, group_desc,
+       coalesce(group_desc, 'group ' || group_name) || '[' || array_to_string(list_sort(members), ',') || ']'
+           AS group_label,
+       size, members
 FROM capture.groups
 """
 
@@ -36,13 +38,13 @@ def _calibrated_events(have: set[str]) -> str:
             if durations else "CAST(NULL AS BIGINT)")
     join = f"LEFT JOIN {durations} d ON d.event_id = t.event_id" if durations else ""
     return f"""
-SELECT t.rank, t.seq, t.event_id, e.kind, e.op, e."group" AS group_id, g.group_name, e.peer, e.stream,
+SELECT t.rank, t.seq, t.event_id, e.kind, e.op, e.group_name, g.group_label, e.peer, e.stream,
        e.iteration, e.microbatch, e.comm_id, e.op_event_id, e.bytes, r.tp, r.pp, r.dp, r.ep,
        t.start_ns, t.end_ns, t.end_ns - t.start_ns AS duration_ns, {idle} AS idle_ns
 FROM calibrated.timeline t
 JOIN capture.events e ON e.event_id = t.event_id
 LEFT JOIN capture.ranks r ON r.rank = t.rank
-LEFT JOIN capture.group_names g ON g.group_id = e."group"
+LEFT JOIN capture.group_labels g ON g.group_name = e.group_name
 {join}
 """
 
@@ -70,8 +72,8 @@ FROM ends, t0
 
 # (schema, name, the views it needs, its SELECT given the views there are), in creation order
 DERIVED: list[tuple[str, str, tuple[str, ...], Callable[[set[str]], str]]] = [
-    ("capture", "group_names", ("capture.groups",), lambda have: GROUP_NAMES),
-    ("calibrated", "events", ("calibrated.timeline", "capture.events", "capture.ranks", "capture.group_names"),
+    ("capture", "group_labels", ("capture.groups",), lambda have: GROUP_LABELS),
+    ("calibrated", "events", ("calibrated.timeline", "capture.events", "capture.ranks", "capture.group_labels"),
      _calibrated_events),
     ("calibrated", "idle", ("calibrated.events",), _calibrated_idle),
     ("baseline", "iterations", ("baseline.events",), lambda have: BASELINE_ITERATIONS),

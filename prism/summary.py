@@ -167,9 +167,9 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
     else:
         lines.append("iteration time: not predicted yet (the slices and calibrate stages predict it)")
     top = con.execute("""
-        SELECT c.op, coalesce(g.desc, c.group) AS grp, count(DISTINCT c.group) AS groups, count(*) AS n,
-               sum(c.bytes) AS bytes
-        FROM comms c LEFT JOIN groups g ON c.group = g.group GROUP BY ALL ORDER BY bytes DESC LIMIT 5
+        SELECT c.op, coalesce(g.group_desc, c.group_name) AS grp, count(DISTINCT c.group_name) AS groups,
+               count(*) AS n, sum(c.bytes) AS bytes
+        FROM comms c LEFT JOIN groups g ON c.group_name = g.group_name GROUP BY ALL ORDER BY bytes DESC LIMIT 5
     """).fetchall()
     lines.append("")
     lines.append("largest communication (op on groups: groups, count, bytes):")
@@ -206,9 +206,9 @@ def _timing_lines(con) -> list[str]:
     lines.append("time by kind (all ranks, iterations >= 1): " + ", ".join(
         f"{k} {100 * w / total:.1f}%" for k, w, _ in split))
     top = con.execute("""
-        SELECT c.op, g.desc, c.group, count(*) AS n, sum(c.bytes) AS bytes,
+        SELECT c.op, g.group_desc, c.group_name, count(*) AS n, sum(c.bytes) AS bytes,
                sum(c.t_last_end_ns - c.t_first_start_ns) AS span
-        FROM comms c LEFT JOIN groups g ON c.group = g.group
+        FROM comms c LEFT JOIN groups g ON c.group_name = g.group_name
         GROUP BY ALL ORDER BY span DESC LIMIT 5
     """).fetchall()
     lines.append("")

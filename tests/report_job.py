@@ -20,7 +20,7 @@ def _events() -> tuple[list[dict], list[dict]]:
     rows: list[dict] = []
     comms: dict[int, dict] = {}
     base = {f.name: (-1 if pa.types.is_integer(f.type) else None) for f in schemas.EVENTS}
-    base.update(is_async=True, stream=0, bytes=0, tag=0, microbatch=-1, group=None, dtype=None, shape=None)
+    base.update(is_async=True, stream=0, bytes=0, tag=0, microbatch=-1, group_name=None, dtype=None, shape=None)
     for rank in (0, 1):
         t = 0
         seq = 0
@@ -31,7 +31,7 @@ def _events() -> tuple[list[dict], list[dict]]:
                 nonlocal t, seq
                 eid = rank * 1000 + seq
                 rows.append({**base, "event_id": eid, "rank": rank, "seq": seq, "kind": kind, "op": op,
-                             "group": group, "iteration": it, "t_start_ns": t, "t_end_ns": t + dur,
+                             "group_name": group, "iteration": it, "t_start_ns": t, "t_end_ns": t + dur,
                              "cpu_ns": dur, "device_ns": dur, "t_complete_ns": t + dur, "comm_id": comm,
                              "op_event_id": op_event, "bytes": nbytes, "mem_peak_bytes": mem,
                              "mem_bytes": mem, "group_seq": it if group else -1})
@@ -56,7 +56,7 @@ def _events() -> tuple[list[dict], list[dict]]:
     for cid, c in sorted(comms.items()):
         p2p = cid % 2 == 1
         comm_rows.append({"comm_id": cid, "kind": "p2p" if p2p else "collective",
-                          "op": "send_recv" if p2p else "all_reduce", "group": None if p2p else "0",
+                          "op": "send_recv" if p2p else "all_reduce", "group_name": None if p2p else "0",
                           "group_seq": -1 if p2p else cid // 2, "src": 0 if p2p else -1, "dst": 1 if p2p else -1,
                           "tag": 0, "n_members": 2, "bytes": 4096, "members": c["members"],
                           "event_ids": c["event_ids"], "iteration": cid // 2, "t_first_start_ns": 0,
@@ -72,8 +72,8 @@ def _write_graph(folder: Path, rows: list[dict], comm_rows: list[dict], scale: f
     scaled = [{**r, **{k: int(r[k] * scale) for k in ("t_start_ns", "t_end_ns", "t_complete_ns")}} for r in rows]
     write_parquet(pa.Table.from_pylist(scaled), folder / "events.parquet", schemas.EVENTS, run_id=run_id)
     write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS, run_id=run_id)
-    write_parquet(pa.Table.from_pylist([{"group": "0", "desc": "dp", "size": 2, "members": [0, 1], "ring": [0, 1],
-                                         "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS,
+    write_parquet(pa.Table.from_pylist([{"group_name": "0", "group_desc": "dp", "size": 2, "members": [0, 1],
+                                         "ring": [0, 1], "backend": "gloo"}]), folder / "groups.parquet", schemas.GROUPS,
                   run_id=run_id)
     write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": -1, "dp": r, "ep": -1,
                                          "n_events": len(rows) // 2, "iterations": ITERATIONS,
@@ -97,7 +97,7 @@ def make_job(job: Path, baseline: bool = True, emulation: bool = False) -> Path:
         for e in ev:
             g = graph[e["event_id"]]
             s = 1.05 if g["rank"] == 1 else 1.0
-            out.append({**{k: g[k] for k in ("event_id", "rank", "seq", "kind", "op", "group", "iteration",
+            out.append({**{k: g[k] for k in ("event_id", "rank", "seq", "kind", "op", "group_name", "iteration",
                                             "comm_id", "op_event_id", "bytes", "stream", "mem_peak_bytes")},
                         "start_ns": int(e["start_ns"] * s), "end_ns": int(e["end_ns"] * s),
                         "source": "sandbox" if g["rank"] == 1 else "replay"})
@@ -136,7 +136,7 @@ def make_wide_job(job: Path, world: int = 1024, stages: int = 4, iterations: int
                 eid = rank * 100 + seq
                 coll = kind == "collective"
                 rows.append({**base, "event_id": eid, "rank": rank, "seq": seq, "kind": kind, "op": op,
-                             "group": f"s{stage}" if coll else None, "iteration": it, "t_start_ns": t,
+                             "group_name": f"s{stage}" if coll else None, "iteration": it, "t_start_ns": t,
                              "t_end_ns": t + dur, "cpu_ns": dur, "device_ns": dur, "t_complete_ns": t + dur,
                              "comm_id": cid if coll else -1, "op_event_id": eid - 1 if kind == "wait" else -1,
                              "bytes": 4096 if coll else 0, "mem_peak_bytes": (64 + stage) * 2**20,
@@ -147,7 +147,7 @@ def make_wide_job(job: Path, world: int = 1024, stages: int = 4, iterations: int
                     comms[cid]["event_ids"].append(eid)
                 t += dur
                 seq += 1
-    comm_rows = [{"comm_id": cid, "kind": "collective", "op": "all_reduce", "group": f"s{cid % stages}",
+    comm_rows = [{"comm_id": cid, "kind": "collective", "op": "all_reduce", "group_name": f"s{cid % stages}",
                   "group_seq": cid // stages, "src": -1, "dst": -1, "tag": 0, "n_members": len(c["members"]),
                   "bytes": 4096, "members": c["members"], "event_ids": c["event_ids"], "iteration": cid // stages,
                   "t_first_start_ns": 0, "t_last_start_ns": 0, "t_last_end_ns": 0} for cid, c in sorted(comms.items())]
@@ -155,8 +155,8 @@ def make_wide_job(job: Path, world: int = 1024, stages: int = 4, iterations: int
     write_parquet(pa.Table.from_pylist(rows), folder / "events.parquet", schemas.EVENTS, run_id=RUN_ID)
     write_parquet(pa.Table.from_pylist(comm_rows), folder / "comms.parquet", schemas.COMMS, run_id=RUN_ID)
     members = [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(stages)]
-    write_parquet(pa.Table.from_pylist([{"group": f"s{s}", "desc": "dp", "size": per_stage, "members": m, "ring": m,
-                                         "backend": "gloo"} for s, m in enumerate(members)]),
+    write_parquet(pa.Table.from_pylist([{"group_name": f"s{s}", "group_desc": "dp", "size": per_stage, "members": m,
+                                         "ring": m, "backend": "gloo"} for s, m in enumerate(members)]),
                   folder / "groups.parquet", schemas.GROUPS, run_id=RUN_ID)
     write_parquet(pa.Table.from_pylist([{"rank": r, "node": "n0", "tp": -1, "pp": r // per_stage, "dp": r % per_stage,
                                          "ep": -1, "n_events": 4 * iterations, "iterations": iterations,

@@ -82,7 +82,7 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
         "event_id": ids, "rank": rank, "seq": seq,
         "kind": pa.array(np.asarray(KINDS, dtype=object)[g.kind], pa.string()).dictionary_encode(),
         "comm_id": g.comm, "op_event_id": g.wait_op, "iteration": np.zeros(n, dtype=np.int32),
-        "group": pa.nulls(n, pa.string()), "group_seq": np.full(n, -1, dtype=np.int64),  # (names: not needed)
+        "group_name": pa.nulls(n, pa.string()), "group_seq": np.full(n, -1, dtype=np.int64),  # (names: not needed)
         "peer": np.full(n, -1, dtype=np.int32), "tag": np.zeros(n, dtype=np.int32)}),
         job_files.graph_file(folder, "events"))
     pq.write_table(pa.table({"rank": rank, "seq": seq, "event_id": ids, "start_ns": tl.start_ns,

@@ -66,7 +66,7 @@ def breakdown(job: Path, folder: str, rank: int) -> dict:
     em = pq.read_table(job / folder / "events.parquet")
     em = em.filter(pa.array(_strings(em.column("source")) != "computed"))
     src = _strings(em.column("source"))
-    kind, op, grp = (_strings(em.column(c)) for c in ("kind", "op", "group"))
+    kind, op, grp = (_strings(em.column(c)) for c in ("kind", "op", "group_name"))
     rk, it, cid, st, en, opev, evid, seq = (em.column(c).to_numpy() for c in
                                             ("rank", "iteration", "comm_id", "start_ns", "end_ns", "op_event_id",
                                              "event_id", "seq"))

@@ -228,12 +228,12 @@ def loaded_result_mb(config_dir: Path) -> float:
     """MB per rank-iteration (iterations >= 1) of the reductions in groups of more than two members: the
     captured results a slice rank loads (`runtime/slice/transport.py`, CapturedResults)."""
     ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet",
-                                columns=["rank", "kind", "op", "group", "bytes", "iteration"]).to_pylist()
-    groups = artifacts.read_parquet(config_dir / "truth0" / "graph" / "groups.parquet", columns=["group", "ring"])
-    size = {str(g): len(r) for g, r in zip(groups["group"].to_pylist(), groups["ring"].to_pylist())}
+                                columns=["rank", "kind", "op", "group_name", "bytes", "iteration"]).to_pylist()
+    groups = artifacts.read_parquet(config_dir / "truth0" / "graph" / "groups.parquet", columns=["group_name", "ring"])
+    size = {str(g): len(r) for g, r in zip(groups["group_name"].to_pylist(), groups["ring"].to_pylist())}
     later = [e for e in ev if e["iteration"] >= 1]
     n = len({e["rank"] for e in later}) * len({e["iteration"] for e in later})
-    total = sum(e["bytes"] for e in later if e["kind"] == "collective" and size.get(str(e["group"]), 0) > 2
+    total = sum(e["bytes"] for e in later if e["kind"] == "collective" and size.get(str(e["group_name"]), 0) > 2
                 and e["op"] in ("all_reduce", "allreduce_coalesced", "reduce_scatter", "reduce"))
     return total / 1e6 / max(n, 1)
 

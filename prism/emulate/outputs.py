@@ -9,9 +9,11 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
 - ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
   (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other
   event — those before any real op could move them and those after the last real op they could reach —
-  from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`);
-  computed rows keep the sweep's spacing, shifted onto their rank's live rows (`one_clock`), so every
-  (rank, stream) is one sequence, in order and not overlapping (`prism.schemas.check_timeline`).
+  from the calibrate sweep with the sandbox's measured durations substituted (`prism.calibrate.substitute`):
+  before a rank's first live row they keep the sweep's spacing, shifted onto its live rows (`one_clock`);
+  after its last live row (and on a rank with none) they are swept by the clock rule from the live rows'
+  times (`prism.emulate.tail`), so every (rank, stream) is one sequence, in order and not overlapping
+  (`prism.schemas.check_timeline`), and no wait ends before its comm's last member arrived.
 - ``iterations``: `prism.job.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
 - ``memory``: the sandbox ranks' memory at each of their markers;
@@ -30,7 +32,7 @@ import pyarrow.compute as pc
 
 from prism import job as job_files
 from prism import artifacts, event_sequence, schemas
-from prism.emulate import results
+from prism.emulate import results, tail
 from prism.calibrate import substitute
 from prism.calibrate.sweep import Timeline
 from prism.job import JobGraph, iterations_table
@@ -176,6 +178,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     end[sb_rows] = col["t_end_ns"] - t0
     source[sb_rows] = 2
     start, end = one_clock(ptr, source, computed, start, end)
+    start, end = tail.sweep_tails(job.graph, source != 0, dur, transfers, start, end)
 
     pieces = []
     rest = np.flatnonzero(source == 0)

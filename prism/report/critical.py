@@ -31,7 +31,7 @@ def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: in
         rows = path.join(events, on="event_id", how="inner").sort("step")
         if rows.height != path.height:
             raise ValueError(f"{written}: its event ids are not the calibrated timeline's; re-run prism calibrate")
-        return rows.select("event_id", "rank", "seq", "kind", "op", "group", "stream", "start_ns", "end_ns")
+        return rows.select("event_id", "rank", "seq", "kind", "op", "group_name", "stream", "start_ns", "end_ns")
     graph = load_graph(job)
     ordered = events.sort("rank", "seq")
     if not np.array_equal(ordered["event_id"].to_numpy(), graph.event_ids):
@@ -52,7 +52,7 @@ def iteration_critical_path(job: str | Path, events: pl.DataFrame, iteration: in
         if joined["duration_ns"].null_count() == 0:  # else: durations of another graph, not used
             durations = joined["duration_ns"].to_numpy().astype(np.int64)
     path = critical_path(graph.graph, start, end, last, stop_ns=stop, durations=durations)
-    return ordered[path.tolist()].select("event_id", "rank", "seq", "kind", "op", "group", "stream", "start_ns",
+    return ordered[path.tolist()].select("event_id", "rank", "seq", "kind", "op", "group_name", "stream", "start_ns",
                                           "end_ns")
 
 

@@ -1,7 +1,7 @@
 """A job's timelines as one table shape, and the figures the report shows, computed from the artifacts.
 
 Every timeline (`TIMELINES`) is read into the same columns: the graph's event columns (event_id, rank,
-seq, kind, op, group, stream, iteration, comm_id, op_event_id, bytes, mem_peak_bytes) and ``start_ns``,
+seq, kind, op, group_name, stream, iteration, comm_id, op_event_id, bytes, mem_peak_bytes) and ``start_ns``,
 ``end_ns`` on one clock, ns from the timeline's first event:
 
 - ``capture``: the context-switching capture (``graph/events.parquet``, host clock; ranks took turns on
@@ -24,7 +24,7 @@ from prism.artifacts import ArtifactError
 from prism.iterations import iteration_times
 
 TIMELINES = ("capture", "calibrated", "baseline", "emulation")
-EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group", "stream", "iteration", "comm_id",
+EVENT_COLUMNS = ["event_id", "rank", "seq", "kind", "op", "group_name", "stream", "iteration", "comm_id",
                  "op_event_id", "bytes", "mem_peak_bytes"]
 COMM_KINDS = ("collective", "send", "recv", "wait")
 
@@ -95,7 +95,7 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
         if missing:
             raise ReportError(f"{path}: lacks columns {missing}; re-run the emulation stage with this prism")
         for column, default in (("stream", 0), ("comm_id", -1), ("op_event_id", -1), ("bytes", 0),
-                                ("mem_peak_bytes", -1), ("group", None), ("iteration", 0)):
+                                ("mem_peak_bytes", -1), ("group_name", None), ("iteration", 0)):
             if column not in events.columns:
                 events = events.with_columns(pl.lit(default).alias(column))
         comms = _comms(job / "graph", graph_stage)

@@ -7,7 +7,10 @@
   events never overlap: `prism.schemas.check_timeline` holds every timeline to that), args naming the group
   and its ranks (``tp[0,1]``), and flow arrows (``ph: s/f``) for each communication, forward in time: from
   the send's issue to the receiver's completion (the end of its wait, or the recv), and from a collective's
-  last arrival (the issue of the member that came last) to every other member's completion.
+  last arrival (the issue of the member that came last) to every other member's completion. An arrow that
+  would point backwards is left out and counted (``otherData.flows_left_out``): a measured timeline (capture,
+  baseline: separate processes) can have one; the calibrated and emulation timelines are held to none
+  (`tests/workflow/test_workflow.py`, the tiny job).
   Default: ``DIR/export/<timeline>.perfetto.json``.
 - ``kineto``: one file per rank, ``DIR/export/<timeline>.kineto/rank-R.json``, in the PyTorch profiler's
   (Kineto's) layout that Holistic Trace Analysis reads: ``distributedInfo`` (rank, world_size),
@@ -68,7 +71,7 @@ def group_names(job: str | Path, timeline: str) -> dict[str, str]:
     path = folder / "groups.parquet"
     if not path.is_file():
         return {}
-    groups = pl.read_parquet(path, columns=["group", "desc", "members"])
+    groups = pl.read_parquet(path, columns=["group_name", "group_desc", "members"])
     return {g: f"{d or 'group ' + g}[{','.join(map(str, sorted(m)))}]"
             for g, d, m in groups.iter_rows()}
 
@@ -96,7 +99,9 @@ def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
     """The Chrome trace-event JSON of a timeline (a dict for json.dump). `groups`: {group id: name}
     (`group_names`), shown in the events' args. Flows run forward in time, from the sender's issue (or the
     collective's last arrival) to the receiver's completion; an arrow that would point backwards (a measured
-    timeline whose ranks' clocks disagree) is left out and counted in ``otherData.flows_left_out``."""
+    timeline whose ranks' clocks disagree) is left out and counted in ``otherData.flows_left_out``. The
+    calibrated and the emulation timelines leave none out: the first is one sweep, and the emulation's computed
+    rows after its live ones are swept from them (`prism.emulate.tail`)."""
     groups = groups or {}
     ev = tl.events.sort("rank", "stream", "start_ns", "seq")
     out: list[dict] = []
@@ -107,7 +112,7 @@ def perfetto(tl: Timeline, groups: dict[str, str] | None = None) -> dict:
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": stream,
                     "args": {"name": "program" if stream == 0 else f"stream {stream}"}})
     has_source = "source" in ev.columns
-    cols = ["rank", "stream", "kind", "op", "group", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
+    cols = ["rank", "stream", "kind", "op", "group_name", "iteration", "seq", "event_id", "bytes", "start_ns", "end_ns"]
     for rank, stream, kind, op, group, iteration, seq, event_id, nbytes, start, end, *source in ev.select(
             cols + (["source"] if has_source else [])).iter_rows():
         args = {"event_id": event_id, "seq": seq, "iteration": iteration}
@@ -164,7 +169,8 @@ def kineto(tl: Timeline, rank: int, groups: dict[str, str] | None = None) -> dic
     for iteration, start, end in steps.rows():  # HTA splits a trace into iterations by these
         out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{iteration}", "pid": host,
                     "tid": 1, "ts": _us(start), "dur": _us(end - start), "args": {"External id": 0}})
-    rows = ev.select("kind", "op", "group", "iteration", "event_id", "bytes", "start_ns", "end_ns", "stream").rows()
+    rows = ev.select("kind", "op", "group_name", "iteration", "event_id", "bytes", "start_ns", "end_ns",
+                     "stream").rows()
     correlation = 0
     stream_free: dict[int, int] = {}  # each device stream runs one kernel at a time: when it is free again
     for i, (kind, op, group, iteration, event_id, nbytes, start, end, stream) in enumerate(rows):

@@ -11,8 +11,8 @@ sequence of operations (kind, op, bytes); the bytes of a collective whose member
 sizes (an all-to-all whose splits follow the data, as an MoE's token routing) are left out, since they
 differ between any two EP groups' ranks and would make every rank its own class (at W=1024 on P=16 no two
 slices were equivalent, docs/benchmarks.md). A rank's class in a slice adds its place there: for every
-group it communicates in, the group's name (`desc`), size and how many of its members are in the slice,
-and how many of its point-to-point peers are (what ran for real beside it, what was replayed). With
+group it communicates in, the group's description (`group_desc`), size and how many of its members are in the
+slice, and how many of its point-to-point peers are (what ran for real beside it, what was replayed). With
 `--representative`, only one slice per class of equivalent slices (same multiset of rank classes) is
 measured; every other slice takes its measurement (`measured_by`), and the saving is reported. The number
 of measured slices follows the layout's distinct places, not W (tests/unit/test_slice_classes.py).
@@ -113,9 +113,9 @@ class Places:
     def __init__(self, comms: pl.DataFrame, groups: pl.DataFrame | None) -> None:
         self.groups_of: dict[int, list[int]] = defaultdict(list)
         self.label: list[tuple[str, int]] = []
-        used = {g for g in comms["group"].cast(pl.Utf8).unique().to_list() if g is not None}
+        used = {g for g in comms["group_name"].cast(pl.Utf8).unique().to_list() if g is not None}
         if groups is not None:
-            for name, desc, members in zip(groups["group"].to_list(), groups["desc"].to_list(),
+            for name, desc, members in zip(groups["group_name"].to_list(), groups["group_desc"].to_list(),
                                            groups["members"].to_list()):
                 if name not in used:
                     continue
@@ -169,7 +169,7 @@ def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Tabl
         events = pl.from_arrow(artifacts.read_parquet(graph_dir / "events.parquet",
                                                       columns=["rank", "seq", "kind", "op", "bytes", "comm_id"]))
         comms = pl.from_arrow(artifacts.read_parquet(graph_dir / "comms.parquet",
-                                                     columns=["kind", "group", "src", "dst", "members", "bytes"]))
+                                                     columns=["kind", "group_name", "src", "dst", "members", "bytes"]))
         ranks = pl.from_arrow(artifacts.read_parquet(graph_dir / "ranks.parquet"))
         groups = (pl.from_arrow(artifacts.read_parquet(graph_dir / "groups.parquet"))
                   if (graph_dir / "groups.parquet").is_file() else None)
@@ -182,8 +182,8 @@ def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Tabl
 
 def plan_tables(events: pl.DataFrame, comms: pl.DataFrame, ranks: pl.DataFrame, groups: pl.DataFrame | None,
                 devices: int, representative: bool = False) -> pa.Table:
-    """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id), comms (kind, group, src,
-    dst, members, bytes), ranks (rank, pp), groups (group, desc, members) or None."""
+    """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id), comms (kind, group_name,
+    src, dst, members, bytes), ranks (rank, pp), groups (group_name, group_desc, members) or None."""
     world = ranks.height
     slices = cluster(world, devices, _pair_weights(comms, devices))
     classes, measured_by = representatives_of(slices, rank_classes(events, ranks), Places(comms, groups),

@@ -44,7 +44,8 @@ def test_alltoall_program_capture_graph_slices_calibrate(tmp_path):
         comm = comms[recv["comm_id"]]
         send = by_id[comm["event_ids"][0]]
         assert (comm["kind"], comm["src"], comm["dst"]) == ("p2p", recv["peer"], 0)
-        assert (send["kind"], send["rank"], send["peer"], send["group"]) == ("send", recv["peer"], 0, recv["group"])
+        assert (send["kind"], send["rank"], send["peer"], send["group_name"]) == (
+            "send", recv["peer"], 0, recv["group_name"])
 
     plan = _module("prism.slices.plan", "--job", str(job), "--devices", "2")
     assert plan.returncode == 0, plan.stderr

@@ -71,13 +71,14 @@ def test_capture_prints_what_torchrun_prints(layout_runs, name, devices):
 
 def _comm_sequence(job: Path) -> dict[int, list[tuple]]:
     ev = pq.read_table(job / "graph" / "events.parquet").to_pylist()
-    groups = {g["group"]: (g["desc"], tuple(g["members"])) for g in pq.read_table(job / "graph" / "groups.parquet").to_pylist()}
+    groups = {g["group_name"]: (g["group_desc"], tuple(g["members"]))
+              for g in pq.read_table(job / "graph" / "groups.parquet").to_pylist()}
     per_rank: dict[int, list[tuple]] = {}
     for e in ev:
         if e["kind"] == "compute":
             continue
         per_rank.setdefault(e["rank"], []).append((
-            e["kind"], e["op"], groups.get(e["group"]), e["group_seq"], e["peer"], e["tag"], e["bytes"],
+            e["kind"], e["op"], groups.get(e["group_name"]), e["group_seq"], e["peer"], e["tag"], e["bytes"],
             e["dtype"], e["shape"], e["is_async"], e["iteration"], e["microbatch"]))
     return per_rank
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 PROG = str(REPO / "tests" / "programs" / "hosts_loop.py")
 # the columns that say what a rank did (not when, nor how long)
-WHAT = ["rank", "seq", "kind", "op", "group", "group_seq", "peer", "tag", "bytes", "dtype", "shape", "is_async",
+WHAT = ["rank", "seq", "kind", "op", "group_name", "group_seq", "peer", "tag", "bytes", "dtype", "shape", "is_async",
         "work_id", "iteration", "microbatch", "stream"]
 
 

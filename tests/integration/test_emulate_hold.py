@@ -30,7 +30,7 @@ def _timeline(events: list[dict]) -> list[dict]:
     rows, clock = [], {}
     for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
         op = by_id.get(r["op_event_id"]) if r["kind"] == "wait" else None
-        long = op is not None and (op["group"] != "0" or op["group_seq"] == 0)
+        long = op is not None and (op["group_name"] != "0" or op["group_seq"] == 0)
         start = clock.get(r["rank"], 0)
         end = start + (int(LONG_S * 1e9) if long else 1_000_000)
         rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
@@ -46,7 +46,7 @@ def test_a_collective_is_held_alone_and_a_native_op_not_at_all(tmp_path):
     assert graph.returncode == 0, graph.stderr[-3000:]
     events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
     mine = sorted((r for r in events if r["rank"] == 0 and r["kind"] == "collective"), key=lambda r: r["seq"])
-    assert [(r["group"] == "0", r["group_seq"], r["op"]) for r in mine] == [
+    assert [(r["group_name"] == "0", r["group_seq"], r["op"]) for r in mine] == [
         (True, 0, "all_reduce"), (True, 1, "all_reduce"), (False, 0, "all_gather_into_tensor"), (False, 1, "all_reduce")]
     (job / "calibrated").mkdir()
     pq.write_table(pa.Table.from_pylist(_timeline(events), schema=schemas.TIMELINE),

@@ -260,9 +260,9 @@ def test_a_crashing_or_diverging_sandbox_rank_stops_the_worker_and_writes_nothin
     proc = _emulate(scaled, 4, "2", [str(PROGRAMS / "scaled_contribution.py"), "--grow-rank", "2"], out="grown")
     assert proc.returncode != 0
     assert re.search(r"prism emulate: rank 2 diverged from its capture: its op #1 \(seq \d+ in the capture\) is "
-                     r"\[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=8192\] here "
-                     r"but \[kind=collective, op=all_reduce, group=0, group_seq=1, peer=-1, tag=0, bytes=4096\] in "
-                     r"the capture", proc.stderr), proc.stderr[-3000:]
+                     r"\[kind=collective, op=all_reduce, group_name=0, group_seq=1, peer=-1, tag=0, bytes=8192\] "
+                     r"here but \[kind=collective, op=all_reduce, group_name=0, group_seq=1, peer=-1, tag=0, "
+                     r"bytes=4096\] in the capture", proc.stderr), proc.stderr[-3000:]
     assert time.monotonic() - started < 120
     assert not (scaled / "grown").exists()
 

@@ -81,13 +81,13 @@ def test_trace_of_a_real_run(tmp_path):
         assert [e["seq"] for e in ev] == list(range(len(ev)))
         assert all(e["rank"] == rank for e in ev)
         groups = read_stream(out / "raw" / f"rank={rank}" / "groups.arrow").to_pylist()
-        by_desc = {g["desc"]: g for g in groups}
+        by_desc = {g["group_desc"]: g for g in groups}
         assert by_desc["tp"]["members"] == [0, 1] and by_desc["default_pg"]["members"] == [0, 1]
-        tp_name = by_desc["tp"]["group"]
+        tp_name = by_desc["tp"]["group_name"]
 
         coll = [e for e in ev if e["kind"] == "collective"]
-        default = [e for e in coll if e["group"] != tp_name]
-        tp = [e for e in coll if e["group"] == tp_name]
+        default = [e for e in coll if e["group_name"] != tp_name]
+        tp = [e for e in coll if e["group_name"] == tp_name]
         # DDP-free program: 2 parameter all-reduces per step on the default group, 1 on tp
         assert [e["op"] for e in default] == ["all_reduce"] * 6
         assert [e["group_seq"] for e in default] == list(range(6))

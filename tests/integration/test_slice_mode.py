@@ -12,13 +12,14 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from prism import schemas
 from tests.conftest import PROGRAMS, REPO, make_env, run_prism, run_together
 
 pytestmark = pytest.mark.slow
 
 W = 4
 PROGRAM = ["-m", "prism.workloads.moe_gpt", "--tp", "2", "--dp", "2", "--ep", "2", "--steps", "2"]
-SAME = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
+SAME = ("kind", "op", "group_name", "group_seq", "peer", "tag", "bytes")
 
 
 def _module(module: str, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
@@ -64,7 +65,7 @@ def test_slice_events_repeat_the_capture_graph(job):
     for k in runs:
         out = path / "slices" / f"slice={k}" / "events.parquet"
         meta = pq.read_schema(out).metadata
-        assert meta[b"schema_version"] == b"1"
+        assert meta[b"schema_version"] == schemas.SCHEMA_VERSION.encode()
         rows = pq.read_table(out).to_pylist()
         ranks = sorted(p["rank"] for p in plan if p["slice"] == k)
         assert sorted({r["rank"] for r in rows}) == ranks

@@ -1,8 +1,8 @@
 """The graph tables the slice planner reads, for the reference MoE workload's layout at any W, without a capture.
 
 `moe_graph(tp, pp, dp, ep)` builds what `prism.slices.plan.plan_tables` needs (events: rank, seq, kind, op, bytes,
-comm_id; comms: kind, group, src, dst, members, bytes; ranks: rank, pp; groups: group, desc, members) with the
-structure of `prism.workloads.moe_gpt` (rank = t + tp * (d + dp * p); groups tp, dp, pp, ep, edp as
+comm_id; comms: kind, group_name, src, dst, members, bytes; ranks: rank, pp; groups: group_name, group_desc,
+members) with the structure of `prism.workloads.moe_gpt` (rank = t + tp * (d + dp * p); groups tp, dp, pp, ep, edp as
 `prism.workloads.parallel` makes them) and one iteration's operations per rank as a capture of it counts them
 (W=64 tp2·pp2·dp16·ep2, iteration 1: per microbatch and layer the TP all-reduces, the EP count exchange and the
 two token all-to-alls, whose sizes follow the routing: random per rank and call; the PP sends and receives; then
@@ -51,7 +51,7 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
                 add("edp", [rank(t, b * ep + i, p) for b in range(dp // ep)])
 
     events = {k: [] for k in ("rank", "seq", "kind", "op", "bytes", "comm_id")}
-    comms = {k: [] for k in ("kind", "group", "src", "dst", "members", "bytes")}
+    comms = {k: [] for k in ("kind", "group_name", "src", "dst", "members", "bytes")}
     seq = [0] * world
     pending: dict[tuple[str, str], int] = {}  # (group, per-group call) -> comm_id
 
@@ -113,11 +113,11 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
         collective(r, "dp", "all_reduce", 4)
     ev = pl.DataFrame(events, schema={"rank": pl.Int32, "seq": pl.Int64, "kind": pl.Utf8, "op": pl.Utf8,
                                       "bytes": pl.Int64, "comm_id": pl.Int64})
-    cm = pl.DataFrame(comms, schema={"kind": pl.Utf8, "group": pl.Utf8, "src": pl.Int32, "dst": pl.Int32,
+    cm = pl.DataFrame(comms, schema={"kind": pl.Utf8, "group_name": pl.Utf8, "src": pl.Int32, "dst": pl.Int32,
                                      "members": pl.List(pl.Int32), "bytes": pl.Int64})
     rk = pl.DataFrame({"rank": list(range(world)), "pp": [r // (tp * dp) for r in range(world)]},
                       schema={"rank": pl.Int32, "pp": pl.Int32})
-    gr = pl.DataFrame({"group": list(groups), "desc": [g[0] for g in groups.values()],
+    gr = pl.DataFrame({"group_name": list(groups), "group_desc": [g[0] for g in groups.values()],
                        "members": [g[1] for g in groups.values()]},
-                      schema={"group": pl.Utf8, "desc": pl.Utf8, "members": pl.List(pl.Int32)})
+                      schema={"group_name": pl.Utf8, "group_desc": pl.Utf8, "members": pl.List(pl.Int32)})
     return ev, cm, rk, gr

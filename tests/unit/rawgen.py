@@ -39,14 +39,14 @@ class RawJob:
     # -- recording ---------------------------------------------------------------------------------
     def group(self, desc: str | None, members: list[int], name: str | None = None) -> str:
         name = name if name is not None else str(len(self.groups))
-        self.groups.append({"group": name, "desc": desc, "members": list(members), "backend": "gloo"})
+        self.groups.append({"group_name": name, "group_desc": desc, "members": list(members), "backend": "gloo"})
         return name
 
     def _event(self, rank: int, kind: str, op: str, duration: int = 1_000, **values) -> Event:
         start = self._clock[rank]
         self._clock[rank] += duration
         event = {
-            "rank": rank, "seq": len(self.events[rank]), "kind": kind, "op": op, "group": None,
+            "rank": rank, "seq": len(self.events[rank]), "kind": kind, "op": op, "group_name": None,
             "group_seq": -1, "peer": -1, "tag": 0, "bytes": 0, "dtype": None, "shape": None,
             "is_async": False, "work_id": -1, "iteration": self._iteration[rank], "microbatch": -1,
             "t_start_ns": start, "t_end_ns": start + duration, "cpu_ns": duration, "device_ns": duration,
@@ -70,14 +70,14 @@ class RawJob:
 
     def collective(self, group: str, op: str, nbytes: int, root: int = -1, is_async: bool = False) -> dict[int, int]:
         """The op on every member of `group`; returns rank -> work_id (for waits)."""
-        members = next(g["members"] for g in self.groups if g["group"] == group)
+        members = next(g["members"] for g in self.groups if g["group_name"] == group)
         works = {}
         for rank in members:
             seq = self._group_seq.get((rank, group), 0)
             self._group_seq[rank, group] = seq + 1
             works[rank] = self._work_id(rank)
             self._event(
-                rank, schemas.KIND_COLLECTIVE, op, 2_000, group=group, group_seq=seq, peer=root,
+                rank, schemas.KIND_COLLECTIVE, op, 2_000, group_name=group, group_seq=seq, peer=root,
                 bytes=nbytes, dtype="float32", shape=f"{nbytes // 4}", is_async=is_async, work_id=works[rank],
             )
         return works
@@ -85,7 +85,7 @@ class RawJob:
     def p2p(self, rank: int, kind: str, peer: int, nbytes: int, group: str, tag: int = 0, is_async: bool = False) -> int:
         work = self._work_id(rank)
         self._event(
-            rank, kind, "isend" if kind == "send" and is_async else kind, 1_500, group=group, peer=peer,
+            rank, kind, "isend" if kind == "send" and is_async else kind, 1_500, group_name=group, peer=peer,
             tag=tag, bytes=nbytes, dtype="float32", shape=f"{nbytes // 4}", is_async=is_async, work_id=work,
         )
         return work
@@ -220,4 +220,4 @@ def megatron_job(tp: int = 2, dp: int = 2, pp: int = 1, iterations: int = 2, des
 
 
 def job_members(job: RawJob, name: str) -> list[int]:
-    return next(g["members"] for g in job.groups if g["group"] == name)
+    return next(g["members"] for g in job.groups if g["group_name"] == name)

@@ -29,7 +29,7 @@ def test_write_parquet_casts_and_versions(tmp_path):
 
 def test_write_outputs_all_or_none(tmp_path):
     good = pa.Table.from_pylist([RANKS_ROW])
-    bad = pa.table({"group": ["g"]})  # lacks columns of GROUPS
+    bad = pa.table({"group_name": ["g"]})  # lacks columns of GROUPS
     with pytest.raises(ArtifactError):
         write_outputs(tmp_path / "graph", {"ranks": good, "groups": bad}, run_id="r1")
     assert not list(tmp_path.iterdir())
@@ -140,3 +140,38 @@ def test_run_ids_are_stamped_and_compared(tmp_path):
         artifacts.same_run([a, old])
     with pytest.raises(ValueError):
         write_parquet(good, b, schemas.RANKS, run_id="")
+
+
+def test_a_job_folder_of_the_old_schema_is_refused_with_the_stage_to_rerun(tmp_path, capsys):
+    """Schema version 1 named a process group `group` / `desc` (SQL keywords); version 2 `group_name` /
+    `group_desc`. A graph written by the older prism is refused by name (re-run it), never a KeyError."""
+    from prism import graph
+    from prism.calibrate import stage
+    from rawgen import megatron_job
+
+    megatron_job(tp=2, dp=2, iterations=2).write(tmp_path)
+    assert graph.main(["--job", str(tmp_path)]) == 0
+    for name in ("events", "comms", "groups"):
+        path = tmp_path / "graph" / f"{name}.parquet"
+        table = pq.read_table(path)
+        renamed = {"group_name": "group", "group_desc": "desc"}
+        old = table.rename_columns([renamed.get(c, c) for c in table.column_names])
+        pq.write_table(old.replace_schema_metadata({**table.schema.metadata, b"schema_version": b"1"}), path)
+    capsys.readouterr()
+    assert stage.main(["--job", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert f"schema_version '1', this prism reads '{schemas.SCHEMA_VERSION}'" in err and "re-run" in err, err
+    assert "KeyError" not in err and not (tmp_path / "calibrated" / "timeline.parquet").exists()
+    assert "python -m prism.schema_upgrade" in err
+
+    # the upgrade renames the columns in place (values and run id kept); then the stage reads the folder
+    from prism import schema_upgrade
+
+    before = pq.read_table(tmp_path / "graph" / "groups.parquet")
+    assert schema_upgrade.main([str(tmp_path)]) == 0
+    after = pq.read_table(tmp_path / "graph" / "groups.parquet")
+    assert after.column_names == schemas.GROUPS.names
+    assert after["group_desc"].to_pylist() == before["desc"].to_pylist()
+    assert after.schema.metadata[b"prism.run_id"] == before.schema.metadata[b"prism.run_id"]
+    assert stage.main(["--job", str(tmp_path)]) == 0
+    assert "upgraded" not in schema_upgrade.upgrade(tmp_path)  # a second run changes nothing

@@ -26,7 +26,7 @@ def test_the_first_differing_event_is_named():
     got = event_sequence.sequence(_table([STEP, SEND]))
     want = event_sequence.sequence(_table([STEP, SEND[:6] + (128,)]))
     assert event_sequence.first_departure(got, want) == 1
-    assert event_sequence.describe(got, 1) == "kind=comm, op=send, group=g1, group_seq=0, peer=1, tag=0, bytes=64"
+    assert event_sequence.describe(got, 1) == "kind=comm, op=send, group_name=g1, group_seq=0, peer=1, tag=0, bytes=64"
     assert event_sequence.describe(got, 2) == "nothing (the sequence ended)"
 
 

@@ -10,7 +10,7 @@ import pytest
 from prism.bench.fidelity_hold import breakdown
 
 MS = 1_000_000
-COLS = ["event_id", "rank", "seq", "kind", "op", "group", "iteration", "comm_id", "op_event_id", "start_ns",
+COLS = ["event_id", "rank", "seq", "kind", "op", "group_name", "iteration", "comm_id", "op_event_id", "start_ns",
         "end_ns", "source"]
 
 

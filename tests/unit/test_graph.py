@@ -35,15 +35,15 @@ def test_collectives_hold_exactly_their_members_events(pp_job):
     coll = comms.filter(pl.col("kind") == "collective")
     # per iteration: tp all_reduce + tp broadcast on 4 tp groups, dp all_reduce on 4 dp groups
     assert coll.height == 2 * (4 + 4 + 4)
-    order = dict(zip(groups["group"], groups["members"].to_list()))
+    order = dict(zip(groups["group_name"], groups["members"].to_list()))
     for comm in coll.iter_rows(named=True):
-        assert comm["members"] == order[comm["group"]]
+        assert comm["members"] == order[comm["group_name"]]
         assert comm["n_members"] == len(comm["members"])
         rows = events.filter(pl.col("event_id").is_in(comm["event_ids"])).sort("event_id")
         by_id = {e["event_id"]: e for e in rows.iter_rows(named=True)}
         assert [by_id[i]["rank"] for i in comm["event_ids"]] == comm["members"]
-        assert {(e["kind"], e["op"], e["group"], e["group_seq"], e["comm_id"]) for e in by_id.values()} == {
-            ("collective", comm["op"], comm["group"], comm["group_seq"], comm["comm_id"])
+        assert {(e["kind"], e["op"], e["group_name"], e["group_seq"], e["comm_id"]) for e in by_id.values()} == {
+            ("collective", comm["op"], comm["group_name"], comm["group_seq"], comm["comm_id"])
         }
         assert comm["bytes"] == rows["bytes"].sum()
         assert comm["t_first_start_ns"] == rows["t_start_ns"].min()
@@ -102,7 +102,7 @@ def test_events_are_rank_major_with_global_ids(pp_job):
 def test_groups_and_ranks(pp_job):
     job, g, _ = pp_job
     groups, ranks = g["groups"], g["ranks"]
-    assert sorted(groups["group"]) == sorted(x["group"] for x in job.groups)
+    assert sorted(groups["group_name"]) == sorted(x["group_name"] for x in job.groups)
     assert (groups["members"] == groups["ring"]).all()
     assert (groups["size"] == groups["members"].list.len()).all()
     assert ranks["rank"].to_list() == list(range(8))
@@ -173,7 +173,7 @@ def _drop_last_broadcast(job: RawJob) -> None:
 
 
 def _mismatch_op(job: RawJob) -> None:
-    job.find(3, op="all_reduce", group=job.find(3, op="broadcast")[0]["group"])[1]["op"] = "all_gather"
+    job.find(3, op="all_reduce", group_name=job.find(3, op="broadcast")[0]["group_name"])[1]["op"] = "all_gather"
 
 
 def _resize(job: RawJob) -> None:
@@ -201,7 +201,7 @@ def _orphan_wait(job: RawJob) -> None:
 
 
 def _foreign_group(job: RawJob) -> None:
-    job.find(0, op="all_reduce")[0]["group"] = job.find(1, op="broadcast")[0]["group"] + "x"
+    job.find(0, op="all_reduce")[0]["group_name"] = job.find(1, op="broadcast")[0]["group_name"] + "x"
 
 
 ERRORS = {
@@ -328,10 +328,11 @@ def test_messages_pair_within_their_group(tmp_path):
     assert p2p.height == 2
     for comm in p2p.iter_rows(named=True):
         send, recv = (by_id[i] for i in comm["event_ids"])
-        assert send["group"] == recv["group"] == comm["group"]
-        assert send["bytes"] == recv["bytes"] == comm["bytes"] == {a: 8, b: 16}[comm["group"]]
+        assert send["group_name"] == recv["group_name"] == comm["group_name"]
+        assert send["bytes"] == recv["bytes"] == comm["bytes"] == {a: 8, b: 16}[comm["group_name"]]
     # the recv on b is rank 1's first event, the one on a its second
-    assert [by_id[i]["seq"] for c in p2p.sort("group").iter_rows(named=True) for i in c["event_ids"]] == [0, 1, 1, 0]
+    assert [by_id[i]["seq"] for c in p2p.sort("group_name").iter_rows(named=True)
+            for i in c["event_ids"]] == [0, 1, 1, 0]
 
 
 def test_a_message_on_another_group_does_not_match(tmp_path, capsys):

@@ -7,12 +7,13 @@ import json
 import pytest
 
 from prism import job as job_files
+from prism import schemas
 
 
 def _capture(folder, **meta):
     (folder / "raw").mkdir(parents=True)
     (folder / "raw" / "meta.json").write_text(json.dumps({"world_size": 4, "mode": "capture", "payloads": True,
-                                                          "schema_version": "1", **meta}))
+                                                          "schema_version": schemas.SCHEMA_VERSION, **meta}))
     (folder / "payloads").mkdir()
     return folder
 
@@ -28,7 +29,7 @@ def test_a_jobs_capture_is_found_in_capture_or_in_the_folder_itself(tmp_path):
     (dict(mode="slice"), "a 'slice' run, not a capture"),
     (dict(payloads=False), "no payloads/"),
     (dict(world_size=0), "world_size must be a positive integer"),
-    (dict(schema_version="0"), "schema_version '0', this prism reads '1'"),
+    (dict(schema_version="0"), f"schema_version '0', this prism reads '{schemas.SCHEMA_VERSION}'"),
 ])
 def test_a_capture_that_cannot_be_replayed_is_named(tmp_path, meta, words):
     _capture(tmp_path / "capture", **meta)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from prism import graph
+from prism import graph, schemas
 from prism.slices import plan as slice_plan
 from tests.unit.rawgen import megatron_job
 
@@ -63,7 +63,8 @@ def test_representative_measures_one_slice_per_class(tmp_path):
     assert len(measured) == 2
     for r in rows:
         assert r["measured_by"] in measured
-    assert pq.read_schema(job / "slices" / "plan.parquet").metadata[b"schema_version"] == b"1"
+    meta = pq.read_schema(job / "slices" / "plan.parquet").metadata
+    assert meta[b"schema_version"] == schemas.SCHEMA_VERSION.encode()
 
 
 def test_missing_graph_is_a_clear_error(tmp_path, capsys):

@@ -10,6 +10,7 @@ import io
 import re
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 
@@ -45,18 +46,22 @@ def test_calibrated_events_join_the_timeline_with_the_graph(job):
     ranks = {r["rank"]: r for r in pq.read_table(job / "graph" / "ranks.parquet").to_pylist()}
     for g, t in zip(got, sorted(timeline, key=lambda t: (t["rank"], t["seq"]))):
         e = events[t["event_id"]]
-        assert (g["start_ns"], g["end_ns"], g["kind"], g["op"], g["group_id"]) == (
-            t["start_ns"], t["end_ns"], e["kind"], e["op"], e["group"])
+        assert (g["start_ns"], g["end_ns"], g["kind"], g["op"], g["group_name"]) == (
+            t["start_ns"], t["end_ns"], e["kind"], e["op"], e["group_name"])
         assert (g["tp"], g["dp"]) == (ranks[g["rank"]]["tp"], ranks[g["rank"]]["dp"])
         assert g["idle_ns"] is None  # no slice runs: the calibration's own durations are not known
-    named = {g["group_name"] for g in got if g["group_id"] is not None}
+    named = {g["group_label"] for g in got if g["group_name"] is not None}
     assert named and all(re.fullmatch(r"[\w ]+\[\d+(,\d+)*\]", n) for n in named), named
 
 
 def test_no_sql_keyword_is_a_derived_view_column(job):
-    for view in ("calibrated.events", "calibrated.idle", "baseline.iterations", "capture.group_names"):
+    reserved = {k for (k,) in duckdb.sql("SELECT keyword_name FROM duckdb_keywords() "
+                                         "WHERE keyword_category = 'reserved'").fetchall()}
+    assert {"group", "desc", "order", "end"} <= reserved
+    for view in ("calibrated.events", "calibrated.idle", "baseline.iterations", "capture.group_labels",
+                 "capture.events", "capture.groups", "capture.comms"):
         columns, _, _ = sql.run_query(job, f"SELECT * FROM {view} LIMIT 0")
-        assert not {"group", "desc", "order", "end", "start"} & set(columns), (view, columns)
+        assert not ({"start"} | reserved) & {c.lower() for c in columns}, (view, columns)
 
 
 def test_baseline_iterations_as_the_calibrated_ones(job):

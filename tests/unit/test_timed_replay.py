@@ -40,7 +40,7 @@ def _job(tmp_path, iteration=lambda rank, seq: 0, spec=SPEC):
     for i, (rank, seq, kind, comm, on, start, end) in enumerate(spec):
         c = comm if comm >= 0 else (comm_of[(rank, on)] if on >= 0 else -1)
         rows.append(dict(event_id=i, rank=rank, seq=seq, kind=kind, op="compute" if kind == "compute" else "all_reduce",
-                         group=GROUP.get(c), group_seq={0: 0, 1: 0, 2: 1}.get(c, -1) if kind == "collective" else -1,
+                         group_name=GROUP.get(c), group_seq={0: 0, 1: 0, 2: 1}.get(c, -1) if kind == "collective" else -1,
                          peer=-1, tag=0, bytes=4, dtype=None, shape=None, is_async=False, work_id=-1,
                          iteration=iteration(rank, seq), microbatch=-1, t_start_ns=start, t_end_ns=end, cpu_ns=0,
                          device_ns=0, t_complete_ns=-1, mem_bytes=-1, mem_peak_bytes=-1, mem_reserved_bytes=-1,

@@ -121,9 +121,11 @@ def test_every_timeline_of_the_tiny_job_is_one_clock(tiny_reference, artifact):
 @pytest.mark.parametrize("timeline", ["capture", "calibrated", "baseline", "emulation"])
 def test_the_tiny_jobs_exports_are_valid_traces(tiny_reference, tmp_path, timeline):
     """Perfetto: tracks sorted, not overlapping, flows forward (tests/tef.py); Kineto: the same per rank, device
-    streams one kernel at a time. The calibrated timeline is one model clock: every arrow is kept. A measured
-    timeline's ranks are separate processes and the emulation's computed rows a model beside measured ones: an
-    arrow whose receiver completed before its sender issued is left out and counted (seen: 1 of 72 arrows)."""
+    streams one kernel at a time. The calibrated timeline is one model clock, and the emulation's computed rows
+    are swept from its live ones (`prism.emulate.tail`): every arrow of both is kept. A measured timeline's ranks
+    are separate processes: an arrow whose receiver completed before its sender issued is left out and counted.
+    (Before the tail sweep the emulation left out 1 of 72 arrows in 3 of 14 runs: a replayed rank's computed
+    last wait ended before the sandbox's measured issue of that all-reduce; scripts/emulation_flows.py.)"""
     import json
 
     from prism.report import export
@@ -133,7 +135,7 @@ def test_the_tiny_jobs_exports_are_valid_traces(tiny_reference, tmp_path, timeli
     kept = sum(e["ph"] == "s" for e in trace["traceEvents"])
     left_out = trace["otherData"]["flows_left_out"]
     assert problems(trace) == [] and kept > 0
-    assert left_out == 0 if timeline == "calibrated" else left_out <= (kept + left_out) // 10
+    assert left_out == 0 if timeline in ("calibrated", "emulation") else left_out <= (kept + left_out) // 10
     folder = export.export(tiny_reference, timeline, "kineto", tmp_path / "k")
     for path in sorted(folder.iterdir()):
         assert problems(json.loads(path.read_text()), strict_tracks=lambda pid, tid: pid == export.DEVICE_PID) == []

@@ -453,7 +453,7 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
         with pa.OSFile(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]
-                for c in ("kind", "op", "group", "tag", "peer", "seq")]
+                for c in ("kind", "op", "group_name", "tag", "peer", "seq")]
         found: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for kind, op, group, tag, peer, seq in zip(*(c.to_pylist() for c in cols)):
             if kind == schemas.KIND_RECV and op == schemas.OP_RECV_ANYSOURCE:

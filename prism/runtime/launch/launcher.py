@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from prism import settings
+from prism import schemas, settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
@@ -344,7 +344,7 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         "command": (["-m", spec.module] if spec.module else [spec.script]) + spec.args,
         "pin": spec.pin, "cores": len(os.sched_getaffinity(0)), "run_id": run_id,
         "device": settings.DEVICE.get(), "started": started, "wall_s": time.time() - started,
-        "torch_version": version("torch"), "schema_version": "1",
+        "torch_version": version("torch"), "schema_version": schemas.SCHEMA_VERSION,
         "boundaries": named_boundaries.rules(boundary_functions(spec)),
         "boundary_functions": boundary_functions(spec),
     }

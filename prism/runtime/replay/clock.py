@@ -212,7 +212,7 @@ class TimedReplay:
 
     def _names(self, sb: np.ndarray) -> None:
         """collective (group, group_seq) -> comm_id, and the comm_ids of each p2p channel's messages."""
-        cols = ["kind", "group", "group_seq", "peer", "tag", "comm_id", "rank", "seq"]
+        cols = ["kind", "group_name", "group_seq", "peer", "tag", "comm_id", "rank", "seq"]
         if "op" in pq.read_schema(self.events_path).names:  # (a hand-made graph may lack it)
             cols.append("op")
         rows = np.sort(self.job.pos[sb])
@@ -229,11 +229,11 @@ class TimedReplay:
                 p2p = r["kind"] in (schemas.KIND_SEND, schemas.KIND_RECV)
                 self.op_of[i] = "send/recv" if p2p else str(r.get("op") or r["kind"])
             if r["kind"] == schemas.KIND_COLLECTIVE:
-                self.collective_comm[(r["group"], r["group_seq"])] = r["comm_id"]
+                self.collective_comm[(r["group_name"], r["group_seq"])] = r["comm_id"]
             elif r["kind"] == schemas.KIND_SEND and r["peer"] not in self.sandbox:
-                self.p2p_comms[(r["group"], r["rank"], r["peer"], r["tag"])].append(r["comm_id"])
+                self.p2p_comms[(r["group_name"], r["rank"], r["peer"], r["tag"])].append(r["comm_id"])
             elif r["kind"] == schemas.KIND_RECV and r["peer"] not in self.sandbox:
-                self.p2p_comms[(r["group"], r["peer"], r["rank"], r["tag"])].append(r["comm_id"])
+                self.p2p_comms[(r["group_name"], r["peer"], r["rank"], r["tag"])].append(r["comm_id"])
 
     @property
     def driven(self) -> set[int]:

@@ -95,7 +95,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     # a group holding a slice rank is in that rank's groups table
     for r in slice_ranks:
         for name, members in zip(*_read_stream(raw / f"rank={r}" / "groups.arrow")
-                                 .select(["group", "members"]).to_pydict().values()):
+                                 .select(["group_name", "members"]).to_pydict().values()):
             members = tuple(members)
             if any(m not in slice_set for m in members):
                 groups[name] = members
@@ -106,9 +106,9 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     seen_by: dict[str, int] = {}
     peers: set[int] = set()
     for r in slice_ranks:
-        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group", "group_seq", "peer"])
+        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group_name", "group_seq", "peer"])
         cols = ev.to_pydict()
-        for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group"], cols["group_seq"],
+        for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group_name"], cols["group_seq"],
                                                cols["peer"]):
             if kind in ("send", "recv") and group in groups:
                 if peer < 0:  # a recv from any source records its sender once it completed

@@ -47,7 +47,7 @@ from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport, job_store, slice_store
 from prism.runtime.work_parts import Forwarding
 
-FIELDS = ("kind", "op", "group", "group_seq", "peer", "tag", "bytes")
+FIELDS = ("kind", "op", "group_name", "group_seq", "peer", "tag", "bytes")
 _COMM = (schemas.KIND_COLLECTIVE, schemas.KIND_SEND, schemas.KIND_RECV)
 
 
