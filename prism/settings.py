@@ -63,7 +63,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "where the ranks' tensors live: cpu or cuda (the job config's `device` sets it for the stages)"),
     Setting("PRISM_JOB", "path", None, "knob", "the job folder `prism sql` reads when --job is not given"),
     Setting("PRISM_HANG_TIMEOUT", "float", None, "knob",
-            "mode real: seconds every rank may be stuck before the watchdog names the hang (0: off; "
+            "modes real, slice, emulate: seconds every rank run for real may be stuck before the watchdog names "
+            "the hang (0: off; "
             "default 60; `prism launch --hang-timeout` sets it)"),
     Setting("PRISM_RANK_OUTPUT", "text", None, "knob",
             "capture: `files` or `pipes` forces how the ranks' output reaches the launcher (default: pipes "

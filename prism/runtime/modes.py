@@ -32,7 +32,8 @@ class Mode:
     ranks_option: str | None  # the option naming the ranks run for real (None: all W ranks run)
     sandbox: bool = False  # emulate: the real ranks are a sandbox on --devices slots inside the replayed
     #                        job (their output also in OUT/logs, their transports' numbers in meta.json)
-    watchdog: bool = False  # real, slice: each rank (slice: each slice rank) runs the hang watchdog (--hang-timeout)
+    watchdog: bool = False  # real, slice, emulate: each rank run for real runs the hang watchdog (--hang-timeout;
+    #                         emulate: the replay worker takes part)
     timed: bool = False  # slice: --timed-by times the replayed ranks on a calibrated timeline
 
     @property
@@ -75,7 +76,7 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          ranks_option="--slice-ranks", timed=True, watchdog=True),
     Mode("emulate", intercepted=True, transport="prism.runtime.emulate.transport:for_group", recorder="checked",
          coordinator=False, replay_role="prism.runtime.emulate.worker:serve", replay_name="the replay worker",
-         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True),
+         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True, watchdog=True),
 )}
 
 
