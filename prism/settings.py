@@ -66,6 +66,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "modes real, slice, emulate: seconds every rank run for real may be stuck before the watchdog names "
             "the hang (0: off; "
             "default 60; `prism launch --hang-timeout` sets it)"),
+    Setting("PRISM_LOCK_WAIT", "float", 600.0, "knob",
+            "seconds a command that writes into a job folder waits for another prism command holding it "
+            "(`prism.folder_lock`; 0: refused at once)"),
     Setting("PRISM_RANK_OUTPUT", "text", None, "knob",
             "capture: `files` or `pipes` forces how the ranks' output reaches the launcher (default: pipes "
             "while the open-file limit allows them)"),
@@ -125,6 +128,7 @@ def _setting(name: str) -> Setting:
 DEVICE = _setting("PRISM_DEVICE")
 JOB = _setting("PRISM_JOB")
 HANG_TIMEOUT = _setting("PRISM_HANG_TIMEOUT")
+LOCK_WAIT = _setting("PRISM_LOCK_WAIT")
 RANK_OUTPUT = _setting("PRISM_RANK_OUTPUT")
 FORK_BATCH = _setting("PRISM_FORK_BATCH")
 IMMORTAL = _setting("PRISM_IMMORTAL")

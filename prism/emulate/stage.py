@@ -29,7 +29,7 @@ from prism import artifacts
 from prism.calibrate import substitute
 from prism.job import GraphTablesError, load_graph
 from prism.emulate import inputs, outputs, sandbox
-from prism.runtime.launch import run_files
+from prism import folder_lock
 
 PREFIX = "prism emulate"
 
@@ -106,24 +106,10 @@ def _publish(staging: Path, final: Path) -> None:
 STAGING = ".emulation.tmp-"  # JOB/.emulation.tmp-PID: this stage's staging; .emulation.old-PID: its trash
 
 
-def _claim(job_dir: Path) -> int:
-    """The job folder's lock (the one a launch holds on its --out), then the staging of emulations that were
-    killed outright removed: while we hold the lock, no live emulation owns them."""
+def _check_job(job_dir: Path) -> None:
     if not job_dir.is_dir():
         raise EmulateError(f"{job_dir}: no such job folder; capture the job first (the pipeline, or prism launch "
                            "--mode capture)")
-    try:
-        fd = run_files.lock_folder(job_dir, lambda holder: f"{job_dir} is in use by another prism run (pid "
-                                   f"{holder}); wait for it to finish (two emulations of one job would write one "
-                                   "emulation/ and share cores, so both timings would be wrong)")
-    except OSError as exc:
-        raise EmulateError(f"{job_dir}: cannot lock the job folder ({exc.strerror}); make it writable") from None
-    except run_files.OutError as exc:
-        raise EmulateError(str(exc)) from None
-    for entry in job_dir.iterdir():
-        if entry.name.startswith((STAGING, ".emulation.old-")):
-            shutil.rmtree(entry, ignore_errors=True)
-    return fd
 
 
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
@@ -132,12 +118,16 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
     """Run the stage, holding the job folder's lock; returns the emulation and its summary. `what_if`:
     arguments appended to the capture's program for the sandbox ranks (a changed program; its communication
     must stay the capture's). `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
-    lock = _claim(job_dir)
-    try:
-        return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if,
-                        hang_timeout)
-    finally:
-        run_files.unlock_folder(job_dir, lock)
+    _check_job(job_dir)
+    try:  # the job folder's lock (every command writing into it takes it), the dead ones' staging swept
+        with folder_lock.holding(job_dir, PREFIX):
+            return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if,
+                            hang_timeout)
+    except folder_lock.FolderBusy as exc:
+        raise EmulateError(f"{exc} (two emulations of one job would write one emulation/ and share cores, so "
+                           "both timings would be wrong)") from None
+    except PermissionError as exc:
+        raise EmulateError(f"{job_dir}: cannot lock the job folder ({exc.strerror}); make it writable") from None
 
 
 def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if, hang_timeout):
