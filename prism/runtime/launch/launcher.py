@@ -23,6 +23,7 @@ from pathlib import Path
 
 from prism import settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
+from prism.runtime.launch import cores
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
 from prism.runtime.launch import run_files
@@ -58,12 +59,20 @@ def launch(spec: LaunchSpec) -> int:
         out = run_files.OutFolder(spec.out, spec.force) if spec.out is not None else None
     except run_files.OutError as exc:
         raise LaunchError(str(exc)) from None
+    try:  # the cores its ranks are pinned to: no other prism run pins to them meanwhile (`cores`)
+        claim = cores.CoreClaim(cores.needed(spec.mode, spec.nproc, spec.pin, spec.devices, spec.slice_ranks),
+                                f"prism launch --mode {spec.mode}")
+    except (cores.CoresBusy, OSError) as exc:
+        if out is not None:
+            out.release(failed=True)
+        raise LaunchError(str(exc)) from None
     signals = _SignalForwarder()
     code = 1
     try:
-        code = _run(spec, run_id, signals)
+        code = _run(spec, run_id, signals, cores=claim.cores)
     finally:
         signals.restore()
+        claim.release()
         if out is not None:
             out.release(failed=code != 0)
     return code
@@ -114,7 +123,7 @@ def _launch_host(spec: LaunchSpec) -> int:
     return code
 
 
-def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=None) -> int:
+def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=None, cores: list[int] = ()) -> int:
     tag = run_files.temp_tag(run_id) + (hosts_run.staging_suffix() if hosts_run else "")
     status_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     staging = payload_staging = shm_dir = log_staging = None
@@ -122,6 +131,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
     code = 1
     try:
         env = _rank_environment(spec, status_dir)
+        if cores and mode.coordinator:  # capture's device slots: the claimed cores
+            env[settings.CORES.name] = ",".join(map(str, cores))
         if mode.intercepted and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
@@ -142,6 +153,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             iterations=_iterations_expected(spec), device=settings.DEVICE.get(),
             rank_output=limits.rank_output(spec.nproc, spec.mode),
             device_memory_bytes=int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
+            cores=list(cores) or None,
         )
         if hosts_run is not None:  # this host's ranks of the whole job, the rendezvous at host 0
             zspec = dataclasses.replace(zspec, **hosts_run.zygote_spec())
@@ -176,7 +188,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             if mode.sandbox:  # the worker's numbers and the sandbox ranks' transports'
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
-            _publish(staging, spec, run_id, started, stats, hosts_run.meta() if hosts_run else None)
+            _publish(staging, spec, run_id, started, stats, {**(hosts_run.meta() if hosts_run else {}),
+                                                             "pinned_cores": list(cores)})
             if payload_staging is not None:
                 _replace_dir(payload_staging, spec.out / "payloads", run_id)
             if log_staging is not None:
