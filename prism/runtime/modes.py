@@ -35,6 +35,8 @@ class Mode:
     watchdog: bool = False  # real, slice, emulate: each rank run for real runs the hang watchdog (--hang-timeout;
     #                         emulate: the replay worker takes part)
     timed: bool = False  # slice: --timed-by times the replayed ranks on a calibrated timeline
+    stall_watch: bool = False  # the pipeline's runs (capture, slice, emulate): the launcher names a run whose
+    #                            processes stopped moving, then stops it (`launch.stall`, PRISM_STALL_TIMEOUT)
 
     @property
     def replay(self) -> bool:
@@ -69,14 +71,14 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          ranks_option=None, watchdog=True),
     Mode("capture", intercepted=True, transport="prism.runtime.capture.transport:for_group", recorder="plain",
          coordinator=True, replay_role=None, replay_name=None, store_in_supervisor=True, needs_capture=False,
-         ranks_option=None),
+         ranks_option=None, stall_watch=True),
     Mode("slice", intercepted=True, transport="prism.runtime.slice.transport:for_group", recorder="checked",
          coordinator=False, replay_role="prism.runtime.slice.replay_server:serve_spec",
          replay_name="the replay server", store_in_supervisor=True, needs_capture=True,
-         ranks_option="--slice-ranks", timed=True, watchdog=True),
+         ranks_option="--slice-ranks", timed=True, watchdog=True, stall_watch=True),
     Mode("emulate", intercepted=True, transport="prism.runtime.emulate.transport:for_group", recorder="checked",
          coordinator=False, replay_role="prism.runtime.emulate.worker:serve", replay_name="the replay worker",
-         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True, watchdog=True),
+         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True, watchdog=True, stall_watch=True),
 )}
 
 

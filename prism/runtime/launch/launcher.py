@@ -26,6 +26,7 @@ from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch import cores
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
+from prism.runtime.launch import stall
 from prism.runtime.launch import run_files
 from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
 from prism.runtime.launch.zygote_spec import ZygoteSpec
@@ -173,7 +174,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
         zspec.write(spec_file)
         started = time.time()
         if signals.received is None:
-            code = _supervise_zygote(spec_file, env, signals)
+            code = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None)
         if signals.received is not None:
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
@@ -304,15 +305,22 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     return env
 
 
-def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder) -> int:
-    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`."""
+def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder,
+                      watched: Path | None = None) -> int:
+    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`. `watched`: the
+    status folder of a run whose progress is watched (`stall`): stalled, it is named, then stopped (exit 86)."""
     proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
     signals.proc = proc
+    watch = stall.StallWatch(proc, watched, stall.timeout_s()) if watched is not None and stall.timeout_s() else None
     try:
         if signals.received is not None:  # arrived while it started
             proc.send_signal(signals.received)
         code = proc.wait()
+        if watch is not None and watch.stopped_run:
+            code = HANG_EXIT
     finally:
+        if watch is not None:
+            watch.close()
         signals.proc = None
         if proc.poll() is None:
             proc.kill()
