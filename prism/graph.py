@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from prism import folder_lock
 from prism import job as job_files
 from prism import schemas
 from prism.artifacts import ArtifactError, read_raw_stream, same_run, write_outputs
@@ -342,6 +343,7 @@ def default_raw_dir(job: Path) -> Path:
     return raw
 
 
+@folder_lock.locks_job("prism graph")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism graph", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>)")

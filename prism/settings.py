@@ -63,8 +63,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "where the ranks' tensors live: cpu or cuda (the job config's `device` sets it for the stages)"),
     Setting("PRISM_JOB", "path", None, "knob", "the job folder `prism sql` reads when --job is not given"),
     Setting("PRISM_HANG_TIMEOUT", "float", None, "knob",
-            "mode real: seconds every rank may be stuck before the watchdog names the hang (0: off; "
+            "modes real, slice, emulate: seconds every rank run for real may be stuck before the watchdog names "
+            "the hang (0: off; "
             "default 60; `prism launch --hang-timeout` sets it)"),
+    Setting("PRISM_LOCK_WAIT", "float", 600.0, "knob",
+            "seconds a command that writes into a job folder waits for another prism command holding it "
+            "(`prism.folder_lock`; 0: refused at once)"),
+    Setting("PRISM_STALL_TIMEOUT", "float", 300.0, "knob",
+            "capture, slice, emulate: seconds a run's processes may use no CPU and write no note before the "
+            "launcher prints what each waits in (Python stacks too); after twice as long it stops the run (exit "
+            "86; 0: off)"),
     Setting("PRISM_RANK_OUTPUT", "text", None, "knob",
             "capture: `files` or `pipes` forces how the ranks' output reaches the launcher (default: pipes "
             "while the open-file limit allows them)"),
@@ -128,6 +136,8 @@ def _setting(name: str) -> Setting:
 DEVICE = _setting("PRISM_DEVICE")
 JOB = _setting("PRISM_JOB")
 HANG_TIMEOUT = _setting("PRISM_HANG_TIMEOUT")
+LOCK_WAIT = _setting("PRISM_LOCK_WAIT")
+STALL_TIMEOUT = _setting("PRISM_STALL_TIMEOUT")
 RANK_OUTPUT = _setting("PRISM_RANK_OUTPUT")
 FORK_BATCH = _setting("PRISM_FORK_BATCH")
 IMMORTAL = _setting("PRISM_IMMORTAL")

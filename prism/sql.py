@@ -47,6 +47,7 @@ from typing import Callable
 
 import duckdb
 
+from prism import folder_lock
 from prism import artifacts, settings, sql_views
 
 DEFAULT_JOB = Path("results/default")
@@ -394,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.query is None and not args.write_catalog:
         parser.error("give a query (or --write-catalog)")
     try:
-        if args.write_catalog:
-            print(f"prism sql: wrote {write_catalog(job_dir)}", file=sys.stderr)
+        if args.write_catalog:  # writes into the job: holds its lock (`folder_lock`)
+            with folder_lock.holding(job_dir, "prism sql"):
+                print(f"prism sql: wrote {write_catalog(job_dir)}", file=sys.stderr)
         if args.query is None:
             return 0
         columns, rows, skipped = run_query(job_dir, args.query)
-    except SqlError as exc:
+    except (SqlError, folder_lock.FolderBusy) as exc:
         print(f"prism sql: error: {exc}", file=sys.stderr)
         return 2
     except duckdb.Error as exc:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from prism import folder_lock
 from prism import job as job_files
 from prism import artifacts
 from prism.iterations import iteration_times
@@ -218,6 +219,7 @@ def _timing_lines(con) -> list[str]:
     return lines
 
 
+@folder_lock.locks_job("prism summary")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from prism import folder_lock
 from prism import job as job_files
 from prism import artifacts
 from prism.calibrate import durations as rules
@@ -271,6 +272,7 @@ def inputs(job_dir: Path, slices_dir: str = "slices") -> list[Path]:
             *(p for p in found if p.is_file())]
 
 
+@folder_lock.locks_job("prism slices durations")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism slices durations", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from prism import folder_lock
 from prism import job as job_files
 from prism.artifacts import ArtifactError, is_prism_artifact, same_run, write_outputs
 from prism.calibrate import durations as dur_rules
@@ -105,6 +106,7 @@ def _summary(tables: dict[str, pa.Table], schedule: Schedule, seconds: float, ou
     return text + f" -> {out}"
 
 
+@folder_lock.locks_job("prism calibrate")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, required=True, help="job folder (results/<job>) holding graph/")

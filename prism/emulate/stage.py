@@ -29,7 +29,7 @@ from prism import artifacts
 from prism.calibrate import substitute
 from prism.job import GraphTablesError, load_graph
 from prism.emulate import inputs, outputs, sandbox
-from prism.runtime.launch import run_files
+from prism import folder_lock
 
 PREFIX = "prism emulate"
 
@@ -39,7 +39,8 @@ class EmulateError(Exception):
 
 
 def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | None, steps: int | None,
-                   pruning: bool, prefetch_mb: int | None, pin: bool, what_if: list[str] = ()) -> list[str]:
+                   pruning: bool, prefetch_mb: int | None, pin: bool, what_if: list[str] = (),
+                   hang_timeout: float | None = None) -> list[str]:
     """The ``prism launch --mode emulate`` command line (the contract with the runtime)."""
     cmd = [sys.executable, "-m", "prism.cli", "launch", "--nproc", str(job.world), "--mode", "emulate",
            "--capture", str(job.dir), "--sandbox", ",".join(map(str, ranks)), "--out", str(out)]
@@ -53,6 +54,8 @@ def launch_command(job: inputs.Job, ranks: list[int], out: Path, devices: int | 
         cmd += ["--steps-limit", str(steps)]
     if pin:
         cmd.append("--pin")
+    if hang_timeout is not None:
+        cmd += ["--hang-timeout", f"{hang_timeout:g}"]
     return cmd + job.program + list(what_if)
 
 
@@ -103,40 +106,31 @@ def _publish(staging: Path, final: Path) -> None:
 STAGING = ".emulation.tmp-"  # JOB/.emulation.tmp-PID: this stage's staging; .emulation.old-PID: its trash
 
 
-def _claim(job_dir: Path) -> int:
-    """The job folder's lock (the one a launch holds on its --out), then the staging of emulations that were
-    killed outright removed: while we hold the lock, no live emulation owns them."""
+def _check_job(job_dir: Path) -> None:
     if not job_dir.is_dir():
         raise EmulateError(f"{job_dir}: no such job folder; capture the job first (the pipeline, or prism launch "
                            "--mode capture)")
-    try:
-        fd = run_files.lock_folder(job_dir, lambda holder: f"{job_dir} is in use by another prism run (pid "
-                                   f"{holder}); wait for it to finish (two emulations of one job would write one "
-                                   "emulation/ and share cores, so both timings would be wrong)")
-    except OSError as exc:
-        raise EmulateError(f"{job_dir}: cannot lock the job folder ({exc.strerror}); make it writable") from None
-    except run_files.OutError as exc:
-        raise EmulateError(str(exc)) from None
-    for entry in job_dir.iterdir():
-        if entry.name.startswith((STAGING, ".emulation.old-")):
-            shutil.rmtree(entry, ignore_errors=True)
-    return fd
 
 
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
             pruning: bool = True, prefetch_mb: int | None = None, force: bool = False, pin: bool = True,
-            launch=None, what_if: list[str] = ()) -> tuple[outputs.Emulation, str]:
+            launch=None, what_if: list[str] = (), hang_timeout: float | None = None) -> tuple[outputs.Emulation, str]:
     """Run the stage, holding the job folder's lock; returns the emulation and its summary. `what_if`:
     arguments appended to the capture's program for the sandbox ranks (a changed program; its communication
     must stay the capture's). `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
-    lock = _claim(job_dir)
-    try:
-        return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if)
-    finally:
-        run_files.unlock_folder(job_dir, lock)
+    _check_job(job_dir)
+    try:  # the job folder's lock (every command writing into it takes it), the dead ones' staging swept
+        with folder_lock.holding(job_dir, PREFIX):
+            return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if,
+                            hang_timeout)
+    except folder_lock.FolderBusy as exc:
+        raise EmulateError(f"{exc} (two emulations of one job would write one emulation/ and share cores, so "
+                           "both timings would be wrong)") from None
+    except PermissionError as exc:
+        raise EmulateError(f"{job_dir}: cannot lock the job folder ({exc.strerror}); make it writable") from None
 
 
-def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if):
+def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if, hang_timeout):
     began = time.monotonic()
     final = job_dir / "emulation"
     if final.exists() and any(final.iterdir()) and not force:
@@ -145,6 +139,8 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
         raise EmulateError(f"--steps {steps}: emulate at least one step")
     if devices is not None and devices < 1:
         raise EmulateError(f"--devices {devices}: at least one device slot")
+    if hang_timeout is not None and not hang_timeout >= 0:
+        raise EmulateError(f"--hang-timeout {hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
     job = inputs.load(job_dir)
     ranks_table = artifacts.read_parquet(job_files.graph_file(job_dir, "ranks"))
     ranks = sandbox.resolve(spec, ranks_table)
@@ -164,7 +160,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     shutil.rmtree(staging, ignore_errors=True)
     run_dir = staging / "run"
     try:
-        cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin, what_if)
+        cmd = launch_command(job, ranks, run_dir, devices, steps, pruning, prefetch_mb, pin, what_if, hang_timeout)
         staging.mkdir(parents=True)
         launch_log = staging / "launch.log"
         code = launch(cmd, run_dir) if launch is not None else _run(cmd, launch_log)
@@ -208,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch-mb", type=int, help="payload prefetch pool size in MiB (0: off)")
     parser.add_argument("--force", action="store_true", help="replace an existing JOB/emulation")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the sandbox ranks to cores")
+    parser.add_argument("--hang-timeout", type=float, metavar="S",
+                        help="seconds the sandbox ranks and the replay worker may all wait with no op completing "
+                             "before the hang is named (exit 86; default $PRISM_HANG_TIMEOUT or 60; 0: never)")
     parser.add_argument("--what-if-args", default="",
                         help="what-if: arguments appended to the capture's program for the sandbox ranks, e.g. "
                              "'--extra-compute-ms 20 --extra-compute-rank 7' (values and compute may change, the "
@@ -222,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminated)  # SLURM, Snakemake: stop the launcher, remove staging
     try:
         _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
-                          args.prefetch_mb, args.force, not args.no_pin, what_if=what_if)
+                          args.prefetch_mb, args.force, not args.no_pin, what_if=what_if,
+                          hang_timeout=args.hang_timeout)
     except Terminated:
         print(f"{PREFIX}: stopped by SIGTERM; the launcher and its ranks stopped, nothing written", file=sys.stderr)
         return 128 + signal.SIGTERM

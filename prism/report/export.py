@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from prism import folder_lock
 from prism.artifacts import ArtifactError, check_out, stage_error
 from prism.report.data import TIMELINES, Timeline, load_timeline
 
@@ -254,6 +255,7 @@ def export(job: str | Path, timeline: str, fmt: str, out: str | Path | None = No
     return folder
 
 
+@folder_lock.locks_job("prism export")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

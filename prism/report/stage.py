@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from prism import folder_lock
 from prism import job as job_files
 from prism.artifacts import check_out, same_run, stage_error
 
@@ -45,6 +46,7 @@ def _ranks(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: give rank numbers separated by commas, e.g. 3,17") from None
 
 
+@folder_lock.locks_job("prism report")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,10 +32,13 @@ class Mode:
     ranks_option: str | None  # the option naming the ranks run for real (None: all W ranks run)
     sandbox: bool = False  # emulate: the real ranks are a sandbox on --devices slots inside the replayed
     #                        job (their output also in OUT/logs, their transports' numbers in meta.json)
-    watchdog: bool = False  # real, slice: each rank (slice: each slice rank) runs the hang watchdog (--hang-timeout)
+    watchdog: bool = False  # real, slice, emulate: each rank run for real runs the hang watchdog (--hang-timeout;
+    #                         emulate: the replay worker takes part)
     timed: bool = False  # slice: --timed-by times the replayed ranks on a calibrated timeline
     computes: bool = False  # capture, slice, emulate: prism computes the collectives' results, so only what its
     #                         semantics define is carried (no PREMUL_SUM, no sparse tensors: `unsupported`)
+    stall_watch: bool = False  # the pipeline's runs (capture, slice, emulate): the launcher names a run whose
+    #                            processes stopped moving, then stops it (`launch.stall`, PRISM_STALL_TIMEOUT)
 
     @property
     def replay(self) -> bool:
@@ -70,14 +73,15 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          ranks_option=None, watchdog=True),
     Mode("capture", intercepted=True, transport="prism.runtime.capture.transport:for_group", recorder="plain",
          coordinator=True, replay_role=None, replay_name=None, store_in_supervisor=True, needs_capture=False,
-         ranks_option=None, computes=True),
+         ranks_option=None, computes=True, stall_watch=True),
     Mode("slice", intercepted=True, transport="prism.runtime.slice.transport:for_group", recorder="checked",
          coordinator=False, replay_role="prism.runtime.slice.replay_server:serve_spec",
          replay_name="the replay server", store_in_supervisor=True, needs_capture=True,
-         ranks_option="--slice-ranks", timed=True, watchdog=True, computes=True),
+         ranks_option="--slice-ranks", timed=True, watchdog=True, computes=True, stall_watch=True),
     Mode("emulate", intercepted=True, transport="prism.runtime.emulate.transport:for_group", recorder="checked",
          coordinator=False, replay_role="prism.runtime.emulate.worker:serve", replay_name="the replay worker",
-         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True, computes=True),
+         store_in_supervisor=True, needs_capture=True, ranks_option="--sandbox", sandbox=True, watchdog=True,
+         computes=True, stall_watch=True),
 )}
 
 

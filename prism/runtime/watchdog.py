@@ -12,6 +12,11 @@ shape, in the words capture uses — to the launcher's status folder; the launch
 prints it and exits with `HANG_EXIT_CODE`. A rank that computes is never stuck, so a long compute phase of
 one rank (even with async ops in flight) does not turn the others' waits into a hang.
 
+In emulate the sandbox ranks' peers are the virtual ranks, all played by one replay worker: the worker
+takes part in the same rule (`ReplayWatch`): it publishes what it waits on when none of its ops completed
+for the timeout, and the verdict needs it stuck (or done) too; then whichever of them sees the verdict
+first (the worker when the sandbox ranks merely sleep) reports it.
+
 The timeout: `PRISM_HANG_TIMEOUT` seconds (`prism launch --hang-timeout S`; default 60; 0 turns it off).
 """
 
@@ -32,6 +37,7 @@ ENV = settings.HANG_TIMEOUT.name
 DEFAULT_TIMEOUT_S = 60.0
 REPORT = "hang.txt"  # in the launcher's status folder (PRISM_STATUS_DIR)
 _KEY = "prism-watchdog/"
+REPLAY_KEY = _KEY + "replay"  # emulate: the replay worker's state (`ReplayWatch`)
 COMPUTING_CPU_FRACTION = 0.02  # the program's thread used more CPU than this share of a poll: it computes
 STOP_WAIT_S = 30.0  # how long the reporting rank waits to be stopped by the launcher before it exits itself
 
@@ -52,15 +58,16 @@ def timeout_from_env(environ=os.environ) -> float:
     return value
 
 
-def start(store, rank: int, world: int, ranks: list[int] | None = None) -> "Watchdog | None":
+def start(store, rank: int, world: int, ranks: list[int] | None = None,
+          replayed: bool = False) -> "Watchdog | None":
     """Start this rank's watchdog over the job's store (once; None when turned off). `ranks`: the ranks that
     run for real and watch each other (default all `world`; a slice run: the slice's, the replay server
-    answering for the others)."""
+    answering for the others). `replayed`: a replay worker takes part in the rule (emulate, `ReplayWatch`)."""
     global active
     if active is None:
         timeout_s = timeout_from_env()
         if timeout_s > 0:
-            active = Watchdog(store, rank, world, timeout_s, settings.STATUS_DIR.get(), ranks)
+            active = Watchdog(store, rank, world, timeout_s, settings.STATUS_DIR.get(), ranks, replayed)
     return active
 
 
@@ -72,8 +79,9 @@ def stop() -> None:
 
 class Watchdog:
     def __init__(self, store, rank: int, world: int, timeout_s: float, status_dir: str | None,
-                 ranks: list[int] | None = None) -> None:
+                 ranks: list[int] | None = None, replayed: bool = False) -> None:
         self.store, self.rank, self.world = store, rank, world
+        self.replayed = replayed
         self.ranks = list(ranks) if ranks is not None else list(range(world))  # the ranks that watch
         self.timeout_s = timeout_s
         self.status_dir = status_dir
@@ -143,8 +151,11 @@ class Watchdog:
         if states is None:  # the store is gone (its host, rank 0, died): say what this rank knows
             self._declare({self.rank: self._state("stuck", waits)}, "the job's store is unreachable")
         elif all(s["state"] in ("stuck", "exited", "idle") for s in states.values()) and len(states) == len(self.ranks):
+            replay = replay_state(self.store) if self.replayed else None
+            if self.replayed and (replay is None or replay["state"] not in ("stuck", "done")):
+                return  # the replay worker still makes progress (or has not said): no verdict yet
             if self.store.add(_KEY + "verdict", 1) == 1:  # one rank reports
-                self._declare(states, None)
+                self._declare(states, None, replay)
 
     def _computing(self) -> bool:
         """Whether the program's thread used CPU since the last check (a thread blocked in a wait uses none)."""
@@ -166,30 +177,105 @@ class Watchdog:
             pass
 
     def _states(self) -> dict[int, dict] | None:
-        """Every rank's published state (ranks that published none are missing)."""
-        out = {}
-        try:
-            for r in self.ranks:
-                key = _KEY + str(r)
-                if self.store.check([key]):
-                    out[r] = json.loads(self.store.get(key))
-        except Exception:  # noqa: BLE001 - connection refused / reset: the store's host is gone
-            return None
-        return out
+        return states_of(self.store, self.ranks)
 
-    def _declare(self, states: dict[int, dict], note: str | None) -> None:
-        text = diagnose(states, len(self.ranks), self.timeout_s, note)
+    def _declare(self, states: dict[int, dict], note: str | None, replay: dict | None = None) -> None:
+        text = diagnose(states, len(self.ranks), self.timeout_s, note, replay)
         if self.status_dir:  # the launcher stops every rank at once (no rank sees a peer vanish first)
-            tmp = os.path.join(self.status_dir, f".{REPORT}.{self.rank}")
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, os.path.join(self.status_dir, REPORT))
+            write_report(self.status_dir, text, str(self.rank))
             time.sleep(STOP_WAIT_S)
         else:  # not under prism launch: say it here
             print(f"[prism] hang: {text}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(HANG_EXIT_CODE)
+
+
+def states_of(store, ranks: list[int]) -> dict[int, dict] | None:
+    """Every rank's published state (ranks that published none are missing); None: the store is gone."""
+    out = {}
+    try:
+        for r in ranks:
+            key = _KEY + str(r)
+            if store.check([key]):
+                out[r] = json.loads(store.get(key))
+    except Exception:  # noqa: BLE001 - connection refused / reset: the store's host is gone
+        return None
+    return out
+
+
+def replay_state(store) -> dict | None:
+    """The replay worker's published state (emulate), None when it published none."""
+    try:
+        return json.loads(store.get(REPLAY_KEY)) if store.check([REPLAY_KEY]) else None
+    except Exception:  # noqa: BLE001 - the store is gone
+        return None
+
+
+def write_report(status_dir: str, text: str, who: str) -> None:
+    """The diagnosis, where the launcher looks for it (it then stops every process of the job)."""
+    tmp = os.path.join(status_dir, f".{REPORT}.{who}")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(status_dir, REPORT))
+
+
+class ReplayWatch:
+    """The replay worker's part in the rule (emulate): every poll it compares `progress()` (ops it completed)
+    with the last; when it did not move for the timeout while `waits()` is not empty (each wait: [what,
+    on which group, the sandbox ranks it waits for]), it publishes itself stuck; when the sandbox ranks are
+    all stuck, idle or exited too, the job hangs and it reports (the launcher stops every process)."""
+
+    def __init__(self, store, sandbox: list[int], timeout_s: float, status_dir: str | None, progress, waits) -> None:
+        self.store, self.sandbox, self.timeout_s, self.status_dir = store, list(sandbox), timeout_s, status_dir
+        self.progress, self.waits = progress, waits
+        self.poll_s = min(1.0, timeout_s / 4)
+        self.finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="prism-replay-watchdog", daemon=True)
+        self._thread.start()
+
+    def done(self) -> None:
+        """Everything replayed: the worker waits for nothing."""
+        self.finished.set()
+        self._publish({"state": "done", "waits": []})
+
+    def _publish(self, state: dict) -> None:
+        try:
+            self.store.set(REPLAY_KEY, json.dumps(state))
+        except Exception:  # noqa: BLE001 - the store is gone: the launcher sees the job end
+            pass
+
+    def _run(self) -> None:
+        last, since, published = self.progress(), time.monotonic(), "running"
+        while not self.finished.wait(self.poll_s):
+            try:
+                now, seen = time.monotonic(), self.progress()
+                if seen != last:
+                    last, since = seen, now
+                waits = self.waits()
+                if not waits or now - since < self.timeout_s:
+                    if published == "stuck":
+                        published = "running"
+                        self._publish({"state": "running", "waits": []})
+                    continue
+                state = {"state": "stuck", "waits": waits[:16], "idle_s": now - since}
+                self._publish(state)
+                published = "stuck"
+                states = states_of(self.store, self.sandbox)
+                if states is None or len(states) < len(self.sandbox):
+                    continue
+                if all(s["state"] in ("stuck", "exited", "idle") for s in states.values()) \
+                        and self.store.add(_KEY + "verdict", 1) == 1:
+                    text = diagnose(states, len(self.sandbox), self.timeout_s, None, state)
+                    if self.status_dir:
+                        write_report(self.status_dir, text, "replay")
+                    else:
+                        print(f"[prism] hang: {text}", file=sys.stderr, flush=True)
+                    return
+            except Exception as exc:  # noqa: BLE001 - the watchdog must never break the replay
+                print(f"[prism] replay worker: hang watchdog stopped: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+                return
 
 
 # -- the diagnosis (pure: states in, text out) ------------------------------------------------------------
@@ -248,8 +334,10 @@ def _doing(rank: int, states: dict[int, dict], groups: dict) -> str:
     return f"rank {rank} waits in {_op_text(first, groups)}{' (' + sig + ')' if sig else ''}"
 
 
-def diagnose(states: dict[int, dict], world: int, timeout_s: float, note: str | None = None) -> str:
-    """The message: one line per stuck communication, like capture's (which ranks wait where, with what)."""
+def diagnose(states: dict[int, dict], world: int, timeout_s: float, note: str | None = None,
+             replay: dict | None = None) -> str:
+    """The message: one line per stuck communication, like capture's (which ranks wait where, with what);
+    `replay`: the replay worker's state (emulate), its waits named with the sandbox ranks they wait for."""
     groups: dict[str, tuple] = {}
     for s in states.values():
         groups.update({k: tuple(v) for k, v in s["groups"].items()})
@@ -291,6 +379,10 @@ def diagnose(states: dict[int, dict], world: int, timeout_s: float, note: str | 
         why = " (ops differ: a rank skipped or reordered a collective on this group)" if show_op else ""
         prefix = "collective mismatch at " if show_op else ""
         lines.append(f"  {prefix}{op} #{seq} on {_label(groups, name)}{why}: " + "; ".join(parts))
+    for what, on, sandbox in (replay or {}).get("waits", []) if (replay or {}).get("state") == "stuck" else []:
+        doing = "; ".join(_doing(r, states, groups) for r in sandbox[:8]) or "no sandbox rank"
+        lines.append(f"  the replay worker (the virtual ranks) waits in {what} on {on} for sandbox "
+                     f"{_who(sandbox) if sandbox else 'ranks'}: {doing}")
     exited = [r for r, s in states.items() if s["state"] == "exited"]
     if exited and len(exited) < world:
         lines.append(f"  finished ranks: {_ranges(exited)}")

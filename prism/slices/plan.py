@@ -29,6 +29,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from prism import folder_lock
 from prism import artifacts, schemas
 from prism import job as job_files
 
@@ -199,6 +200,7 @@ def plan_tables(events: pl.DataFrame, comms: pl.DataFrame, ranks: pl.DataFrame, 
     return pa.table(rows, schema=schemas.SLICE_PLAN)
 
 
+@folder_lock.locks_job("prism slices plan")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism slices plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -45,6 +45,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prism import folder_lock
 from prism import artifacts, event_sequence, schemas, settings
 from prism import job as job_files
 from prism import config as prism_config
@@ -223,6 +224,7 @@ def run_all(job: Path, config_json: str | None, capture: Path | None, pin: bool,
     return 0
 
 
+@folder_lock.locks_job("prism slices run")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism slices run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

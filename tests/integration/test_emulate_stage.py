@@ -337,8 +337,10 @@ def test_summary_report_and_bench_show_the_same_figures(job):
         measured, under, program)
 
 
-def test_a_second_emulation_of_the_job_is_refused_while_the_first_runs(job, capsys):
-    """Issue 23: two `prism emulate --job J` at once both exited 0, one emulation/ kept, both on one core."""
+def test_a_second_emulation_of_the_job_is_refused_while_the_first_runs(job, capsys, monkeypatch):
+    """Issue 23: two `prism emulate --job J` at once both exited 0, one emulation/ kept, both on one core.
+    (With PRISM_LOCK_WAIT=0 the second is refused at once; by default it waits for the first.)"""
+    monkeypatch.setenv("PRISM_LOCK_WAIT", "0")
     inner = fake_launcher(job, [2], [])
     second = {}
 
@@ -349,7 +351,7 @@ def test_a_second_emulation_of_the_job_is_refused_while_the_first_runs(job, caps
 
     stage.emulate(job, "2", launch=launch)
     assert second["code"] == 2, second["err"]
-    assert f"{job} is in use by another prism run (pid {os.getpid()})" in second["err"]
+    assert f"{job} is in use by another prism run (pid {os.getpid()}: prism emulate)" in second["err"]
     assert (job / "emulation" / "events.parquet").is_file() and not (job / ".prism.lock").exists()
 
 

@@ -82,7 +82,7 @@ def test_bad_hang_timeout_is_refused():
     proc = run_prism(["launch", "--nproc", "2", str(PROGRAMS / "ddp.py")], PRISM_HANG_TIMEOUT="soon")
     assert proc.returncode == 2 and "PRISM_HANG_TIMEOUT='soon' is not a number" in proc.stderr
     proc = run_prism(["launch", "--nproc", "2", "--mode", "capture", "--hang-timeout", "5", str(PROGRAMS / "ddp.py")])
-    assert proc.returncode == 2 and "--hang-timeout belongs to --mode real and slice" in proc.stderr
+    assert proc.returncode == 2 and "--hang-timeout belongs to --mode real, slice and emulate" in proc.stderr
 
 
 def test_slice_mode_names_the_hang_of_its_ranks(tmp_path):
@@ -102,3 +102,32 @@ def test_slice_mode_names_the_hang_of_its_ranks(tmp_path):
     assert "rank 1 is idle (no op and no compute" in proc.stderr, proc.stderr
     assert time.monotonic() - start < 60
     assert not (tmp_path / "slice" / "raw").exists() and not _left(prog.name)
+
+
+def test_emulate_names_a_sleeping_sandbox_rank(tmp_path):
+    """The real-mode rule in emulate (issue 23: a sandbox rank that slept was never diagnosed): the replay
+    worker takes part in the watchdog, so one sandbox rank sleeping while the virtual ranks wait on it ends
+    in exit 86 naming it and what the worker waits in; every process stopped, nothing published. Then the
+    `prism emulate` stage over the same job: exit 86, no emulation/ and no staging left."""
+    prog = tmp_path / f"hang_in_emulate_{os.getpid()}.py"
+    shutil.copy(PROGRAMS / "hang_in_slice.py", prog)
+    job = tmp_path / "job"
+    for args in (["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(job), str(prog),
+                  "--sleep-in", "emulate"], ["graph", "--job", str(job)], ["calibrate", "--job", str(job)]):
+        proc = run_prism(args, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    start = time.monotonic()
+    proc = run_prism(["launch", "--nproc", "4", "--mode", "emulate", "--capture", str(job), "--sandbox", "1",
+                      "--hang-timeout", "2", "--out", str(tmp_path / "emu"), str(prog), "--sleep-in", "emulate"],
+                     timeout=120)
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
+    assert "the replay worker (the virtual ranks) waits in all_reduce #1 on group" in proc.stderr, proc.stderr
+    assert "for sandbox rank 1: rank 1 is idle (no op and no compute" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "emu").exists() and not _left(prog.name)
+
+    proc = run_prism(["emulate", "--job", str(job), "--sandbox", "1", "--hang-timeout", "2"], timeout=120)
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr  # the stage forwards the launcher's output on its stdout
+    assert "rank 1 is idle" in said and "prism launch exit code 86" in proc.stderr, said[-3000:]
+    assert not (job / "emulation").exists() and not list(job.glob(".emulation.*")) and not _left(prog.name)

@@ -47,8 +47,8 @@ def test_temp_tag_names_this_process():
 def test_a_new_folder_is_created_locked_and_removed_after_a_failure(tmp_path):
     out = tmp_path / "a" / "b"
     claim = run_files.OutFolder(out, force=False)
-    assert out.is_dir() and (out / run_files.LOCK_NAME).read_text() == f"{os.getpid()}\n"
-    with pytest.raises(run_files.OutError, match=rf"in use by another prism launch \(pid {os.getpid()}\)"):
+    assert out.is_dir() and (out / run_files.LOCK_NAME).read_text() == f"{os.getpid()}\nprism launch\n"
+    with pytest.raises(run_files.OutError, match=rf"in use by another prism launch \(pid {os.getpid()}: prism launch\)"):
         run_files.OutFolder(out, force=False)
     claim.release(failed=True)
     assert not (tmp_path / "a").exists(), "a failed run left the folders it created"
@@ -103,7 +103,7 @@ def test_launch_refuses_a_locked_or_used_folder_with_exit_2(tmp_path, capsys):
     claim = run_files.OutFolder(out, force=False)
     try:
         assert launcher.main(["--nproc", "1", "--out", str(out), str(prog)]) == 2
-        assert f"in use by another prism launch (pid {os.getpid()})" in capsys.readouterr().err
+        assert f"in use by another prism launch (pid {os.getpid()}: prism launch)" in capsys.readouterr().err
     finally:
         claim.release(failed=False)
     (out / "raw").mkdir()

@@ -37,6 +37,7 @@ payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -47,7 +48,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism import settings
 from prism.runtime.emulate import compensation as comp
-from prism.runtime import ops, semantics, shm
+from prism.runtime import ops, semantics, shm, watchdog
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
@@ -474,4 +475,7 @@ def for_group(opts, name: str, members: list[int], desc: str | None, asked: str,
         _T0_NS.append(common_start(job_store(opts.store), len(sandbox_ranks()) + 1))
         if rec is not None:
             rec.resync(_T0_NS[0])
+    # the sandbox ranks and the replay worker watch each other (`watchdog`: the real-mode rule)
+    watchdog.start(job_store(opts.store), int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   ranks=sorted(sandbox_ranks()), replayed=True)
     return EmulateTransport(opts.store, name, opts.group_rank, members, opts.timeout)

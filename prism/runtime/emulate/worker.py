@@ -28,7 +28,7 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism.runtime import shm
+from prism.runtime import shm, watchdog
 from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate import pruned
 from prism.runtime.emulate import transport
@@ -108,6 +108,28 @@ class EmulationWorker(VirtualRanks):
         for i in range(max((len(s) for s in streams), default=0)):
             order += [s[i] for s in streams if i < len(s)]
         self.pool.schedule(self._path(d) for d in order)
+
+    def watch(self, store, spec: ZygoteSpec) -> "watchdog.ReplayWatch | None":
+        """The worker's part in the hang watchdog (`watchdog.ReplayWatch`; None when it is turned off)."""
+        timeout_s = watchdog.timeout_from_env()
+        if timeout_s <= 0:
+            return None
+        sandbox = set(self.plan.slice_ranks)
+
+        def waits() -> list[list]:
+            out = []
+            for who, what in sorted(self.state.items()):
+                if what == "done":
+                    continue
+                group = who.split(" group ", 1)[1].split(" ", 1)[0] if " group " in who else who.split(" ", 1)[1]
+                members = self.plan.groups.get(group, [])
+                shown = ",".join(map(str, members)) if len(members) <= 16 else f"{len(members)} ranks"
+                label = f"{what} ({who.split(' group ')[0]})" if who.startswith("p2p") else what
+                out.append([label, f"group {group}[{shown}]", sorted(sandbox.intersection(members))])
+            return out
+
+        return watchdog.ReplayWatch(store, sorted(sandbox), timeout_s, spec.status_dir,
+                                    lambda: self.ops + self.messages, waits)
 
     def compensators(self, group: str) -> list[tuple[int, int, list[int]]]:
         """(participant index, rank, run) of the group's compensators."""
@@ -242,6 +264,7 @@ def serve(spec: ZygoteSpec) -> int:
             return 1
     threads = worker.start()
     store = worker.shared_store()
+    watch = worker.watch(store, spec)
     if worker.timed is not None:  # before the common start, so that the sandbox ranks find it after it
         store.set(transport.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
     try:  # the common start: the sandbox ranks meet the worker at their first process group
@@ -256,6 +279,8 @@ def serve(spec: ZygoteSpec) -> int:
         return 1
     if not worker.run_to_end(threads, t0_ns, stop, "emulation worker"):
         return 1
+    if watch is not None:
+        watch.done()
     timed = worker.timed is not None
     if timed and spec.raw_staging:  # the replayed timeline of the virtual ranks
         folder = Path(spec.raw_staging) / "replay"

@@ -47,7 +47,7 @@ def run_rank(spec: ZygoteSpec, rank: int) -> int:
     import torch
 
     if spec.pin:
-        cores = sorted(os.sched_getaffinity(0))
+        cores = spec.cores or sorted(os.sched_getaffinity(0))  # the claimed ones (`launch.cores`)
         index = spec.ranks.index(rank) if spec.ranks else rank  # slice: one core per slice rank
         if modes.get(spec.mode).sandbox:  # the sandbox ranks share --devices slots
             index %= spec.devices
@@ -112,7 +112,10 @@ def run_replay(spec: ZygoteSpec) -> int:
     mode = modes.get(spec.mode)
     if spec.pin:  # keep off the slice ranks' cores where others are free (their timings are measured)
         cores = sorted(os.sched_getaffinity(0))
-        free = cores[spec.devices or len(spec.ranks):] if mode.sandbox else cores[len(spec.ranks):]
+        if spec.cores:  # the ranks' cores were claimed (`launch.cores`): the others
+            free = [c for c in cores if c not in spec.cores]
+        else:
+            free = cores[spec.devices or len(spec.ranks):] if mode.sandbox else cores[len(spec.ranks):]
         if free:
             os.sched_setaffinity(0, set(free))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # a socket per gloo pair of each virtual member

@@ -218,7 +218,8 @@ def validate(spec: LaunchSpec) -> None:
     if spec.hang_timeout is not None and not spec.hang_timeout >= 0:
         raise LaunchError(f"--hang-timeout {spec.hang_timeout:g}: give seconds >= 0 (0 turns the watchdog off)")
     if spec.hang_timeout is not None and not mode.watchdog:
-        watched = " and ".join(m.name for m in modes.MODES.values() if m.watchdog)
+        names = [m.name for m in modes.MODES.values() if m.watchdog]
+        watched = ", ".join(names[:-1]) + " and " + names[-1]
         raise LaunchError(f"--hang-timeout belongs to --mode {watched} (--mode {spec.mode} "
                           + ("names a hang by itself)" if mode.coordinator else "has no watchdog yet)"))
     try:

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from prism import schemas, settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
+from prism.runtime.launch import cores
 from prism.runtime.launch import limits
 from prism.runtime.launch import progress
+from prism.runtime.launch import stall
 from prism.runtime.launch import run_files
 from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
 from prism.runtime.launch.zygote_spec import ZygoteSpec
@@ -58,12 +60,20 @@ def launch(spec: LaunchSpec) -> int:
         out = run_files.OutFolder(spec.out, spec.force) if spec.out is not None else None
     except run_files.OutError as exc:
         raise LaunchError(str(exc)) from None
+    try:  # the cores its ranks are pinned to: no other prism run pins to them meanwhile (`cores`)
+        claim = cores.CoreClaim(cores.needed(spec.mode, spec.nproc, spec.pin, spec.devices, spec.slice_ranks),
+                                f"prism launch --mode {spec.mode}")
+    except (cores.CoresBusy, OSError) as exc:
+        if out is not None:
+            out.release(failed=True)
+        raise LaunchError(str(exc)) from None
     signals = _SignalForwarder()
     code = 1
     try:
-        code = _run(spec, run_id, signals)
+        code = _run(spec, run_id, signals, cores=claim.cores)
     finally:
         signals.restore()
+        claim.release()
         if out is not None:
             out.release(failed=code != 0)
     return code
@@ -114,7 +124,7 @@ def _launch_host(spec: LaunchSpec) -> int:
     return code
 
 
-def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=None) -> int:
+def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=None, cores: list[int] = ()) -> int:
     tag = run_files.temp_tag(run_id) + (hosts_run.staging_suffix() if hosts_run else "")
     status_dir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     staging = payload_staging = shm_dir = log_staging = None
@@ -122,6 +132,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
     code = 1
     try:
         env = _rank_environment(spec, status_dir)
+        if cores and mode.coordinator:  # capture's device slots: the claimed cores
+            env[settings.CORES.name] = ",".join(map(str, cores))
         if mode.intercepted and spec.out is not None:
             staging = spec.out / f".raw.tmp-{tag}"
             staging.mkdir()
@@ -142,6 +154,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             iterations=_iterations_expected(spec), device=settings.DEVICE.get(),
             rank_output=limits.rank_output(spec.nproc, spec.mode),
             device_memory_bytes=int(spec.device_memory_gb * 2**30) if spec.device_memory_gb else None,
+            cores=list(cores) or None,
         )
         if hosts_run is not None:  # this host's ranks of the whole job, the rendezvous at host 0
             zspec = dataclasses.replace(zspec, **hosts_run.zygote_spec())
@@ -161,7 +174,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
         zspec.write(spec_file)
         started = time.time()
         if signals.received is None:
-            code = _supervise_zygote(spec_file, env, signals)
+            code = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None)
         if signals.received is not None:
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
@@ -176,7 +189,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             if mode.sandbox:  # the worker's numbers and the sandbox ranks' transports'
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
-            _publish(staging, spec, run_id, started, stats, hosts_run.meta() if hosts_run else None)
+            _publish(staging, spec, run_id, started, stats, {**(hosts_run.meta() if hosts_run else {}),
+                                                             "pinned_cores": list(cores)})
             if payload_staging is not None:
                 _replace_dir(payload_staging, spec.out / "payloads", run_id)
             if log_staging is not None:
@@ -291,15 +305,22 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
     return env
 
 
-def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder) -> int:
-    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`."""
+def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder,
+                      watched: Path | None = None) -> int:
+    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`. `watched`: the
+    status folder of a run whose progress is watched (`stall`): stalled, it is named, then stopped (exit 86)."""
     proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
     signals.proc = proc
+    watch = stall.StallWatch(proc, watched, stall.timeout_s()) if watched is not None and stall.timeout_s() else None
     try:
         if signals.received is not None:  # arrived while it started
             proc.send_signal(signals.received)
         code = proc.wait()
+        if watch is not None and watch.stopped_run:
+            code = HANG_EXIT
     finally:
+        if watch is not None:
+            watch.close()
         signals.proc = None
         if proc.poll() is None:
             proc.kill()

@@ -2,8 +2,9 @@
 
 A job folder holds one run: launching into a folder with files in it would mix an older run's graph/,
 slices/ or prism.duckdb with the new raw/, so `claim_out` refuses it unless asked to clear it (`force`).
-While a launch writes to a folder it holds an `flock` on `OUT/.prism.lock` (the file holds its pid, for
-the message a second launch gets); the kernel drops the lock when the launcher dies, however it dies.
+While a launch writes to a folder it holds the folder's lock (`prism.folder_lock`, the one every command
+that writes into a job folder takes; a second launch is refused at once); the kernel drops it when the
+launcher dies, however it dies.
 
 Temporaries outside `--out` (`/dev/shm/prism-<pid>-<id>`, `/tmp/prism-<pid>-<id>-*`) carry the launcher's
 pid: `sweep_temporaries` removes those whose launcher is gone (killed with SIGKILL, or an older crash) and
@@ -13,16 +14,13 @@ swept by whoever holds the folder's lock: no live launch can own them then.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from prism.folder_lock import LOCK_NAME, FolderBusy, lock_folder, pid_alive, unlock_folder
 
-LOCK_NAME = ".prism.lock"
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 TEMP_NAME = re.compile(r"prism-(\d+)-[0-9a-f]{8}(?:-|$)")  # prism-<launcher pid>-<8 hex of the run id>[-...]
 OUT_TEMP_NAME = re.compile(r"\.(?:raw|payloads)\.(?:tmp|old)-")  # staging and trash folders in --out
@@ -35,16 +33,6 @@ class OutError(Exception):
 def temp_tag(run_id: str) -> str:
     """The name stem of this launch's temporaries (see TEMP_NAME)."""
     return f"prism-{os.getpid()}-{run_id[:8]}"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def sweep_temporaries(roots: list[str] | None = None) -> list[Path]:
@@ -72,42 +60,6 @@ def sweep_temporaries(roots: list[str] | None = None) -> list[Path]:
     return removed
 
 
-def lock_folder(folder: Path, in_use: Callable[[str], str]) -> int:
-    """Take the `flock` on `folder/.prism.lock` (writing our pid in it) and return its descriptor; raise
-    OutError(in_use(the holder's pid)) when another live prism run holds it.
-    The kernel drops the lock when its holder dies, however it dies."""
-    lock_path = folder / LOCK_NAME
-    while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            raise OutError(in_use(holder)) from None
-        try:  # the holder before us may have removed the file after we opened it: lock the current one
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def unlock_folder(folder: Path, fd: int) -> None:
-    """Drop a lock taken by `lock_folder` (and its file)."""
-    try:
-        os.unlink(folder / LOCK_NAME)
-    except FileNotFoundError:
-        pass
-    os.close(fd)
-
-
 class OutFolder:
     """A claimed --out folder: locked, swept of dead runs' staging, empty (or cleared with `force`).
 
@@ -131,8 +83,12 @@ class OutFolder:
             raise
 
     def _lock(self) -> None:
-        self.lock_fd = lock_folder(self.path, lambda holder: f"--out {self.path} is in use by another prism launch "
-                                   f"(pid {holder}); wait for it to finish, or choose another --out")
+        try:
+            self.lock_fd = lock_folder(self.path, lambda holder: f"--out {self.path} is in use by another prism "
+                                       f"launch (pid {holder}); wait for it to finish, or choose another --out",
+                                       "prism launch")
+        except FolderBusy as exc:
+            raise OutError(str(exc)) from None
 
     def _sweep_staging(self) -> None:
         for entry in self.path.iterdir():

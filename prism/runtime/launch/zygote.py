@@ -37,6 +37,7 @@ from prism.runtime import memory, modes, oom, unsupported, watchdog
 from prism.runtime.launch import forked_rank
 from prism.runtime.launch import immortal
 from prism.runtime.launch import limits
+from prism.runtime.launch import stall
 from prism.runtime.capture.coordinator_link import CoordinatorLink
 from prism.runtime.launch.rank_fork import ForkError, RankForker
 from prism.runtime.launch.rank_output import FileOutput, LineForwarder
@@ -147,6 +148,7 @@ def supervise(spec: ZygoteSpec) -> int:
         return LIMIT_EXIT
     children, ctl = forker.children, forker.ctl
     spec.pids = {rank: pid for pid, rank in children.items()}
+    stall.write_pids(spec.status_dir, children)  # the launcher's progress watchdog names them (`stall`)
     spec.fork_s = round(time.monotonic() - forks_began, 3)  # the fork loop (the ranks wait for it to end)
     spec.fork_helpers = forker.helpers
     # the threads made from here on (the store's, the coordinator's unlinker) keep SIGCHLD blocked: it is
@@ -361,6 +363,7 @@ def main() -> int:
     spec = ZygoteSpec.read(Path(sys.argv[1]))
     mode = modes.get(spec.mode)
     forked_rank.die_with_parent()
+    stall.enable_dumps()  # it and the ranks it forks dump their stacks on the progress watchdog's signal
     _keep_cuda_for_the_ranks()
     if spec.pin:
         os.environ["OMP_NUM_THREADS"] = "1"

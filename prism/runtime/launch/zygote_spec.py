@@ -28,6 +28,7 @@ class ZygoteSpec:
     module: str | None = None
     args: list[str] = field(default_factory=list)
     pin: bool = False  # one core per rank
+    cores: list[int] | None = None  # the cores this run claimed (`launch.cores`): the ranks are pinned to these
     devices: int | None = None  # capture / emulate: the device slots the ranks share
     shm_dir: str | None = None  # capture: the run's shared-memory folder
     preload: list[str] = field(default_factory=list)  # modules imported (and warmed up) in the zygote
