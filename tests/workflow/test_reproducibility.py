@@ -19,12 +19,50 @@ from tests.workflow.runs import (SNAKEMAKE, differences, half_written, processes
 pytestmark = pytest.mark.slow
 
 
-def _wait_for(predicate, proc, what: str, log, timeout: float = 600) -> None:
+def _zygote(sid: int) -> list[int]:
+    """The zygote of session `sid`'s launcher: the process running prism.runtime.launch.zygote whose parent does
+    not (its forked ranks have its command line too)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat", "rb").read()
+            fields = stat[stat.rindex(b")") + 2:].split()  # state, ppid, pgrp, session, ...
+            if int(fields[3]) == sid and b"prism.runtime.launch.zygote" in open(f"/proc/{entry}/cmdline",
+                                                                                 "rb").read():
+                found[int(entry)] = int(fields[1])
+        except (OSError, ValueError):
+            continue
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def _stop_forked_ranks(zygote: int) -> list[int]:
+    """SIGSTOP the zygote's forked ranks (its children with its command line; not a helper it runs); the ones
+    stopped."""
+    stopped = []
+    try:
+        children = [int(c) for t in os.listdir(f"/proc/{zygote}/task")
+                    for c in open(f"/proc/{zygote}/task/{t}/children").read().split()]
+    except OSError:
+        return []
+    for pid in children:
+        try:
+            if b"prism.runtime.launch.zygote" in open(f"/proc/{pid}/cmdline", "rb").read():
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        except OSError:  # gone already
+            continue
+    return stopped
+
+
+def _wait_for_pid(find, proc, what: str, log, timeout: float = 600, period: float = 0.05) -> list[int]:
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (found := find()):
         assert proc.poll() is None, f"snakemake ended before {what}: {log.read_text()}"
         assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
-        time.sleep(0.2)
+        time.sleep(period)
+    return found
 
 
 @pytest.mark.timeout(1500)
@@ -38,10 +76,18 @@ def test_ctrl_c_during_capture_leaves_nothing_half_written_and_resumes(tiny_refe
     proc = subprocess.Popen([*SNAKEMAKE, *args], cwd=REPO, env=snakemake_env(), stdout=log_file,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # the capture's ranks have started (their first line): mid-stage. (Waiting for "step=1" raced with
-        # the 3-step capture's end on a loaded box: its lines can reach the log together.)
-        _wait_for(lambda: log.is_file() and "moe_gpt: rank" in log.read_text(), proc, "capture ranks", out_log)
+        # mid-stage, deterministically: the tiny capture's ranks live ~0.2 s (its 3 steps), less than a poll of
+        # the log could catch on a loaded box. So its first rank is stopped (SIGSTOP) as soon as the zygote has
+        # forked it, Ctrl-C goes to the whole group, and the stopped ranks resume into it.
+        zygote, = _wait_for_pid(lambda: _zygote(proc.pid), proc, "the zygote", out_log)
+        ranks = _wait_for_pid(lambda: _stop_forked_ranks(zygote), proc, "a forked rank", out_log, period=0.002)
         os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.5)  # the launcher and zygote take the signal while the ranks are stopped mid-capture
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:  # stopped for good by the zygote (SIGKILL reaches a stopped process)
+                pass
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
