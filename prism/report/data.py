@@ -73,21 +73,21 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
         raise ReportError(f"unknown timeline {name!r}: choose one of {', '.join(TIMELINES)}")
     graph_stage = f"the graph stage (prism graph --job {job})"
     if name == "capture":
-        events = _from_host_clock(_graph_events(job / "graph", graph_stage))
-        comms = _comms(job / "graph", graph_stage)
+        events = _from_host_clock(_graph_events(job_files.graph_dir(job), graph_stage))
+        comms = _comms(job_files.graph_dir(job), graph_stage)
     elif name == "baseline":
         stage = f"the baseline (prism baseline, then prism graph --job {job / 'baseline'})"
         events = _from_host_clock(_graph_events(job_files.graph_dir(job_files.baseline(job)), stage))
         comms = _comms(job_files.graph_dir(job_files.baseline(job)), stage)
     elif name == "calibrated":
-        events = _graph_events(job / "graph", graph_stage)
+        events = _graph_events(job_files.graph_dir(job), graph_stage)
         times = _read(job_files.calibrated(job, "timeline"), f"the calibrate stage (prism calibrate --job {job})",
                       ["event_id", "start_ns", "end_ns"])
         events = events.join(times, on="event_id", how="inner")
         if events.height != times.height:
             raise ReportError(f"{job / 'calibrated' / 'timeline.parquet'}: its event ids are not the graph's: "
                               f"re-run prism calibrate --job {job}")
-        comms = _comms(job / "graph", graph_stage)
+        comms = _comms(job_files.graph_dir(job), graph_stage)
     else:
         path = job_files.emulation(job, "events.parquet")
         events = _read(path, "the emulation stage (snakemake with an `emulate` section in the config)")
@@ -98,7 +98,7 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
                                 ("mem_peak_bytes", -1), ("group_name", None), ("iteration", 0)):
             if column not in events.columns:
                 events = events.with_columns(pl.lit(default).alias(column))
-        comms = _comms(job / "graph", graph_stage)
+        comms = _comms(job_files.graph_dir(job), graph_stage)
     keep = EVENT_COLUMNS + ["start_ns", "end_ns"] + (["source"] if "source" in events.columns else [])
     events = events.select(keep).sort("rank", "seq")
     return Timeline(name, events, comms)

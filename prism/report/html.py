@@ -95,7 +95,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     page.facts(header.facts(job, calibrated.world) + [
         ("iterations, events", f"{iterations['iteration'].n_unique()} iterations, {calibrated.events.height:,} "
                                "events (predicted timeline)")])
-    ranks_path = job / "graph" / "ranks.parquet"
+    ranks_path = job_files.graph_file(job, "ranks")
     rank_rows = pl.read_parquet(ranks_path) if ranks_path.is_file() else None
     if rank_rows is not None and "iteration_rule" in rank_rows.columns:
         rules = rank_rows.group_by("iteration_rule", "microbatch_rule", "iterations").len().sort("len")
@@ -185,9 +185,9 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
     else:
         page.figure(plots.memory(mem))
 
-    if (job / "emulation" / "iterations.parquet").is_file():
+    if job_files.emulation(job, "iterations.parquet").is_file():
         _emulation_section(page, job)
-    if (job / "emulation" / "events.parquet").is_file():
+    if job_files.emulation(job, "events.parquet").is_file():
         _emulation_memory(page, job)
     if baseline is None:
         page.heading("Baseline (the real run)")
@@ -240,7 +240,7 @@ def _emulation_section(page: Page, job: Path) -> None:
 
 
 def _emulation_memory(page: Page, job: Path) -> None:
-    path = job / "emulation" / "memory.parquet"
+    path = job_files.emulation(job, "memory.parquet")
     memory = pl.read_parquet(path) if path.is_file() else None
     page.heading("Emulation: the sandbox ranks' memory")
     if memory is None or not memory.height or (memory["mem_bytes"] < 0).all():
