@@ -28,7 +28,7 @@ from pathlib import Path
 from prism import job as job_files
 from prism.bench.sampled_run import TreeMemory, emulate_once
 from prism.bench.scale_tables import print_table, print_tables
-from prism.bench.size_stages import Stages, _stage, extrapolated_s, one_line, write_json  # noqa: F401 (_stage: tests)
+from prism.bench.size_stages import Stages, _stage, extrapolated_s, folder_bytes, one_line, write_json  # noqa: F401 (_stage: tests)
 
 LAYOUTS = {  # W -> (tp, pp, dp, ep)
     16: (2, 2, 4, 2),
@@ -68,10 +68,6 @@ def _cgroup() -> Path | None:
         return path
     except (OSError, StopIteration):
         return None
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
@@ -122,7 +118,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     row = {
         "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
         "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"],
-        "raw_bytes": _folder_bytes(job / "raw"), "payload_bytes": _folder_bytes(job / "payloads"),
+        "raw_bytes": folder_bytes(job / "raw"), "payload_bytes": folder_bytes(job / "payloads"),
         "payload_files": len(list((job / "payloads").rglob("*.bin"))) if payloads else 0,
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
@@ -155,15 +151,15 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
 
     row["events"] = pq.ParquetFile(job_files.graph_file(job, "events")).metadata.num_rows
     row["events_per_s"] = row["events"] / row["wall_s"]
-    row["graph_bytes"] = _folder_bytes(job_files.graph_dir(job))
+    row["graph_bytes"] = folder_bytes(job_files.graph_dir(job))
     stages.save(row)
     if not pipeline:
         return
     if stages.run("plan", [py, "-m", "prism.slices.plan", "--job", str(job), "--devices", str(devices),
                            "--representative"], f"plan at W={w}"):
-        row["slices_bytes"] = _folder_bytes(job / "slices")
+        row["slices_bytes"] = folder_bytes(job / "slices")
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}"):
-        row["calibrated_bytes"] = _folder_bytes(job_files.calibrated_dir(job))
+        row["calibrated_bytes"] = folder_bytes(job_files.calibrated_dir(job))
     if slices:  # the representative slices run, then the calibration from them (`scale_slices`)
         from prism.bench import scale_slices
 
@@ -181,7 +177,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
                         "emulate_communicators": em["communicators"], "emulate_sandbox": em["sandbox"],
                         "emulate_iteration_s": em["iteration_s"],
                         "emulate_calibrated_iteration_s": em["calibrated_iteration_s"],
-                        "emulation_bytes": _folder_bytes(job_files.emulation(job))})
+                        "emulation_bytes": folder_bytes(job_files.emulation(job))})
             stages.save(row)
     if slices:
         from prism.bench import scale_slices
@@ -211,10 +207,6 @@ def memory_short(w: int, done: list[dict], available=None) -> str | None:
     return (f"needs ~{need / 2**30:.1f} GiB ({last['rank_private_mib_max']:.1f} MiB a rank as measured at "
             f"W={last['W']}, the zygote and what it writes), only {available / 2**30:.1f} GiB available: not "
             "started (a machine with more memory, or fewer ranks)")
-
-
-def scale_slices_tables(rows: list[dict]) -> None:
-    print_tables(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, rows)
         print_table(rows, args)
-        scale_slices_tables(rows)
+        print_tables(rows)
     if rows and rows[-1].get("skipped"):
         print_table(rows, args)
-        scale_slices_tables(rows)
+        print_tables(rows)
     if args.out is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if any(not r.get("skipped") and not r.get("failed_stage") for r in rows) else 1

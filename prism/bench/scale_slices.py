@@ -21,12 +21,9 @@ import time
 from pathlib import Path
 
 from prism import job as job_files
+from prism.bench.size_stages import folder_bytes
 
 WEAK = {w: (2, 2, w // 4, 2) for w in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)}  # W -> (tp, pp, dp, ep)
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 def measured_slices(job: Path) -> list[int]:
@@ -77,8 +74,8 @@ def run(job: Path, stages) -> None:
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job), "--durations",
                                 str(sl / "durations.parquet"), "--transfers", str(sl / "transfers.parquet")],
                   "calibrate from the slices"):
-        row["calibrated_bytes"] = _folder_bytes(job_files.calibrated_dir(job))
-        row["slices_bytes"] = _folder_bytes(sl)
+        row["calibrated_bytes"] = folder_bytes(job_files.calibrated_dir(job))
+        row["slices_bytes"] = folder_bytes(sl)
         row["iteration_s"] = calibrated_iteration_s(job)
         stages.save(row)
 
@@ -87,5 +84,5 @@ def after_emulate(job: Path, stages) -> None:
     py = sys.executable
     stages.run("summary", [py, "-m", "prism.cli", "summary", "--job", str(job)], "summary")
     if stages.run("report", [py, "-m", "prism.cli", "report", "--job", str(job)], "report"):
-        stages.row["report_bytes"] = _folder_bytes(job / "report")
+        stages.row["report_bytes"] = folder_bytes(job / "report")
         stages.save(stages.row)

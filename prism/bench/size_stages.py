@@ -20,6 +20,11 @@ import time
 from pathlib import Path
 
 
+
+def folder_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (0 when it does not exist): an artifact's size in a bench row."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
 def _stage(cmd: list[str], what: str, timeout: float | None = None) -> tuple[float, int]:
     """Run one stage to its end: (wall seconds, the stage process's own max RSS in bytes, from wait4). A stage
     still running after `timeout` seconds is stopped (SIGTERM, then SIGKILL) and reported as such."""
