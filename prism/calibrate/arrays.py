@@ -16,6 +16,15 @@ What the sweep needs from an event is one of three codes (`prepare`):
 A recv's own issue time never matters to its wait: the wait starts after the recv was issued, so
 max(wait start + own, recv issue, send issue + transfer) = max(wait start + own, send issue + transfer).
 Hence a p2p comm is complete once its send arrived, and a collective once all its members did.
+
+*Pinned* rows (`Pins`: rows whose start and end are given, e.g. measured ones; the emulation's live rows,
+`prism.emulate.tail`) take four more codes (`pin`): ``PIN`` (the row ends at its given end, and a pinned
+wait waits for nothing: its time is known), ``PIN_ARRIVE`` (a pinned arrival: at its given start), and,
+since a given time may lie before its rank's previous end, a recv's issue may then be later than its
+wait's start, so every recv arrives too: ``RECV`` (computed) and ``PIN_RECV`` (pinned), at (its issue -
+the transfer), so that (the latest arrival + the transfer) is max(recv issue, send issue + transfer), the
+clock rule's `p2p_done`. Codes are ordered so that ``code >= WAIT`` has a comm and ``code >= ARRIVE``
+arrives at it.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from prism import schemas
 
 KINDS = schemas.EVENT_KINDS  # compute, collective, send, recv, wait, marker
 K_COMPUTE, K_COLLECTIVE, K_SEND, K_RECV, K_WAIT, K_MARKER = range(len(KINDS))
-PLAIN, ARRIVE, WAIT = 0, 1, 2
+PLAIN, PIN, WAIT, ARRIVE, RECV, PIN_ARRIVE, PIN_RECV = range(7)
 
 
 class SweepError(ValueError):
@@ -37,6 +46,15 @@ class SweepError(ValueError):
 
     The message names the rank, seq, op and group of the offending event.
     """
+
+
+@dataclass(eq=False)
+class Pins:
+    """Rows whose times are given: the sweep keeps them and runs the others from them (module docstring)."""
+
+    rows: np.ndarray  # bool[n]: the pinned rows
+    start_ns: np.ndarray  # int64[n]: their starts (an issue: its arrival); read at pinned rows only
+    end_ns: np.ndarray  # int64[n]: their ends (their rank's clock after them)
 
 
 @dataclass(eq=False)
@@ -229,3 +247,28 @@ def check_durations(
         bad = int(np.argmax(transfer < 0))
         raise SweepError(f"comm {graph.comm_name(bad)}: negative transfer {int(transfer[bad])} ns")
     return durations, transfer
+
+
+def check_pins(graph: SweepGraph, pins: Pins) -> Pins:
+    """`pins` as contiguous arrays of the right types, checked: one entry per event in each."""
+    rows = np.ascontiguousarray(pins.rows, dtype=np.bool_)
+    start = np.ascontiguousarray(pins.start_ns, dtype=np.int64)
+    end = np.ascontiguousarray(pins.end_ns, dtype=np.int64)
+    for name, a in (("rows", rows), ("start_ns", start), ("end_ns", end)):
+        if a.shape != (graph.n_events,):
+            raise SweepError(f"pins.{name} has shape {a.shape}, expected ({graph.n_events},): one per event")
+    return Pins(rows, start, end)
+
+
+def pin(graph: SweepGraph, code: np.ndarray, link: np.ndarray, need: np.ndarray,
+        rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`prepare`'s (code, link, need) with the pinned `rows` (bool[n]) and the recvs coded (module docstring)."""
+    code, link, need = code.copy(), link.copy(), need.copy()
+    recv = np.flatnonzero(graph.kind == K_RECV)
+    link[recv] = graph.comm[recv]
+    need += np.bincount(graph.comm[recv], minlength=graph.n_comms)
+    arrives = code == ARRIVE
+    code[rows] = PIN
+    code[rows & arrives] = PIN_ARRIVE
+    code[recv] = np.where(rows[recv], PIN_RECV, RECV)
+    return code, link, need

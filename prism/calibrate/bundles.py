@@ -45,7 +45,7 @@ def _bundle_roots(rank_ptr, code, link, comm_p2p, sig):
     for r in range(w):
         n_r = rank_ptr[r + 1] - rank_ptr[r]
         for e in range(rank_ptr[r], rank_ptr[r + 1]):
-            if code[e] != ARRIVE:
+            if code[e] < ARRIVE:  # not an arrival (`arrays`: the codes' order)
                 continue
             c = link[e]
             if comm_p2p[c]:

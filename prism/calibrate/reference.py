@@ -3,7 +3,9 @@
 It follows the rules word for word: round after round, every rank runs its events in program order as
 far as their dependencies allow; a wait on a collective needs every member's op to have been issued, a
 wait on a recv needs the matching send. A round in which no rank moves while events remain means a
-dependency cycle. Slow (a few million events a second at best): for tests and the benchmark's baseline.
+dependency cycle. A pinned row (`arrays.Pins`) takes its given start and end and waits for nothing; its
+rank's clock is its end after it. Slow (a few million events a second at best): for tests and the
+benchmark's baseline.
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ from prism.calibrate.arrays import (
     K_RECV,
     K_SEND,
     K_WAIT,
+    Pins,
     SweepError,
     SweepGraph,
     check_durations,
+    check_pins,
     validate,
 )
 from prism.calibrate.sweep import Timeline
 from prism.clock_rule import collective_done, ends, p2p_done, wait_ends
 
 
-def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Timeline:
+def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray, pins: Pins | None = None) -> Timeline:
     """Every event's start and end, every comm's start (last arrival) and completion."""
     validate(graph)
     durations, transfer = check_durations(graph, durations, transfer)
+    pinned, pin_start, pin_end = [False] * graph.n_events, None, None
+    if pins is not None:
+        pins = check_pins(graph, pins)
+        pinned, pin_start, pin_end = pins.rows.tolist(), pins.start_ns.tolist(), pins.end_ns.tolist()
     n, w, m = graph.n_events, graph.n_ranks, graph.n_comms
     kind = graph.kind.tolist()
     comm = graph.comm.tolist()
@@ -65,7 +73,9 @@ def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Tim
                 e = cursor[r]
                 t = clock[r]
                 finish = int(ends(t, dur[e]))
-                if kind[e] == K_WAIT and kind[wait_op[e]] != K_SEND:  # sends complete locally
+                if pinned[e]:  # given: it waits for nothing
+                    t, finish = pin_start[e], pin_end[e]
+                elif kind[e] == K_WAIT and kind[wait_op[e]] != K_SEND:  # sends complete locally
                     done = completion(comm[wait_op[e]])
                     if done is None:
                         break

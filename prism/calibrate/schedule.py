@@ -12,7 +12,19 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from prism.calibrate.arrays import ARRIVE, PLAIN, SweepGraph, check_durations
+from prism.calibrate.arrays import (
+    ARRIVE,
+    PIN,
+    PIN_ARRIVE,
+    PLAIN,
+    RECV,
+    WAIT,
+    Pins,
+    SweepError,
+    SweepGraph,
+    check_durations,
+    check_pins,
+)
 from prism.clock_rule import NEG, collective_done, ends, p2p_done, wait_ends
 
 # ---------------------------------------------------------------------------------- schedule layout
@@ -77,11 +89,12 @@ def _scatter(seg_b, seg_lo, seg_n, lane_ptr, lane_base, nsteps, xs, out, start):
 
 
 @njit(cache=True)
-def _replay(seg_b, seg_n, lane_ptr, step_code, cid, dur_s, xfer_s, clock, acc, end_s):
+def _replay(seg_b, seg_n, lane_ptr, step_code, cid, dur_s, xfer_s, pin_start_s, pin_end_s, clock, acc, end_s):
     """The sweep in the recorded order over schedule-ordered arrays: `end_s` <- end times, `acc` <- arrivals.
 
-    `cid`, `xfer_s` and `acc` use the schedule's comm numbering. The max on arrival is a select, not a
-    branch: which member arrives last is random, a branch on it mispredicts.
+    `cid`, `xfer_s` and `acc` use the schedule's comm numbering; `pin_start_s` / `pin_end_s` are read at
+    pinned codes only (empty without pins). The max on arrival is a select, not a branch: which member
+    arrives last is random, a branch on it mispredicts.
     """
     pos = 0
     sp = 0
@@ -108,10 +121,25 @@ def _replay(seg_b, seg_n, lane_ptr, step_code, cid, dur_s, xfer_s, clock, acc, e
                     clock[l0 + l] = t
                     end_s[pos + l] = t
                 cp += g
-            else:
+            elif cd == WAIT:
                 for l in range(g):
                     c = cid[cp + l]
                     t = wait_ends(clock[l0 + l], dur_s[pos + l], collective_done(acc[c], xfer_s[c]))
+                    clock[l0 + l] = t
+                    end_s[pos + l] = t
+                cp += g
+            elif cd == PIN:
+                for l in range(g):
+                    t = pin_end_s[pos + l]
+                    clock[l0 + l] = t
+                    end_s[pos + l] = t
+            else:  # RECV, PIN_ARRIVE, PIN_RECV (`arrays.pin`)
+                for l in range(g):
+                    c = cid[cp + l]
+                    t = clock[l0 + l] if cd == RECV else pin_start_s[pos + l]
+                    a = t if cd == PIN_ARRIVE else t - xfer_s[c]
+                    acc[c] = a if a > acc[c] else acc[c]
+                    t = ends(t, dur_s[pos + l]) if cd == RECV else pin_end_s[pos + l]
                     clock[l0 + l] = t
                     end_s[pos + l] = t
                 cp += g
@@ -189,6 +217,7 @@ class Schedule:
     comm_order: np.ndarray  # int64[m]: original comm id of schedule comm i
     recv_of: np.ndarray  # int64[m]: a p2p comm's recv event (-1 for collectives)
     bundled: bool  # some bundle has several ranks
+    pinned: np.ndarray | None = None  # bool[n]: the rows discover had pinned (`arrays.Pins`); None: none
     _scratch: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -200,7 +229,7 @@ class Schedule:
         """Memory the schedule holds (not counting the graph), scratch buffers included."""
         arrays = (self.lane_ptr, self.lane_rank, self.lane_base, self.seg_bundle, self.seg_first,
                   self.seg_steps, self.bundle_steps, self.step_code, self.step_comm, self.comm_order, self.recv_of,
-                  *self._scratch.values())
+                  *(() if self.pinned is None else (self.pinned,)), *self._scratch.values())
         return sum(a.nbytes for a in arrays)
 
     def _segments(self):
@@ -237,29 +266,48 @@ class Schedule:
 
     def replay_scheduled(
         self, durations_s: np.ndarray, transfer_s: np.ndarray, out: np.ndarray | None = None,
-        acc: np.ndarray | None = None,
+        acc: np.ndarray | None = None, pins_s: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The replay kernel alone, all in schedule order: (end times, max arrival per schedule comm).
 
         `out` (int64[n]) and `acc` (int64[m]) are reused when given: repeated sweeps need no new memory.
+        `pins_s`: the pinned rows' (starts, ends) in schedule order, for a schedule discovered with pins.
         """
         clock = np.zeros(len(self.lane_rank), dtype=np.int64)
         acc = np.empty(self.graph.n_comms, dtype=np.int64) if acc is None else acc
         acc.fill(NEG)
         end_s = np.empty(self.graph.n_events, dtype=np.int64) if out is None else out
+        if (pins_s is None) != (self.pinned is None):
+            raise SweepError("this schedule was discovered with pinned rows: replay it with pins" if pins_s is None
+                             else "this schedule was discovered without pins: discover again with them")
+        pin_start_s, pin_end_s = (np.empty(0, dtype=np.int64),) * 2 if pins_s is None else pins_s
         _replay(self.seg_bundle, self.seg_steps, self.lane_ptr, self.step_code, self.step_comm,
-                durations_s, transfer_s, clock, acc, end_s)
+                durations_s, transfer_s, pin_start_s, pin_end_s, clock, acc, end_s)
         return end_s, acc
 
-    def replay(self, durations: np.ndarray, transfer: np.ndarray, out: Timeline | None = None) -> Timeline:
-        """The timeline for new durations (event order) and transfers, in the recorded order."""
+    def replay(self, durations: np.ndarray, transfer: np.ndarray, out: Timeline | None = None,
+               pins: Pins | None = None) -> Timeline:
+        """The timeline for new durations (event order) and transfers, in the recorded order.
+
+        A schedule discovered with pins replays with pins on the same rows (their times may change)."""
         durations, transfer = check_durations(self.graph, durations, transfer)
         n, m = self.graph.n_events, self.graph.n_comms
+        pins_s = None
+        if pins is not None:
+            pins = check_pins(self.graph, pins)
+            if self.pinned is not None and not np.array_equal(pins.rows, self.pinned):
+                raise SweepError("pins.rows differ from the rows this schedule was discovered with: the order "
+                                 "it recorded may not hold, discover again with these pins")
+            pins_s = (self.to_schedule(pins.start_ns, out=self._buffer("pin_start", n)),
+                      self.to_schedule(pins.end_ns, out=self._buffer("pin_end", n)))
         dur_s = self.to_schedule(durations, out=self._buffer("durations", n))
         xfer_s = self.transfer_to_schedule(transfer, out=self._buffer("transfer", m))
-        end_s, acc = self.replay_scheduled(dur_s, xfer_s, out=self._buffer("end", n), acc=self._buffer("acc", m))
+        end_s, acc = self.replay_scheduled(dur_s, xfer_s, out=self._buffer("end", n), acc=self._buffer("acc", m),
+                                           pins_s=pins_s)
         out = Timeline.empty(n, m) if out is None else out
         self.from_schedule(end_s, out=out.end_ns, start=out.start_ns)
+        if pins is not None:
+            np.copyto(out.start_ns, pins.start_ns, where=pins.rows)
         _comm_times(acc, xfer_s, self.comm_order, self.graph.comm_p2p, self.recv_of, out.start_ns,
                     out.comm_start_ns, out.comm_end_ns)
         return out

@@ -6,7 +6,9 @@ clock starts at 0; an event starts when its rank's previous event ended; a PLAIN
 start + duration; a comm's completion is (last member's issue start) + transfer for a collective,
 max(recv issue, send issue + transfer) for a send/recv pair; a wait on a collective or a recv ends its own
 duration after max(its start, the completion); a wait on a send is local; ops without a wait never block.
-All times are int64 ns.
+All times are int64 ns. *Pinned* rows (`arrays.Pins`) keep their given start and end: the rank's clock is
+their end after them, a pinned issue arrives at its given start, and a pinned wait waits for nothing (the
+emulation's tail, `prism.emulate.tail`, sweeps its computed rows from the live ones so).
 
 Two passes:
 
@@ -33,28 +35,52 @@ from numba import njit
 from prism.calibrate.arrays import (
     ARRIVE,
     K_RECV,
+    PIN,
+    PIN_ARRIVE,
     PLAIN,
+    RECV,
     WAIT,
+    Pins,
     SweepError,
     SweepGraph,
     check_durations,
+    check_pins,
+    pin,
     prepare,
 )
 from prism.calibrate.bundles import bundles, split
 from prism.calibrate.schedule import Schedule, Timeline, _comm_times, _starts
 from prism.clock_rule import NEG, collective_done, ends, wait_ends
 
-__all__ = ["NEG", "Schedule", "SweepError", "Timeline", "discover", "sweep"]
+__all__ = ["NEG", "Pins", "Schedule", "SweepError", "Timeline", "discover", "sweep"]
 
 
 # ------------------------------------------------------------------------------------------ discover
 
 
+@njit(cache=True, inline="always")
+def _arrive(c, a, acc, arrived, need, park_head, park_next, stack, sp):
+    """Arrival `a` at comm `c`: the latest arrival kept; the bundles parked on `c` woken when it is complete.
+    Returns the new stack pointer."""
+    acc[c] = a if a > acc[c] else acc[c]
+    arrived[c] += 1
+    if arrived[c] == need[c]:
+        q = park_head[c]
+        while q >= 0:
+            nxt = park_next[q]
+            stack[sp] = q
+            sp += 1
+            q = nxt
+        park_head[c] = -1
+    return sp
+
+
 @njit(cache=True)
-def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segments, n_steps, n_comm_events,
-              end, acc):
+def _discover(code, link, dur, xfer, need, pin_start, pin_end, lane_ptr, lane_base, nsteps, max_segments, n_steps,
+              n_comm_events, end, acc):
     """The worklist sweep; fills `end` (event order) and `acc` (max arrival per comm).
 
+    `pin_start` / `pin_end` (event order) are read at the pinned codes only (empty without pins).
     It also lays out what a replay reads, in the order it runs the steps: a code per step, and the comm
     of every comm event, renumbered by first use (so that a replay reads its per-comm arrays almost in
     order; ``order[i]`` is the original id of schedule comm i).
@@ -109,23 +135,12 @@ def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segm
             elif cd == ARRIVE:
                 for l in range(l0, l1):
                     e = lane_base[l] + st
-                    c = link[e]
                     t = clock[l]
-                    a = acc[c]
-                    acc[c] = t if t > a else a
-                    arrived[c] += 1
-                    if arrived[c] == need[c]:
-                        q = park_head[c]
-                        while q >= 0:
-                            nxt = park_next[q]
-                            stack[sp] = q
-                            sp += 1
-                            q = nxt
-                        park_head[c] = -1
+                    sp = _arrive(link[e], t, acc, arrived, need, park_head, park_next, stack, sp)
                     t = ends(t, dur[e])
                     clock[l] = t
                     end[e] = t
-            else:
+            elif cd == WAIT:
                 blocked = -1
                 for l in range(l0 + check[b], l1):
                     c = link[lane_base[l] + st]
@@ -145,9 +160,24 @@ def _discover(code, link, dur, xfer, need, lane_ptr, lane_base, nsteps, max_segm
                     t = wait_ends(clock[l], dur[e], collective_done(acc[c], xfer[c]))
                     clock[l] = t
                     end[e] = t
+            elif cd == PIN:
+                for l in range(l0, l1):
+                    e = lane_base[l] + st
+                    clock[l] = pin_end[e]
+                    end[e] = pin_end[e]
+            else:  # RECV, PIN_ARRIVE, PIN_RECV: only where there are pins (`arrays.pin`)
+                for l in range(l0, l1):
+                    e = lane_base[l] + st
+                    c = link[e]
+                    t = clock[l] if cd == RECV else pin_start[e]
+                    a = t if cd == PIN_ARRIVE else t - xfer[c]
+                    sp = _arrive(c, a, acc, arrived, need, park_head, park_next, stack, sp)
+                    t = ends(t, dur[e]) if cd == RECV else pin_end[e]
+                    clock[l] = t
+                    end[e] = t
             step_code[kp] = cd
             kp += 1
-            if cd != PLAIN:
+            if cd >= WAIT:  # a step on a comm
                 for l in range(l0, l1):
                     c = link[lane_base[l] + st]
                     if renum[c] < 0:
@@ -181,10 +211,13 @@ def _max_segments(code, lane_ptr, lane_base, nsteps):
     return total
 
 
-def _finish(sched: "Schedule", end: np.ndarray, acc: np.ndarray, xfer: np.ndarray) -> Timeline:
-    """The discover sweep's timeline: starts derived from `end`, comm times from the arrivals."""
+def _finish(sched: "Schedule", end: np.ndarray, acc: np.ndarray, xfer: np.ndarray, pins: Pins | None) -> Timeline:
+    """The discover sweep's timeline: starts derived from `end` (a pinned row's given), comm times from the
+    arrivals."""
     out = Timeline(np.empty_like(end), end, np.empty_like(acc), np.empty_like(acc))
     _starts(sched.graph.rank_ptr, end, out.start_ns)
+    if pins is not None:
+        np.copyto(out.start_ns, pins.start_ns, where=pins.rows)
     _comm_times(acc, xfer, np.arange(len(acc)), sched.graph.comm_p2p, sched.recv_of, out.start_ns,
                 out.comm_start_ns, out.comm_end_ns)
     return out
@@ -195,15 +228,24 @@ def discover(
     durations: np.ndarray,
     transfer: np.ndarray,
     bundle: bool = True,
+    pins: Pins | None = None,
 ) -> tuple[Schedule, Timeline]:
     """The first sweep: checks the graph, finds the order, returns it with the timeline.
 
-    `bundle=False` runs one rank per bundle. Raises `SweepError` on an inconsistent graph (unmatched
-    comm, wait on no op, ...) or a dependency cycle, naming the ranks and events involved.
+    `bundle=False` runs one rank per bundle. `pins`: rows whose times are given, kept as they are, a pinned
+    issue arriving at its given start (`arrays.Pins`); the schedule's replays then take the same pinned rows.
+    Raises `SweepError` on an inconsistent graph (unmatched comm, wait on no op, ...) or a dependency cycle,
+    naming the ranks and events involved.
     """
     code, link, need = prepare(graph)
     durations, transfer = check_durations(graph, durations, transfer)
-    n_comm_events = int(np.count_nonzero(code != PLAIN))
+    no_pins = np.empty(0, dtype=np.int64)
+    pin_start = pin_end = no_pins
+    if pins is not None:
+        pins = check_pins(graph, pins)
+        code, link, need = pin(graph, code, link, need, pins.rows)
+        pin_start, pin_end = pins.start_ns, pins.end_ns
+    n_comm_events = int(np.count_nonzero(code >= WAIT))
     lane_ptr, lane_rank = bundles(graph, code, link, bundle)
     while True:
         lane_base = graph.rank_ptr[lane_rank].astype(np.int64)
@@ -212,7 +254,7 @@ def discover(
         end = np.empty(graph.n_events, dtype=np.int64)
         acc = np.full(graph.n_comms, NEG, dtype=np.int64)
         ns, seg_b, seg_lo, seg_n, finished, cursor, parked_on, step_code, step_comm, comm_order = _discover(
-            code, link, durations, transfer, need, lane_ptr, lane_base, nsteps, max_seg,
+            code, link, durations, transfer, need, pin_start, pin_end, lane_ptr, lane_base, nsteps, max_seg,
             int(nsteps.sum()), n_comm_events, end, acc,
         )
         if finished == len(lane_ptr) - 1:
@@ -236,9 +278,9 @@ def discover(
     recv_of[graph.comm[recv_events]] = recv_events
     sched = Schedule(
         graph, lane_ptr, lane_rank, lane_base, seg_b, seg_lo, seg_n, nsteps, step_code, step_comm, comm_order,
-        recv_of, len(lane_ptr) - 1 < graph.n_ranks,
+        recv_of, len(lane_ptr) - 1 < graph.n_ranks, None if pins is None else pins.rows,
     )
-    return sched, _finish(sched, end, acc, transfer)
+    return sched, _finish(sched, end, acc, transfer, pins)
 
 
 def _lockstep_culprits(graph, code, link, lane_ptr, lane_rank, cursor, nsteps, parked_on) -> list[int]:
@@ -253,7 +295,7 @@ def _lockstep_culprits(graph, code, link, lane_ptr, lane_rank, cursor, nsteps, p
     n_bundles = len(lane_ptr) - 1
     bundle_of = np.empty(graph.n_ranks, dtype=np.int64)
     bundle_of[lane_rank] = np.repeat(np.arange(n_bundles), np.diff(lane_ptr))
-    arrivals = np.flatnonzero(code == ARRIVE)
+    arrivals = np.flatnonzero(code >= ARRIVE)
     by_comm = arrivals[np.argsort(link[arrivals], kind="stable")]
     comm_ptr = np.searchsorted(link[by_comm], np.arange(graph.n_comms + 1))
     rank_of = np.searchsorted(graph.rank_ptr, by_comm, side="right") - 1
@@ -284,9 +326,9 @@ def _lockstep_culprits(graph, code, link, lane_ptr, lane_rank, cursor, nsteps, p
     return [b for b in unfinished.tolist() if lane_ptr[b + 1] - lane_ptr[b] > 1]
 
 
-def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray) -> Timeline:
-    """One sweep (discover): the timeline of `graph` for these durations and transfers."""
-    return discover(graph, durations, transfer)[1]
+def sweep(graph: SweepGraph, durations: np.ndarray, transfer: np.ndarray, pins: Pins | None = None) -> Timeline:
+    """One sweep (discover): the timeline of `graph` for these durations and transfers (and `pins`)."""
+    return discover(graph, durations, transfer, pins=pins)[1]
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -301,7 +343,7 @@ def _raise_stuck(graph: SweepGraph, code, link, next_event: np.ndarray, parked_o
     while rank in at and rank not in seen:
         seen.append(rank)
         event = at[rank]
-        members = np.flatnonzero((link == link[event]) & (code == ARRIVE))
+        members = np.flatnonzero((link == link[event]) & (code >= ARRIVE))
         missing = [int(e) for e in members if e >= next_event[graph.rank_of(int(e))]]
         if not missing:  # cannot happen after prepare(): the comm would be complete
             break
