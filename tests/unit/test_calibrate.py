@@ -1,5 +1,6 @@
 """The calibrate sweep: numba discover and replay equal the plain-Python reference bit for bit, on random
-and structured graphs; hand-made graphs give the times the rules say; bad graphs give clear errors."""
+and structured graphs, with and without pinned rows; hand-made graphs give the times the rules say; bad graphs
+give clear errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from prism.calibrate import reference, stage
-from prism.calibrate.arrays import SweepError
+from prism.calibrate.arrays import Pins, SweepError
 from prism.calibrate.sweep import Timeline, discover
 from prism.calibrate.synthetic import Layout, from_programs, random_graph, training_graph
 
@@ -80,6 +81,102 @@ def test_training_graph_has_the_structure_it_claims():
     waited[g.wait_op[g.wait_op >= 0]] = True
     ops = np.flatnonzero(np.isin(g.kind, [1, 2, 3]))
     assert (~waited[ops]).sum() == g.n_ranks  # one DP bucket per rank and step consumed without a wait
+
+
+# ------------------------------------------------------------------------------------- pinned rows
+
+
+def random_pins(syn, seed: int, share: float, prefix: bool = False) -> Pins:
+    """Pinned rows around the unpinned timeline: up to 3 us early (so before their rank's previous end) or
+    late; `prefix`: every rank's rows up to a random one (the emulation's tail pins so)."""
+    g, rng = syn.graph, np.random.default_rng(seed)
+    base = reference.sweep(g, syn.durations, syn.transfer)
+    if prefix:
+        cut = g.rank_ptr[:-1] + (rng.random(g.n_ranks) * (np.diff(g.rank_ptr) + 1)).astype(np.int64)
+        rows = np.arange(g.n_events) < np.repeat(cut, np.diff(g.rank_ptr))
+    else:
+        rows = rng.random(g.n_events) < share
+    start = base.start_ns + rng.integers(-3000, 3000, g.n_events)
+    return Pins(rows, start, start + rng.integers(0, 2000, g.n_events))
+
+
+def check_pinned_paths(syn, pins: Pins, bundle: bool = True) -> Timeline:
+    """discover and replay (same inputs; new durations, transfers and pinned times) with `pins` against the
+    reference; returns the reference timeline."""
+    want = reference.sweep(syn.graph, syn.durations, syn.transfer, pins)
+    sched, got = discover(syn.graph, syn.durations, syn.transfer, bundle=bundle, pins=pins)
+    assert_same(got, want)
+    assert_same(sched.replay(syn.durations, syn.transfer, pins=pins), want)
+    rng = np.random.default_rng(len(syn.durations) + 1)
+    n, m = syn.graph.n_events, syn.graph.n_comms
+    durations, transfer = rng.integers(0, 5000, n), rng.integers(0, 20000, m)
+    moved = Pins(pins.rows, pins.start_ns + rng.integers(0, 4000, n), pins.end_ns + 4000)
+    assert_same(sched.replay(durations, transfer, pins=moved), reference.sweep(syn.graph, durations, transfer, moved))
+    assert np.array_equal(want.start_ns[pins.rows], pins.start_ns[pins.rows])
+    assert np.array_equal(want.end_ns[pins.rows], pins.end_ns[pins.rows])
+    return want
+
+
+@pytest.mark.parametrize("bundle", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("ranks,comms,share", [(1, 10, 0.5), (3, 40, 0.2), (6, 80, 0.4), (12, 200, 0.1)])
+def test_random_graphs_with_pinned_rows_match_reference(seed, ranks, comms, share, bundle):
+    syn = random_graph(seed, ranks=ranks, comms=comms)
+    check_pinned_paths(syn, random_pins(syn, seed, share), bundle)
+    check_pinned_paths(syn, random_pins(syn, seed, share, prefix=True), bundle)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_training_graphs_with_pinned_prefixes_match_reference(seed):
+    # identical ranks of a stage: the pinned lanes leave their bundle, the others keep advancing together
+    syn = training_graph(Layout(tp=2, pp=2, dp=4, ep=2, microbatches=4, layers=2, iterations=2, buckets=2), seed)
+    pins = random_pins(syn, seed, 0.0, prefix=True)
+    pins.rows[syn.graph.rank_ptr[3] : syn.graph.rank_ptr[-1]] = False  # ranks 3.. computed: they bundle
+    check_pinned_paths(syn, pins)
+    sched, _ = discover(syn.graph, syn.durations, syn.transfer, pins=pins)
+    assert sched.bundled
+
+
+def test_a_pinned_issue_arrives_at_its_given_start_and_a_pinned_wait_waits_for_nothing():
+    syn = from_programs([
+        [("compute", 10), ("coll", "A", 1), ("wait", 1, 1), ("compute", 4)],
+        [("compute", 50), ("coll", "A", 2), ("wait", 1, 1), ("compute", 4)],
+    ], transfer={"A": 5})
+    rows = np.array([0, 1, 1, 0, 0, 0, 0, 0], bool)  # rank 0's issue (given at 70) and its wait (ends at 72)
+    start, end = np.array([0, 70, 71, 0, 0, 0, 0, 0]), np.array([0, 71, 72, 0, 0, 0, 0, 0])
+    t = check_pinned_paths(syn, Pins(rows, start, end))
+    assert t.comm_start_ns.tolist() == [70] and t.comm_end_ns.tolist() == [75]  # the pinned issue came last
+    assert t.start_ns.tolist() == [0, 70, 71, 72, 0, 50, 52, 76]
+    assert t.end_ns.tolist() == [10, 71, 72, 76, 50, 52, 76, 80]  # rank 1 waits for 75; rank 0 did not wait
+
+
+def test_a_recv_pinned_after_its_wait_started_still_bounds_the_completion():
+    # rank 1's recv is given at 200, though the rows after it start at 5: the message completes at
+    # max(recv issue 200, send issue 0 + 7), so the computed wait ends at 201 (clock_rule.p2p_done)
+    syn = from_programs([
+        [("send", "m", 1), ("wait", 0, 1)],
+        [("compute", 3), ("recv", "m", 2), ("compute", 1), ("wait", 1, 1)],
+    ], transfer={"m": 7})
+    rows = np.array([0, 0, 0, 1, 1, 0], bool)
+    start, end = np.array([0, 0, 0, 200, 4, 0]), np.array([0, 0, 0, 202, 5, 0])
+    t = check_pinned_paths(syn, Pins(rows, start, end))
+    assert t.start_ns[5] == 5 and t.end_ns[5] == 201
+    assert t.comm_start_ns.tolist() == [200] and t.comm_end_ns.tolist() == [200]
+
+
+def test_pins_are_checked_and_a_pinned_schedule_replays_with_the_same_rows():
+    syn = random_graph(1, ranks=3, comms=20)
+    pins = random_pins(syn, 1, 0.3)
+    with pytest.raises(SweepError, match="pins.rows has shape"):
+        discover(syn.graph, syn.durations, syn.transfer, pins=Pins(pins.rows[:-1], pins.start_ns, pins.end_ns))
+    sched, _ = discover(syn.graph, syn.durations, syn.transfer, pins=pins)
+    with pytest.raises(SweepError, match="replay it with pins"):
+        sched.replay(syn.durations, syn.transfer)
+    with pytest.raises(SweepError, match="differ from the rows"):
+        sched.replay(syn.durations, syn.transfer, pins=Pins(~pins.rows, pins.start_ns, pins.end_ns))
+    plain, _ = discover(syn.graph, syn.durations, syn.transfer)
+    with pytest.raises(SweepError, match="discovered without pins"):
+        plain.replay(syn.durations, syn.transfer, pins=pins)
 
 
 # -------------------------------------------------------------------------------- hand-made graphs
