@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import resource
 import statistics
 import sys
@@ -63,9 +64,9 @@ def _networkx_makespan(syn: Synthetic) -> int:
             k = kind[e]
             if k in (1, 2):  # a collective member or a send: its issue start is the previous end
                 G.add_edge(prev, ("c", comm[e]), weight=0)
-            elif k == 4 and kind[wait_op[e]] != 2:  # a wait on a collective or a recv
-                c = comm[wait_op[e]]
-                G.add_edge(("c", c), e, weight=x[c])
+            elif k == 4 and kind[wait_op[e]] != 2:  # a wait on a collective or a recv: its own time after
+                c = comm[wait_op[e]]  # the completion (`clock_rule.wait_ends`)
+                G.add_edge(("c", c), e, weight=x[c] + d[e])
             prev = e
     return int(nx.dag_longest_path_length(G, weight="weight"))
 
@@ -93,15 +94,8 @@ def run_size(w: int, repeats: int, budget: float, rates: dict[str, float]) -> di
     kernel_s, _ = _timed(lambda: sched.replay_scheduled(dur_s, xfer_s, out=end_s), repeats)
     assert np.array_equal(sched.from_schedule(end_s), timeline.end_ns), "replay differs from discover"
     row["replay"] = n / kernel_s
-    # the same kernel on a schedule without bundles (one rank per lane group): what lockstep buys
-    flat, _ = discover(g, syn.durations, syn.transfer, bundle=False)
-    flat_dur, flat_xfer = flat.to_schedule(syn.durations), flat.transfer_to_schedule(syn.transfer)
-    flat_end = np.zeros(n, dtype=np.int64)
-    flat_s, _ = _timed(lambda: flat.replay_scheduled(flat_dur, flat_xfer, out=flat_end), repeats)
-    assert np.array_equal(flat.from_schedule(flat_end), timeline.end_ns), "unbundled replay differs"
-    row["replay_flat"] = n / flat_s
-    del flat, flat_dur, flat_xfer, flat_end
-    gc.collect()
+    row["replay_flat"] = _flat_replay(syn, timeline, repeats)
+    gc.collect()  # the unbundled schedule's buffers, before the next measurement
 
     again = Timeline.empty(n, g.n_comms)
     sched.replay(syn.durations, syn.transfer, out=again)  # first touch of the scratch buffers
@@ -123,12 +117,9 @@ def run_size(w: int, repeats: int, budget: float, rates: dict[str, float]) -> di
         ("reference", lambda: reference.sweep(g, syn.durations, syn.transfer), same),
         ("networkx", lambda: _networkx_makespan(syn), lambda r: r == int(timeline.end_ns.max())),
     ):
-        if name == "networkx":
-            try:
-                import networkx  # noqa: F401
-            except ImportError:
-                row[name] = "n/a (not installed)"
-                continue
+        if name == "networkx" and importlib.util.find_spec("networkx") is None:
+            row[name] = "n/a (not installed)"
+            continue
         # both slow down faster than linearly as they grow (Python objects, GC): predict with a margin
         if name in rates and 2 * n / rates[name] > budget:
             row[name] = f"skipped (>{n / rates[name]:.0f} s)"
@@ -139,9 +130,18 @@ def run_size(w: int, repeats: int, budget: float, rates: dict[str, float]) -> di
         row[name] = n / seconds
         del result
         gc.collect()
-    del sched, timeline, dur_s, xfer_s, end_s, again
-    gc.collect()
     return row
+
+
+def _flat_replay(syn: Synthetic, timeline: Timeline, repeats: int) -> float:
+    """The replay kernel's rate on a schedule without bundles (one rank per lane group): what lockstep buys."""
+    n = syn.graph.n_events
+    flat, _ = discover(syn.graph, syn.durations, syn.transfer, bundle=False)
+    flat_dur, flat_xfer = flat.to_schedule(syn.durations), flat.transfer_to_schedule(syn.transfer)
+    flat_end = np.zeros(n, dtype=np.int64)
+    flat_s, _ = _timed(lambda: flat.replay_scheduled(flat_dur, flat_xfer, out=flat_end), repeats)
+    assert np.array_equal(flat.from_schedule(flat_end), timeline.end_ns), "unbundled replay differs"
+    return n / flat_s
 
 
 def _rate(value) -> str:
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for w in sizes:
         rows.append(run_size(w, args.repeats, args.budget, rates))
+        gc.collect()  # the size's graph, schedule and timelines, before the next size
         r = rows[-1]
         print(f"  W={w}: {r['events']:,} events, {r['bundles']} bundles, {r['segments']:,} segments "
               f"(generated in {r['gen_s']:.1f} s)", file=sys.stderr, flush=True)
