@@ -58,23 +58,6 @@ __all__ = ["NEG", "Pins", "Schedule", "SweepError", "Timeline", "discover", "swe
 # ------------------------------------------------------------------------------------------ discover
 
 
-@njit(cache=True, inline="always")
-def _arrive(c, a, acc, arrived, need, park_head, park_next, stack, sp):
-    """Arrival `a` at comm `c`: the latest arrival kept; the bundles parked on `c` woken when it is complete.
-    Returns the new stack pointer."""
-    acc[c] = a if a > acc[c] else acc[c]
-    arrived[c] += 1
-    if arrived[c] == need[c]:
-        q = park_head[c]
-        while q >= 0:
-            nxt = park_next[q]
-            stack[sp] = q
-            sp += 1
-            q = nxt
-        park_head[c] = -1
-    return sp
-
-
 @njit(cache=True)
 def _discover(code, link, dur, xfer, need, pin_start, pin_end, lane_ptr, lane_base, nsteps, max_segments, n_steps,
               n_comm_events, end, acc):
@@ -132,12 +115,27 @@ def _discover(code, link, dur, xfer, need, pin_start, pin_end, lane_ptr, lane_ba
                     t = ends(clock[l], dur[e])
                     clock[l] = t
                     end[e] = t
-            elif cd == ARRIVE:
+            elif cd >= ARRIVE:  # an arrival; RECV, PIN_ARRIVE, PIN_RECV only where there are pins (`arrays.pin`)
                 for l in range(l0, l1):
                     e = lane_base[l] + st
+                    c = link[e]
                     t = clock[l]
-                    sp = _arrive(link[e], t, acc, arrived, need, park_head, park_next, stack, sp)
-                    t = ends(t, dur[e])
+                    a = t
+                    if cd != ARRIVE:
+                        t = t if cd == RECV else pin_start[e]
+                        a = t if cd == PIN_ARRIVE else t - xfer[c]  # a recv: see `arrays`
+                    latest = acc[c]
+                    acc[c] = a if a > latest else latest
+                    arrived[c] += 1
+                    if arrived[c] == need[c]:
+                        q = park_head[c]
+                        while q >= 0:
+                            nxt = park_next[q]
+                            stack[sp] = q
+                            sp += 1
+                            q = nxt
+                        park_head[c] = -1
+                    t = ends(t, dur[e]) if cd <= RECV else pin_end[e]
                     clock[l] = t
                     end[e] = t
             elif cd == WAIT:
@@ -165,16 +163,6 @@ def _discover(code, link, dur, xfer, need, pin_start, pin_end, lane_ptr, lane_ba
                     e = lane_base[l] + st
                     clock[l] = pin_end[e]
                     end[e] = pin_end[e]
-            else:  # RECV, PIN_ARRIVE, PIN_RECV: only where there are pins (`arrays.pin`)
-                for l in range(l0, l1):
-                    e = lane_base[l] + st
-                    c = link[e]
-                    t = clock[l] if cd == RECV else pin_start[e]
-                    a = t if cd == PIN_ARRIVE else t - xfer[c]
-                    sp = _arrive(c, a, acc, arrived, need, park_head, park_next, stack, sp)
-                    t = ends(t, dur[e]) if cd == RECV else pin_end[e]
-                    clock[l] = t
-                    end[e] = t
             step_code[kp] = cd
             kp += 1
             if cd >= WAIT:  # a step on a comm
