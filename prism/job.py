@@ -43,12 +43,15 @@ def graph_file(job: Path, name: str = "events") -> Path:
     return graph_dir(job) / f"{name}.parquet"
 
 
-def calibrated_dir(job: Path, folder: str = "calibrated") -> Path:
+CALIBRATED = "calibrated"  # the calibrate stage's output folder (the job's prediction)
+
+
+def calibrated_dir(job: Path, folder: str = CALIBRATED) -> Path:
     """JOB/calibrated: the calibrate stage's output (another FOLDER: a calibration of the slices, a what-if)."""
     return Path(job) / folder
 
 
-def calibrated(job: Path, name: str = "timeline", folder: str = "calibrated") -> Path:
+def calibrated(job: Path, name: str = "timeline", folder: str = CALIBRATED) -> Path:
     """JOB/FOLDER/NAME.parquet (timeline, iterations) of a calibrated folder."""
     return calibrated_dir(job, folder) / f"{name}.parquet"
 
@@ -63,18 +66,43 @@ def baseline(job: Path) -> Path:
     return Path(job) / "baseline"
 
 
+SLICES = "slices"  # the slice plan and the (untimed) slice runs
+TIMED_SLICES = "slices_timed"  # the timed pass's slice runs (`prism slices run --timed-by`) and what they measured
+UNTIMED_CALIBRATION = "calibrated_untimed"  # the untimed pass's calibration, which times the second pass
+
+
+def slices_dir(job: Path, folder: str = SLICES) -> Path:
+    """JOB/slices (or JOB/slices_timed): the slice runs of one pass and what they measured."""
+    return Path(job) / folder
+
+
 def slice_plan(job: Path) -> Path:
-    return Path(job) / "slices" / "plan.parquet"
+    return slices_dir(job) / "plan.parquet"
 
 
-def slice_file(job: Path, k: int, name: str = "events.parquet", folder: str = "slices") -> Path:
-    """JOB/FOLDER/slice=K/NAME: a slice run's outputs."""
-    return Path(job) / folder / f"slice={k}" / name
+def slice_dir(job: Path, k: int, folder: str = SLICES) -> Path:
+    """JOB/FOLDER/slice=K: a slice run's outputs."""
+    return slices_dir(job, folder) / f"slice={k}"
 
 
-def own_durations(job: Path) -> Path:
-    """JOB/slices/durations.parquet: every event's measured duration (the slices' calibration)."""
-    return Path(job) / "slices" / "durations.parquet"
+def slice_file(job: Path, k: int, name: str = "events.parquet", folder: str = SLICES) -> Path:
+    """JOB/FOLDER/slice=K/NAME: one of a slice run's outputs."""
+    return slice_dir(job, k, folder) / name
+
+
+def slice_files(job: Path, name: str = "events.parquet", folder: str = SLICES) -> list[Path]:
+    """Every JOB/FOLDER/slice=K/NAME there is, sorted by path."""
+    return sorted(slices_dir(job, folder).glob(f"slice=*/{name}"))
+
+
+def own_durations(job: Path, folder: str = SLICES) -> Path:
+    """JOB/FOLDER/durations.parquet: every event's measured duration (the slices' calibration)."""
+    return slices_dir(job, folder) / "durations.parquet"
+
+
+def slice_transfers(job: Path, folder: str = SLICES) -> Path:
+    """JOB/FOLDER/transfers.parquet: every comm's transfer the slices measured."""
+    return slices_dir(job, folder) / "transfers.parquet"
 
 
 def report(job: Path) -> Path:
@@ -84,6 +112,21 @@ def report(job: Path) -> Path:
 def raw_dir(run: Path) -> Path:
     """RUN/raw: a run folder's raw streams (a capture, a slice run, an emulation's launch)."""
     return Path(run) / "raw"
+
+
+def rank_stream(run: Path, rank: int, name: str = "events.arrow") -> Path:
+    """RUN/raw/rank=R/NAME: a rank's raw stream."""
+    return raw_dir(run) / f"rank={rank}" / name
+
+
+def rank_streams(run: Path, name: str = "events.arrow") -> list[Path]:
+    """Every RUN/raw/rank=R/NAME there is, by rank."""
+    return sorted(raw_dir(run).glob(f"rank=*/{name}"), key=lambda p: int(p.parent.name.split("=")[1]))
+
+
+def replay_stream(run: Path, name: str = "events.arrow") -> Path:
+    """RUN/raw/replay/NAME: what a run's replay worker or server recorded."""
+    return raw_dir(run) / "replay" / name
 
 
 def meta_path(run: Path) -> Path:
@@ -96,9 +139,19 @@ def raw_meta(raw: Path) -> Path:
     return Path(raw) / "meta.json"
 
 
+def capture_dir(job: Path) -> Path:
+    """JOB/capture: the capture's run folder in a job folder."""
+    return Path(job) / "capture"
+
+
+def payloads_dir(run: Path) -> Path:
+    """RUN/payloads: a capture's content-addressed payloads."""
+    return Path(run) / "payloads"
+
+
 def capture_candidates(job: Path) -> list[Path]:
     """Where a job's capture may be: JOB/capture, or JOB itself (a bare capture folder)."""
-    return [Path(job) / "capture", Path(job)]
+    return [capture_dir(job), Path(job)]
 
 
 # -- meta.json ------------------------------------------------------------------------------------------
@@ -139,7 +192,7 @@ def find_capture(job: Path, payloads: bool = True, candidates: list[Path] | None
             if meta.get("mode") != "capture":
                 raise JobError(f"{cand / 'raw'}: a {meta.get('mode')!r} run, not a capture: capture the job "
                                "(the pipeline's capture rule, or `prism launch --mode capture --out DIR ...`)")
-            if payloads and (not meta.get("payloads", False) or not (cand / "payloads").is_dir()):
+            if payloads and (not meta.get("payloads", False) or not payloads_dir(cand).is_dir()):
                 raise JobError(f"{cand}: no payloads/ (captured with --no-payloads?): capture again with payloads")
             return cand, meta
     where = " and ".join(str(meta_path(c)) for c in candidates)

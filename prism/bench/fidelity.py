@@ -61,6 +61,7 @@ import pyarrow.parquet as pq
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import row
 from prism.bench import fidelity_sandbox
+from prism import job as job_files
 from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
 
@@ -138,8 +139,8 @@ def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float
         _run(_prism("graph", "--job", str(out)), log, timeout)
 
 
-UNTIMED = "calibrated_untimed"  # the first pass's calibration (untimed slices), which times the second pass
-TIMED = "slices_timed"  # the second pass's slice runs (prism.slices.run --timed-by) and their durations
+UNTIMED = job_files.UNTIMED_CALIBRATION  # the first pass's calibration (untimed slices), which times the second pass
+TIMED = job_files.TIMED_SLICES  # the second pass's slice runs (prism.slices.run --timed-by) and their durations
 
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
@@ -150,26 +151,27 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
-                "--out", str(job / "capture"), *WORKLOAD, *args), log, timeout)
+                "--out", str(job_files.capture_dir(job)), *WORKLOAD, *args), log, timeout)
     times["capture"] = time.perf_counter() - t
     t = time.perf_counter()
-    _run(_prism("graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")),
-         log, timeout)
+    _run(_prism("graph", "--job", str(job), "--raw", str(job_files.raw_dir(job_files.capture_dir(job))),
+                "--out", str(job_files.graph_dir(job))), log, timeout)
     _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p)), log, timeout)
     times["graph+plan"] = time.perf_counter() - t
-    plan = pq.read_table(job / "slices" / "plan.parquet")
+    plan = pq.read_table(job_files.slice_plan(job))
     slices = sorted(set(plan.filter(plan.column("measured")).column("slice").to_pylist()))
-    timeline = job / UNTIMED / "timeline.parquet"
+    timeline = job_files.calibrated(job, folder=UNTIMED)
     for name, timed in (("slices", None), ("slices-timed", timeline))[:passes]:
         t = time.perf_counter()
         for k in slices:
             _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
                      *(("--timed-by", str(timed)) if timed else ())), log, timeout)
-        folder = TIMED if timed else "slices"
-        out = "calibrated" if timed or passes == 1 else UNTIMED
+        folder = TIMED if timed else job_files.SLICES
+        out = job_files.CALIBRATED if timed or passes == 1 else UNTIMED
         _run(_py("prism.calibrate.from_slices", "--job", str(job), "--slices", folder), log, timeout)
-        _run(_py("prism.calibrate", "--job", str(job), "--durations", str(job / folder / "durations.parquet"),
-                 "--transfers", str(job / folder / "transfers.parquet"), "--out", str(job / out)), log, timeout)
+        _run(_py("prism.calibrate", "--job", str(job), "--durations", str(job_files.own_durations(job, folder)),
+                 "--transfers", str(job_files.slice_transfers(job, folder)),
+                 "--out", str(job_files.calibrated_dir(job, out))), log, timeout)
         times[name] = time.perf_counter() - t
     if emulate:
         t = time.perf_counter()
@@ -210,7 +212,7 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 res.truth_rank_ms.append(fidelity_sandbox.rank_iteration_ms(
                     *truth_rank_ends(base / f"truth{i}"), cfg.world))
                 if i > 0:  # its graph stays (a second real run to compare with: fidelity_terms --against)
-                    shutil.rmtree(base / f"truth{i}" / "raw", ignore_errors=True)
+                    shutil.rmtree(job_files.raw_dir(base / f"truth{i}"), ignore_errors=True)
             if i < prism_runs:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
@@ -219,7 +221,7 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 t = time.perf_counter()
                 score_prism_run(res, job, truth0 if i == 0 else None)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
-                shutil.rmtree(job / "capture" / "payloads", ignore_errors=True)
+                shutil.rmtree(job_files.payloads_dir(job_files.capture_dir(job)), ignore_errors=True)
     except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
         res.error = f"{type(exc).__name__}: {exc}"
     return res
@@ -230,16 +232,16 @@ def score_prism_run(res: Result, job: Path, truth0: Path | None) -> None:
     its slices), its first pass (untimed slices, when there is a timed pass), its ablation (bare graph) and
     its emulated sandbox (when it ran) to `res`; with `truth0`, also the per-event errors against that
     truth run."""
-    timed = any((job / TIMED).glob("slice=*/events.parquet"))
-    timeline, ends = calibrated(job, slices=True, folder=TIMED if timed else "slices")
+    timed = bool(job_files.slice_files(job, folder=TIMED))
+    timeline, ends = calibrated(job, slices=True, folder=TIMED if timed else job_files.SLICES)
     res.pred_ms.append(_median_gap_ms(*ends))
     if timed:
-        res.pred_untimed_ms.append(_median_gap_ms(*calibrated(job, slices=True, folder="slices")[1]))
+        res.pred_untimed_ms.append(_median_gap_ms(*calibrated(job, slices=True, folder=job_files.SLICES)[1]))
     res.bare_ms.append(_median_gap_ms(*calibrated(job, slices=False)[1]))
     if truth0 is not None:
-        res.events = event_errors(truth0 / "graph", job / "graph", timeline,
+        res.events = event_errors(truth0, job, timeline,
                                   job_iteration_ends(*truth_ends_from_graph(truth0)), job_iteration_ends(*ends))
-    if (job / "emulation").is_dir() or (job / "emulate.failed").is_file():
+    if job_files.emulation(job).is_dir() or (job / "emulate.failed").is_file():
         res.emulated.append(emulated_sandbox(job, timeline, truth0))
 
 
@@ -249,31 +251,32 @@ def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict
     failed = job / "emulate.failed"
     if failed.is_file():
         return {"error": failed.read_text()[:500]}
-    em = pq.read_table(job / "emulation" / "iterations.parquet")
+    em = pq.read_table(job_files.emulation(job, "iterations.parquet"))
     src = _strings(em.column("source"))
     rank = em.column("rank").to_numpy()
     sb = src == "sandbox"
     ranks = sorted(set(rank[sb].tolist()))
     if not ranks:
-        return {"error": f"{job / 'emulation' / 'iterations.parquet'}: no sandbox rows"}
+        return {"error": f"{job_files.emulation(job, 'iterations.parquet')}: no sandbox rows"}
     r = fidelity_sandbox.sandbox_ranks(job, whole_slice=False)[0]
     if r not in ranks:
-        return {"error": f"{job / 'emulation'}: the default sandbox rank {r} is not among its sandbox ranks {ranks}"}
+        return {"error": f"{job_files.emulation(job)}: the default sandbox rank {r} is not among its sandbox "
+                         f"ranks {ranks}"}
     # the figures the emulation's summary and the report show (prism/emulate/results.py)
-    fig = emulation_results.figures(em, pq.read_table(job / "calibrated" / "iterations.parquet"))
+    fig = emulation_results.figures(em, pq.read_table(job_files.calibrated(job, "iterations")))
     mine = next(x for x in fig.ranks if x.rank == r)
     out = {"rank": r, "sandbox_ranks": ranks, "sandbox_ms": mine.measured_ms, "job_ms": fig.under_sandbox_ms,
            "computed_rank_ms": mine.program_ms, "delay_ms": mine.delay_ms, "pred_rank_ms": mine.predicted_ms,
            "iterations": fig.iterations}
     if truth0 is not None:
         cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns"]
-        real = pq.read_table(truth0 / "graph" / "events.parquet", columns=cols)
+        real = pq.read_table(job_files.graph_file(truth0), columns=cols)
         real = real.filter(pa.compute.equal(real.column("rank"), r))
-        ev = pq.read_table(job / "emulation" / "events.parquet", columns=["rank", "seq", "iteration", "start_ns",
-                                                                          "end_ns", "source"])
+        ev = pq.read_table(job_files.emulation(job, "events.parquet"), columns=["rank", "seq", "iteration",
+                                                                                 "start_ns", "end_ns", "source"])
         ev = ev.filter(pa.compute.equal(ev.column("rank"), r))
         ev = ev.filter(pa.array(_strings(ev.column("source")) == "sandbox"))
-        graph = pq.read_table(job / "graph" / "events.parquet", columns=["rank", "seq", "event_id", "iteration"])
+        graph = pq.read_table(job_files.graph_file(job), columns=["rank", "seq", "event_id", "iteration"])
         graph = graph.filter(pa.compute.equal(graph.column("rank"), r))
         tl = timeline.filter(pa.compute.equal(timeline.column("rank"), r))
         it_of = dict(zip(graph.column("seq").to_pylist(), graph.column("iteration").to_pylist()))
@@ -326,7 +329,7 @@ def rescore(folders: list[Path]) -> list[Result]:
                 continue
             base = folder / old.cfg.name
             runs = max(len(old.pred_ms), 1)
-            missing = [f"prism{i}" for i in range(runs) if not (base / f"prism{i}" / "graph").is_dir()]
+            missing = [f"prism{i}" for i in range(runs) if not job_files.graph_dir(base / f"prism{i}").is_dir()]
             if missing:
                 res.error = (f"rescore: {base}: saved run(s) {', '.join(missing)} missing ({runs} prism run(s) "
                              "in fidelity.json); rescore a folder that kept every run")
@@ -343,9 +346,9 @@ def rescore(folders: list[Path]) -> list[Result]:
 def truth_ends_from_graph(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(iteration, end_ns) of the ``iteration_end`` markers of a real run, from its raw streams or, where
     they are gone (saved runs keep the graph only), its graph."""
-    if (run_dir / "raw").is_dir() and any((run_dir / "raw").glob("rank=*/events.arrow")):
+    if job_files.rank_streams(run_dir):
         return truth_ends(run_dir)
-    t = pq.read_table(run_dir / "graph" / "events.parquet", columns=["kind", "op", "iteration", "t_end_ns"])
+    t = pq.read_table(job_files.graph_file(run_dir), columns=["kind", "op", "iteration", "t_end_ns"])
     sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
     return t.column("iteration").to_numpy()[sel], t.column("t_end_ns").to_numpy()[sel]
 

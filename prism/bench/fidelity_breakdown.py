@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prism import job as job_files
+
 KINDS = ("compute", "collective", "send", "recv", "wait", "marker")
 
 
@@ -80,22 +82,22 @@ def breakdown(config_dir: Path) -> list[str]:
 
     job = config_dir / "prism0"
     lines = [str(config_dir)]
-    cap = pq.read_table(job / "graph" / "events.parquet", columns=["event_id", "kind", "iteration", "rank"])
-    truth = _events([config_dir / "truth0" / "graph" / "events.parquet"])
+    cap = pq.read_table(job_files.graph_file(job), columns=["event_id", "kind", "iteration", "rank"])
+    truth = _events([job_files.graph_file(config_dir / "truth0")])
     span = pa.compute.subtract(truth["t_end_ns"], truth["t_start_ns"])
     lines.append(_fmt("truth0 (wall)", per_kind_ms(truth["kind"].to_numpy(zero_copy_only=False), truth["rank"],
                                                    truth["iteration"], span)) + _compute_cpu(truth))
     by_id = {int(e): i for i, e in enumerate(cap["event_id"].to_numpy())}
     kinds = cap["kind"].to_numpy(zero_copy_only=False)
-    for name in ("calibrated_untimed", "calibrated"):
-        path = job / name / "timeline.parquet"
+    for name in (job_files.UNTIMED_CALIBRATION, job_files.CALIBRATED):
+        path = job_files.calibrated(job, folder=name)
         if not path.is_file():
             continue
         tl = pq.read_table(path, columns=["event_id", "rank", "start_ns", "end_ns"])
         rows = np.array([by_id[int(e)] for e in tl["event_id"].to_numpy()], dtype=np.int64)
         dur = tl["end_ns"].to_numpy() - tl["start_ns"].to_numpy()
         lines.append(_fmt(name, per_kind_ms(kinds[rows], tl["rank"], cap["iteration"].to_numpy()[rows], dur)))
-    comm_it = _comm_iterations(_events([job / "graph" / "events.parquet"]))
+    comm_it = _comm_iterations(_events([job_files.graph_file(job)]))
     n_it = len({i for i in comm_it.values() if i >= 1}) or 1
     tj = load_graph(config_dir / "truth0")
     c = tj.columns
@@ -105,15 +107,15 @@ def breakdown(config_dir: Path) -> list[str]:
     use = np.array([comm_it.get(int(cid), -1) >= 1 for cid in tj.comm_ids])
     lines.append(f"  {'transfer, truth0':22s} {mean[use].sum() / 1e6 / n_it:8.2f} ms per iteration")
     lines.append(self_sweep(tj, mean))
-    for folder in ("slices", "slices_timed"):
-        paths = sorted((job / folder).glob("slice=*/events.parquet"))
+    for folder in (job_files.SLICES, job_files.TIMED_SLICES):
+        paths = job_files.slice_files(job, folder=folder)
         if not paths:
             continue
         t = _events(paths)
         span = pa.compute.subtract(t["t_end_ns"], t["t_start_ns"])
         lines.append(_fmt(f"{folder} (wall)", per_kind_ms(t["kind"].to_numpy(zero_copy_only=False), t["rank"],
                                                           t["iteration"], span)) + _compute_cpu(t))
-        tr_path = job / folder / "transfers.parquet"
+        tr_path = job_files.slice_transfers(job, folder)
         if tr_path.is_file():
             tr = pq.read_table(tr_path)
             ids, x = tr["comm_id"].to_numpy(), tr["transfer_ns"].to_numpy()
@@ -152,12 +154,12 @@ def ops(config_dir: Path, iteration: int) -> list[str]:
                                 c["t_complete_ns"], np.arange(len(tj.event_ids)), tj.graph.n_comms)
     truth = {int(cid): (total[i] / count[i] if count[i] else float("nan")) for i, cid in enumerate(tj.comm_ids)}
     passes = {}
-    for folder in ("slices", "slices_timed"):
-        path = config_dir / "prism0" / folder / "transfers.parquet"
+    for folder in (job_files.SLICES, job_files.TIMED_SLICES):
+        path = job_files.slice_transfers(config_dir / "prism0", folder)
         if path.is_file():
             t = pq.read_table(path)
             passes[folder] = dict(zip(t["comm_id"].to_pylist(), t["transfer_ns"].to_pylist()))
-    ev = pq.read_table(config_dir / "truth0" / "graph" / "events.parquet",
+    ev = pq.read_table(job_files.graph_file(config_dir / "truth0"),
                        columns=["rank", "seq", "kind", "op", "bytes", "is_async", "iteration", "t_start_ns", "comm_id"])
     ev = ev.filter(pa.compute.and_(pa.compute.equal(ev["rank"], 0), pa.compute.equal(ev["iteration"], iteration)))
     first = pa.compute.min(ev["t_start_ns"]).as_py()
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     status = 0
     for d in args.dirs:
-        if not (d / "truth0" / "graph" / "events.parquet").is_file() or not (d / "prism0" / "graph").is_dir():
+        if not job_files.graph_file(d / "truth0").is_file() or not job_files.graph_dir(d / "prism0").is_dir():
             print(f"prism fidelity_breakdown: error: {d} holds no truth0/graph and prism0/graph (a config folder "
                   "of `prism bench fidelity --work DIR`)", file=sys.stderr)
             status = 2

@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prism import job as job_files
 from prism.bench import fidelity, fidelity_sandbox
 
 VARIANTS = ("before", "after")
@@ -70,7 +71,7 @@ def breakdown(job: Path, folder: str, rank: int) -> dict:
     rk, it, cid, st, en, opev, evid, seq = (em.column(c).to_numpy() for c in
                                             ("rank", "iteration", "comm_id", "start_ns", "end_ns", "op_event_id",
                                              "event_id", "seq"))
-    tl = pq.read_table(job / "calibrated" / "timeline.parquet")
+    tl = pq.read_table(job_files.calibrated(job))
     pred = {(int(r), int(q)): int(e) - int(s) for r, q, s, e in zip(*(tl.column(c).to_numpy() for c in
                                                                        ("rank", "seq", "start_ns", "end_ns")))}
     mine = (rk == rank) & (src == "sandbox")
@@ -94,9 +95,10 @@ def breakdown(job: Path, folder: str, rank: int) -> dict:
         b = by_kind[k.split(" group ")[0]]
         for f in b:
             b[f] += v[f]
-    comms = pq.read_table(job / "graph" / "comms.parquet", columns=["comm_id"]).column("comm_id").to_numpy()
-    tdir = "slices_timed" if (job / "slices_timed" / "transfers.parquet").is_file() else "slices"
-    xfer = dict(zip(comms.tolist(), rules.read_transfers(job / tdir / "transfers.parquet", comms).tolist()))
+    comms = pq.read_table(job_files.graph_file(job, "comms"), columns=["comm_id"]).column("comm_id").to_numpy()
+    timed = job_files.slice_transfers(job, job_files.TIMED_SLICES)
+    transfers = timed if timed.is_file() else job_files.slice_transfers(job)
+    xfer = dict(zip(comms.tolist(), rules.read_transfers(transfers, comms).tolist()))
     arrive: dict[int, int] = {}
     for i in np.flatnonzero(kind == "collective"):
         arrive[int(cid[i])] = max(arrive.get(int(cid[i]), 0), int(st[i]))
@@ -119,12 +121,12 @@ def score(job: Path, variant: str) -> dict:
     folder = job / f"emulation_{variant}"
     if (job / f"emulate_{variant}.failed").is_file():
         return {"error": (job / f"emulate_{variant}.failed").read_text()[:500]}
-    shutil.rmtree(job / "emulation", ignore_errors=True)
-    os.symlink(folder.name, job / "emulation")
+    shutil.rmtree(job_files.emulation(job), ignore_errors=True)
+    os.symlink(folder.name, job_files.emulation(job))
     try:
-        out = fidelity.emulated_sandbox(job, pq.read_table(job / "calibrated" / "timeline.parquet"), None)
+        out = fidelity.emulated_sandbox(job, pq.read_table(job_files.calibrated(job)), None)
     finally:
-        (job / "emulation").unlink()
+        job_files.emulation(job).unlink()
     if out.get("sandbox_ms") and out.get("pred_rank_ms"):
         out["sandbox_minus_pred_pct"] = 100.0 * (out["sandbox_ms"] - out["pred_rank_ms"]) / out["pred_rank_ms"]
     if out.get("sandbox_ms") and out.get("computed_rank_ms"):
@@ -160,7 +162,7 @@ def run(cfg, work: Path, base: Path, steps: int, timeout: float, devices: int | 
     job = work / cfg.name
     log = job / "log.txt"
     if prepared:
-        if not (job / "calibrated" / "timeline.parquet").is_file():
+        if not (job_files.calibrated(job)).is_file():
             raise FileNotFoundError(f"--prepared: {job} holds no calibrated/timeline.parquet (run once without "
                                     "--prepared to build it)")
         old = json.loads((job / "hold.json").read_text()) if (job / "hold.json").is_file() else {}
@@ -191,8 +193,8 @@ def run(cfg, work: Path, base: Path, steps: int, timeout: float, devices: int | 
                                       timeout=timeout).returncode
             if code != 0:
                 (job / f"emulate_{name}.failed").write_text(f"exit {code}: see {log}")
-            elif (job / "emulation").is_dir():
-                (job / "emulation").rename(job / f"emulation_{name}")
+            elif job_files.emulation(job).is_dir():
+                job_files.emulation(job).rename(job / f"emulation_{name}")
     res = {"config": cfg.name, "sandbox": ranks, "stage_s": times, "repeats": repeats, "env_after": env_after or {},
            **{variant: score(job, variant) for variant in VARIANTS}}
     if repeats > 1:

@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", type=Path, nargs="+", metavar="JOB_DIR")
     parser.add_argument("--rule", choices=("measured", "bare"), default="measured")
     args = parser.parse_args(argv)
+    from prism import job as job_files
+
     status = 0
     print(f"| run | truth ms | sweep ms ({args.rule}) | error % |\n|---|---|---|---|")
     for d in args.dirs:
-        if not (d / "graph" / "events.parquet").is_file():
+        if not job_files.graph_file(d).is_file():
             print(f"prism fidelity_model: error: {d} holds no graph/events.parquet (a real run's job folder "
                   "after `prism graph`)", file=sys.stderr)
             status = 2

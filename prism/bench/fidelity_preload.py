@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prism import artifacts, schemas, settings
+from prism import job as job_files
 from prism.bench.fidelity import BY_NAME, MODEL, WORKLOAD, _prism, _run, run_prism
 
 KNOB = settings.SLICE_PRELOAD_MB.name
@@ -38,7 +39,7 @@ KNOB = settings.SLICE_PRELOAD_MB.name
 
 def prepare(work: Path, config: str, devices: int, steps: int, timeout: float) -> None:
     cfg = BY_NAME[config]
-    if (work / "calibrated" / "timeline.parquet").is_file():
+    if job_files.calibrated(work).is_file():
         return
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -46,7 +47,7 @@ def prepare(work: Path, config: str, devices: int, steps: int, timeout: float) -
 
 
 def slices(work: Path) -> dict[int, list[int]]:
-    plan = artifacts.read_parquet(work / "slices" / "plan.parquet").to_pylist()
+    plan = artifacts.read_parquet(job_files.slice_plan(work)).to_pylist()
     out: dict[int, list[int]] = {}
     for r in plan:
         if r["measured"]:
@@ -62,8 +63,8 @@ def run_slice(work: Path, config: str, steps: int, ranks: list[int], out: Path, 
     os.environ[KNOB] = str(preload_mb)
     try:
         _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "slice", "--pin", "--slice-ranks",
-                    ",".join(map(str, ranks)), "--capture", str(work / "capture"), "--out", str(out),
-                    *(("--timed-by", str(work / "calibrated" / "timeline.parquet")) if timed else ()),
+                    ",".join(map(str, ranks)), "--capture", str(job_files.capture_dir(work)), "--out", str(out),
+                    *(("--timed-by", str(job_files.calibrated(work))) if timed else ()),
                     *WORKLOAD, *cfg.args(steps, MODEL)), work / "log.txt", timeout)
     finally:
         if env_before is None:
@@ -79,10 +80,10 @@ def whole_iterations(it: np.ndarray) -> np.ndarray:
     return values[counts * 2 >= counts.max()]
 
 
-def rank_row(raw: Path, rank: int) -> dict:
-    """One slice rank's numbers (per rank-iteration: iterations >= 1 of its events)."""
-    stats = json.loads((raw / f"rank={rank}" / "slice_results.json").read_text())
-    ev = artifacts.read_raw_stream(raw / f"rank={rank}" / "events.arrow", schemas.RAW_EVENTS)
+def rank_row(run: Path, rank: int) -> dict:
+    """One slice rank's numbers (per rank-iteration: iterations >= 1 of its events) from the slice run's folder."""
+    stats = json.loads(job_files.rank_stream(run, rank, "slice_results.json").read_text())
+    ev = artifacts.read_raw_stream(job_files.rank_stream(run, rank), schemas.RAW_EVENTS)
     kind = ev["kind"].cast(pa.string()) if pa.types.is_dictionary(ev["kind"].type) else ev["kind"]
     it = ev["iteration"].to_numpy()
     steps = whole_iterations(it)
@@ -116,11 +117,12 @@ def held(capture: Path) -> list[str]:
     """Per rank of a capture: its captured results (payload index rows of role 'out') and their payload files'
     bytes: what the rank holds loaded before a slice run's program runs (PRISM_SLICE_PRELOAD_MB permitting)."""
     lines, sizes = [], []
-    for folder in sorted((capture / "raw").glob("rank=*"), key=lambda p: int(p.name.split("=")[1])):
+    for folder in sorted(job_files.raw_dir(capture).glob("rank=*"), key=lambda p: int(p.name.split("=")[1])):
         with pa.OSFile(str(folder / "payloads.arrow")) as source:
             rows = pa.ipc.open_stream(source).read_all().to_pylist()
         outs = [r for r in rows if r["role"] == "out"]
-        size = sum(os.path.getsize(capture / "payloads" / r["hash"][:2] / f"{r['hash']}.bin") for r in outs)
+        payloads = job_files.payloads_dir(capture)
+        size = sum(os.path.getsize(payloads / r["hash"][:2] / f"{r['hash']}.bin") for r in outs)
         sizes.append(size)
         lines.append(f"{folder.name}: {len(outs)} results, {size / 1e6:.1f} MB of payload files")
     lines.append(f"max {max(sizes, default=0) / 1e6:.1f} MB per rank, {sum(sizes) / 1e6:.1f} MB over the {len(sizes)} ranks")
@@ -163,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.report:
                     run_slice(args.work, args.config, args.steps, ranks, out, preload, not args.untimed, args.timeout)
                 for rank in ranks:
-                    row = rank_row(out / "raw", rank)
+                    row = rank_row(out, rank)
                     sums[preload].append(row)
                     print(fmt(preload, rep, k, row), flush=True)
-                servers.append((preload, rep, k, ranks, server_row(out / "raw", ranks)))
+                servers.append((preload, rep, k, ranks, server_row(out, ranks)))
     print("\nmean over slice ranks and repeats:\n\n| preload MB | rank-runs | loaded during run MB/it | loader CPU "
           "during run ms/it | compute CPU ms/it | compute wall - CPU ms/it | held before run, MB per rank (max) |\n"
           "|---|---|---|---|---|---|---|")
@@ -185,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def server_row(raw: Path, ranks: list[int]) -> dict:
-    replay = json.loads((raw / "meta.json").read_text()).get("replay", {})
-    cores = sorted({c for r in ranks for c in json.loads((raw / f"rank={r}" / "slice_results.json").read_text())
-                    .get("rank_cores", [])})
+def server_row(run: Path, ranks: list[int]) -> dict:
+    replay = json.loads(job_files.meta_path(run).read_text()).get("replay", {})
+    results = [json.loads(job_files.rank_stream(run, r, "slice_results.json").read_text()) for r in ranks]
+    cores = sorted({c for stats in results for c in stats.get("rank_cores", [])})
     return {"cpu_s": replay.get("cpu_s", float("nan")), "wall_s": replay.get("wall_s", float("nan")),
             "threads": replay.get("threads_cpu_s", {}), "cores": replay.get("cores", "?"), "rank_cores": cores}
 

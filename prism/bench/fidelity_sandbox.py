@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from prism import job as job_files
 from prism.emulate.sandbox import resolve
 from prism.iterations import iteration_times
 
@@ -36,10 +37,10 @@ def sandbox_ranks(job: Path, whole_slice: bool) -> list[int]:
     """The bench's sandbox: `prism emulate`'s default rank (one rank of the last pipeline stage) first, then,
     with `whole_slice`, the other ranks of its slice in JOB/slices/plan.parquet (ascending), so that the
     sandbox fills the P device slots as a slice run does."""
-    default = resolve(None, pq.read_table(job / "graph" / "ranks.parquet"))[0]
+    default = resolve(None, pq.read_table(job_files.graph_file(job, "ranks")))[0]
     if not whole_slice:
         return [default]
-    plan = pq.read_table(job / "slices" / "plan.parquet", columns=["rank", "slice"]).to_pydict()
+    plan = pq.read_table(job_files.slice_plan(job), columns=["rank", "slice"]).to_pydict()
     of = dict(zip(plan["rank"], plan["slice"]))
     return [default] + sorted(r for r, k in of.items() if k == of[default] and r != default)
 

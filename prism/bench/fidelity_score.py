@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
+from prism import job as job_files
 from prism.iterations import iteration_times, job_iteration_ends
 
 
@@ -44,18 +45,19 @@ def truth_rank_ends(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from prism import artifacts, schemas
 
     ranks, its, ends = [], [], []
-    for path in sorted((run_dir / "raw").glob("rank=*/events.arrow")):
+    for path in job_files.rank_streams(run_dir):
         t = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)
         sel = (_strings(t.column("kind")) == "marker") & (_strings(t.column("op")) == "iteration_end")
         ranks.append(t.column("rank").to_numpy()[sel])
         its.append(t.column("iteration").to_numpy()[sel])
         ends.append(t.column("t_end_ns").to_numpy()[sel])
     if not its:
-        raise StepError(f"{run_dir / 'raw'}: no rank streams")
+        raise StepError(f"{job_files.raw_dir(run_dir)}: no rank streams")
     return np.concatenate(ranks), np.concatenate(its), np.concatenate(ends)
 
 
-def calibrated(job: Path, slices: bool, folder: str = "slices") -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
+def calibrated(job: Path, slices: bool,
+               folder: str = job_files.SLICES) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray]]:
     """(timeline, (iteration, end_ns) per rank and iteration) of the job's graph calibrated with slice
     (JOB/<folder>: untimed `slices` or `slices_timed`) or bare-graph durations."""
     from prism.calibrate.stage import calibrate
@@ -68,20 +70,21 @@ def calibrated(job: Path, slices: bool, folder: str = "slices") -> tuple[pa.Tabl
     return tables["timeline"], (it.column("iteration").to_numpy(), it.column("end_ns").to_numpy())
 
 
-def durations_from_slices(job: Path, folder: str = "slices") -> tuple[Path, Path]:
+def durations_from_slices(job: Path, folder: str = job_files.SLICES) -> tuple[Path, Path]:
     """JOB/<folder>/{durations,transfers}.parquet from its slice runs (`prism.calibrate.from_slices`)."""
     from prism.calibrate.from_slices import from_slices
 
     durations, transfers = from_slices(job, folder)
-    d, t = job / folder / "durations.parquet", job / folder / "transfers.parquet"
+    d, t = job_files.own_durations(job, folder), job_files.slice_transfers(job, folder)
     pq.write_table(durations, d)
     pq.write_table(transfers, t)
     return d, t
 
 
-def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, truth_ends_: np.ndarray,
+def event_errors(truth_run: Path, job: Path, timeline: pa.Table, truth_ends_: np.ndarray,
                  pred_ends: np.ndarray) -> dict:
-    """Per-event |start error| and |duration error| (ms; median, p95) after the job's iteration 0.
+    """Per-event |start error| and |duration error| (ms; median, p95) after the job's iteration 0, from the
+    graphs of `truth_run` (a real run's folder) and `job` (the captured job's).
 
     Starts are compared in two ways: from the job's end of the event's previous iteration (``start_*``:
     where in its iteration the event starts) and from the job's end of iteration 0 (``cum_start_*``:
@@ -92,9 +95,9 @@ def event_errors(truth_graph: Path, capture_graph: Path, timeline: pa.Table, tru
     left out)."""
     cols = ["rank", "seq", "kind", "op", "iteration", "t_start_ns", "t_end_ns"]
     t0_truth, t0_pred = int(truth_ends_[0]), int(pred_ends[0])
-    real = pq.read_table(truth_graph / "events.parquet", columns=cols).sort_by([("rank", "ascending"),
-                                                                                ("seq", "ascending")])
-    cap = pq.read_table(capture_graph / "events.parquet", columns=["rank", "seq", "kind", "op"]).sort_by(
+    real = pq.read_table(job_files.graph_file(truth_run), columns=cols).sort_by([("rank", "ascending"),
+                                                                                 ("seq", "ascending")])
+    cap = pq.read_table(job_files.graph_file(job), columns=["rank", "seq", "kind", "op"]).sort_by(
         [("rank", "ascending"), ("seq", "ascending")])
     tl = timeline.sort_by([("rank", "ascending"), ("seq", "ascending")])
     n_real, n_cap = real.num_rows, cap.num_rows

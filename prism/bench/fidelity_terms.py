@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from prism import artifacts
+from prism import job as job_files
 from prism.calibrate import durations as rules
 from prism.calibrate.arrays import K_COLLECTIVE, K_COMPUTE, K_MARKER, K_RECV, K_SEND, K_WAIT
 
@@ -116,7 +117,7 @@ def swap_terms(job, own: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray,
 
 def slice_of_events(config_dir: Path, job) -> np.ndarray:
     """Per event of the (aligned) graph: the slice whose run measured its rank (the plan), -1 if none."""
-    plan = artifacts.read_parquet(config_dir / "prism0" / "slices" / "plan.parquet").to_pylist()
+    plan = artifacts.read_parquet(job_files.slice_plan(config_dir / "prism0")).to_pylist()
     by_rank = {r["rank"]: r["slice"] for r in plan if r["measured"]}
     return np.array([by_rank.get(int(r), NO_SLICE) for r in job.rank], dtype=np.int64)
 
@@ -140,9 +141,9 @@ def slice_inputs(config_dir: Path, truth, pass_dir: str) -> tuple[np.ndarray, np
 
     cap = load_graph(config_dir / "prism0")
     cmap = _aligned(truth, cap, str(config_dir))
-    folder = config_dir / "prism0" / pass_dir
-    dur = _by_id(folder / "durations.parquet", "event_id", "duration_ns", cap.event_ids)
-    x = _by_id(folder / "transfers.parquet", "comm_id", "transfer_ns", cap.comm_ids)
+    job = config_dir / "prism0"
+    dur = _by_id(job_files.own_durations(job, pass_dir), "event_id", "duration_ns", cap.event_ids)
+    x = _by_id(job_files.slice_transfers(job, pass_dir), "comm_id", "transfer_ns", cap.comm_ids)
     return dur, x[cmap]
 
 
@@ -196,7 +197,7 @@ def _slice_runs(config_dir: Path, pass_dir: str, cap, extra: tuple[str, ...] = (
     pos = {int(e): i for i, e in enumerate(cap.event_ids)}
     names = ("t_start_ns", "t_end_ns", "t_complete_ns", "device_ns", *extra)
     runs = []
-    for path in sorted((config_dir / "prism0" / pass_dir).glob("slice=*/events.parquet")):
+    for path in job_files.slice_files(config_dir / "prism0", folder=pass_dir):
         ev = artifacts.read_parquet(path, columns=["event_id", *names])
         rows = np.array([pos[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
         cols = {name: np.full(len(cap.event_ids), -1, dtype=np.int64) for name in names}
@@ -227,9 +228,10 @@ def compute_wall_excess_ms(truth, run: dict[str, np.ndarray]) -> float:
 def loaded_result_mb(config_dir: Path) -> float:
     """MB per rank-iteration (iterations >= 1) of the reductions in groups of more than two members: the
     captured results a slice rank loads (`runtime/slice/transport.py`, CapturedResults)."""
-    ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet",
+    ev = artifacts.read_parquet(job_files.graph_file(config_dir / "truth0"),
                                 columns=["rank", "kind", "op", "group_name", "bytes", "iteration"]).to_pylist()
-    groups = artifacts.read_parquet(config_dir / "truth0" / "graph" / "groups.parquet", columns=["group_name", "ring"])
+    groups = artifacts.read_parquet(job_files.graph_file(config_dir / "truth0", "groups"),
+                                    columns=["group_name", "ring"])
     size = {str(g): len(r) for g, r in zip(groups["group_name"].to_pylist(), groups["ring"].to_pylist())}
     later = [e for e in ev if e["iteration"] >= 1]
     n = len({e["rank"] for e in later}) * len({e["iteration"] for e in later})
@@ -270,7 +272,7 @@ def report(config_dir: Path, pass_dir: str, rule: str = "saved") -> list[str]:
     what = pass_dir if rule == "saved" else f"{pass_dir} with the {rule!r} rule across slices"
     lines = [f"{config_dir}  ({what} into truth0's own inputs; sweep on them {terms.pop('own ms'):.2f} ms)",
              "  " + " | ".join(f"{k} {v:+.1f} %" for k, v in terms.items())]
-    ev = artifacts.read_parquet(config_dir / "truth0" / "graph" / "events.parquet", columns=["rank", "seq", "is_async"])
+    ev = artifacts.read_parquet(job_files.graph_file(config_dir / "truth0"), columns=["rank", "seq", "is_async"])
     order = np.lexsort((ev["seq"].to_numpy(), ev["rank"].to_numpy()))  # load_graph's order
     is_async = ev["is_async"].to_numpy(zero_copy_only=False)[order]
     speed, drain = [], []
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_terms", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
-    parser.add_argument("--pass", dest="pass_dir", default="slices_timed", choices=("slices", "slices_timed"))
+    parser.add_argument("--pass", dest="pass_dir", default=job_files.TIMED_SLICES,
+                        choices=(job_files.SLICES, job_files.TIMED_SLICES))
     parser.add_argument("--rule", choices=RULES, default="saved",
                         help="the pass's inputs as calibration saved them, or recomputed from a timed pass's slice "
                              "events with another rule for comms measured by several slices (slice_inputs_by_rule)")
@@ -312,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     status = 0
     for d in args.dirs:
-        need = [d / "graph"] if args.against else [d / "truth0" / "graph", d / "prism0" / args.pass_dir]
-        missing = [p for p in need + ([args.against / "graph"] if args.against else []) if not p.is_dir()]
+        need = ([job_files.graph_dir(d)] if args.against
+                else [job_files.graph_dir(d / "truth0"), job_files.slices_dir(d / "prism0", args.pass_dir)])
+        missing = [p for p in need + ([job_files.graph_dir(args.against)] if args.against else []) if not p.is_dir()]
         if missing:
             print(f"prism fidelity_terms: error: {missing[0]} is missing (a config folder of `prism bench fidelity "
                   "--work DIR`, or with --against two job folders holding graph/)", file=sys.stderr)

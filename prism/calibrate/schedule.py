@@ -12,19 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from prism.calibrate.arrays import (
-    ARRIVE,
-    PIN,
-    PIN_ARRIVE,
-    PLAIN,
-    RECV,
-    WAIT,
-    Pins,
-    SweepError,
-    SweepGraph,
-    check_durations,
-    check_pins,
-)
+from prism.calibrate.arrays import ARRIVE, PIN, PIN_ARRIVE, PLAIN, RECV, WAIT
+from prism.calibrate.arrays import Pins, SweepError, SweepGraph, check_durations, check_pins
 from prism.clock_rule import NEG, collective_done, ends, p2p_done, wait_ends
 
 # ---------------------------------------------------------------------------------- schedule layout

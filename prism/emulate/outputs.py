@@ -69,7 +69,7 @@ def align(rank: int, measured: pa.Table, graph: pa.Table, prefix: bool) -> pa.Ta
 def _sandbox_tables(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray, prefix: bool):
     parts, rows = [], []
     for r in sandbox:
-        measured = artifacts.read_raw_stream(out / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+        measured = artifacts.read_raw_stream(job_files.rank_stream(out, r), schemas.RAW_EVENTS)
         lo, hi = int(ptr[r]), int(ptr[r + 1])
         measured = align(r, measured, graph.slice(lo, hi - lo), prefix)
         parts.append(measured)
@@ -78,7 +78,7 @@ def _sandbox_tables(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndar
 
 
 def _replay_table(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray):
-    path = out / "raw" / "replay" / "events.arrow"
+    path = job_files.replay_stream(out)
     if not path.is_file():
         return None, np.empty(0, dtype=np.int64)
     replay = artifacts.read_raw_stream(path, schemas.RAW_EVENTS)

@@ -145,9 +145,6 @@ def check_clocks(rank: int, measured: pa.Table, device: str) -> None:
             f"{end - start} ns) on {device}: the slice run's recorder is broken; re-run the slice (and report it)")
 
 
-TIMED_DIR = "slices_timed"  # the timed pass's slice runs and what they measured
-
-
 def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: bool,
         timed_by: Path | None = None) -> int:
     ranks = _plan(job, k)
@@ -158,15 +155,17 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     sources = [job_files.raw_dir(cap), graph_path, job_files.slice_plan(job)]
     if timed_by is not None:
         if not timed_by.is_file():
-            raise SliceError(f"--timed-by {timed_by}: missing; calibrate the untimed slices first (prism calibrate "
-                             f"--job {job} --durations {job}/slices/durations.parquet --transfers "
-                             f"{job}/slices/transfers.parquet --out {job}/calibrated_untimed)")
+            raise SliceError(f"--timed-by {timed_by}: missing; calibrate the untimed slices first (prism "
+                             f"calibrate --job {job} --durations {job_files.own_durations(job)} --transfers "
+                             f"{job_files.slice_transfers(job)} --out "
+                             f"{job_files.calibrated_dir(job, job_files.UNTIMED_CALIBRATION)})")
         if timed_by.resolve().parent.parent != job.resolve():
             raise SliceError(f"--timed-by {timed_by} is not a timeline of the job {job} (JOB/<folder>/timeline.parquet)")
         sources.append(timed_by)
     run_id = artifacts.same_run(sources)
     world, script, module, args = _program(config_json, meta)
-    folder = job / (TIMED_DIR if timed_by is not None else "slices")
+    pass_dir = job_files.TIMED_SLICES if timed_by is not None else job_files.SLICES
+    folder = job_files.slices_dir(job, pass_dir)
     staging = folder / f".slice={k}.run"
     shutil.rmtree(staging, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
@@ -185,17 +184,17 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
         run_meta = json.loads(job_files.meta_path(staging).read_text())
         parts = []
         for r in ranks:
-            measured = artifacts.read_raw_stream(staging / "raw" / f"rank={r}" / "events.arrow", schemas.RAW_EVENTS)
+            measured = artifacts.read_raw_stream(job_files.rank_stream(staging, r), schemas.RAW_EVENTS)
             check_clocks(r, measured, run_meta.get("device", "cpu"))
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
         if timed_by is not None:
-            issues = staging / "raw" / "replay" / "issues.arrow"
+            issues = job_files.replay_stream(staging, "issues.arrow")
             tables["replay"] = (artifacts.read_raw_stream(issues, schemas.SLICE_REPLAY) if issues.is_file()
                                 else schemas.SLICE_REPLAY.empty_table())  # a slice without virtual peers
             table_schemas["replay"] = schemas.SLICE_REPLAY
-        artifacts.write_outputs(folder / f"slice={k}", tables, table_schemas,
+        artifacts.write_outputs(job_files.slice_dir(job, k, pass_dir), tables, table_schemas,
                                 run_id=run_id)  # the capture's run, not the slice launch's own
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -205,7 +204,7 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
           f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
           f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
           f"{run_meta.get('device', 'cpu')} -> "
-          f"{folder / f'slice={k}' / 'events.parquet'}")
+          f"{job_files.slice_file(job, k, folder=pass_dir)}")
     return 0
 
 
@@ -237,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", type=Path, help="the capture folder (default: JOB/capture, or JOB)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the slice ranks to cores")
     parser.add_argument("--timed-by", type=Path, metavar="TIMELINE",
-                        help=f"replayed ranks answer at their times in this calibrated timeline (JOB/calibrated_untimed/"
-                             f"timeline.parquet); writes JOB/{TIMED_DIR}/slice=K")
+                        help=f"replayed ranks answer at their times in this calibrated timeline (JOB/"
+                             f"{job_files.UNTIMED_CALIBRATION}/timeline.parquet); writes "
+                             f"JOB/{job_files.TIMED_SLICES}/slice=K")
     args = parser.parse_args(argv)
     try:
         if args.all:

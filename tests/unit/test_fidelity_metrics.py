@@ -99,7 +99,7 @@ def _graphs(tmp_path: Path, capture_ops: list[str] | None = None) -> tuple[Path,
 
 def test_event_errors_by_hand(tmp_path):
     truth, capture, timeline = _graphs(tmp_path)
-    got = fidelity.event_errors(truth, capture, timeline, TRUTH_ENDS, PRED_ENDS)
+    got = fidelity.event_errors(truth.parent, capture.parent, timeline, TRUTH_ENDS, PRED_ENDS)
     # iterations >= 1 only (seq 2..5). Start in the iteration, from the job's end of the previous one:
     #   truth 120-100=20, 300-100=200, 330-300=30, 500-300=200; predicted 100-90=10, 200, 30, 470-290=180
     #   -> |errors| 10, 0, 0, 20: median 5, p95 (linear) 10 + 0.85 * 10 = 18.5
@@ -116,7 +116,7 @@ def test_event_errors_leave_out_events_the_graphs_disagree_on(tmp_path):
     ops = [e[2] for e in EVENTS]
     ops[4] = "something_else"  # seq 4: the capture saw another op
     truth, capture, timeline = _graphs(tmp_path, ops)
-    got = fidelity.event_errors(truth, capture, timeline, TRUTH_ENDS, PRED_ENDS)
+    got = fidelity.event_errors(truth.parent, capture.parent, timeline, TRUTH_ENDS, PRED_ENDS)
     # seq 2, 3, 5 remain: start errors 10, 0, 20 -> median 10; durations 10, 0, 0 -> median 0
     assert not got["aligned"] and got["mismatched"] == 1 and got["n_compared"] == 3
     assert got["start_med_ms"] == pytest.approx(10.0) and got["dur_med_ms"] == pytest.approx(0.0)
