@@ -68,3 +68,16 @@ def test_a_message_completes_after_the_send_and_not_before_the_recv():
     live = np.array([True, True, False, False])
     s, e = sweep_tails(graph, live, np.array([50, 1, 1, 2]), np.array([4]), start, end)
     assert s.tolist() == [0, 50, 0, 1] and e.tolist() == [50, 51, 1, 56]  # max(recv 0, send 50 + 4) + 2
+
+
+def test_the_tail_is_the_calibrate_sweep_with_pins_not_a_loop_of_its_own():
+    """One sweep loop (session 10's review): the tail calls `prism.calibrate.sweep` with pinned rows, so it cannot
+    drift from the calibration; the sweep's kernels and their reference are held to each other with pins
+    (tests/unit/test_calibrate.py)."""
+    from pathlib import Path
+
+    from prism.emulate import tail
+    from tests.unit.test_runtime_layering import imported_modules
+
+    used = imported_modules(Path(tail.__file__))
+    assert "prism.calibrate.sweep" in used and not any(m.split(".")[0] == "numba" for m in used)
