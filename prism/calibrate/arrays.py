@@ -10,21 +10,21 @@ What the sweep needs from an event is one of three codes (`prepare`):
 - ``PLAIN``: takes its duration and nothing else (compute, marker, a recv's issue, a wait on a send:
   sends complete locally);
 - ``ARRIVE``: an op that contributes to a comm (a collective member, a send); it never blocks its rank;
-- ``WAIT``: a wait on a collective or a recv, which ends at max(its start + own duration, the comm's
-  completion).
+- ``WAIT``: a wait on a collective or a recv, which ends its own duration after max(its start, the comm's
+  completion) (`prism.clock_rule.wait_ends`).
 
 A recv's own issue time never matters to its wait: the wait starts after the recv was issued, so
-max(wait start + own, recv issue, send issue + transfer) = max(wait start + own, send issue + transfer).
+max(wait start, recv issue, send issue + transfer) = max(wait start, send issue + transfer).
 Hence a p2p comm is complete once its send arrived, and a collective once all its members did.
 
-*Pinned* rows (`Pins`: rows whose start and end are given, e.g. measured ones; the emulation's live rows,
-`prism.emulate.tail`) take four more codes (`pin`): ``PIN`` (the row ends at its given end, and a pinned
-wait waits for nothing: its time is known), ``PIN_ARRIVE`` (a pinned arrival: at its given start), and,
-since a given time may lie before its rank's previous end, a recv's issue may then be later than its
-wait's start, so every recv arrives too: ``RECV`` (computed) and ``PIN_RECV`` (pinned), at (its issue -
-the transfer), so that (the latest arrival + the transfer) is max(recv issue, send issue + transfer), the
-clock rule's `p2p_done`. Codes are ordered so that ``code >= WAIT`` has a comm and ``code >= ARRIVE``
-arrives at it.
+*Pinned* rows (`Pins`, rows whose start and end are given: the emulation's live rows, `prism.emulate.tail`)
+get four more codes (`pin`): ``PIN``, the row takes its given end (a pinned wait waits for nothing), and
+``PIN_ARRIVE``, a pinned arrival, at its given start. Given times need not chain (a measured row may start
+after the computed rows that follow it end), so with pins a recv's issue can be later than its wait's start
+and then matters: every recv arrives too, ``RECV`` (computed) and ``PIN_RECV`` (pinned), with its issue
+minus the transfer, so that the latest arrival plus the transfer is max(recv issue, send issue + transfer),
+`prism.clock_rule.p2p_done`. The codes are ordered so that ``code >= WAIT`` is on a comm and
+``code >= ARRIVE`` arrives at it.
 """
 
 from __future__ import annotations
