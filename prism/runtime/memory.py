@@ -75,11 +75,12 @@ def _kind(name: str) -> str:
     return "file" if name.startswith("/") else name.strip("[]")
 
 
-def private_by_kind(parent: int | None = None) -> dict[str, dict[str, int]]:
+def private_by_kind(parent: int | None = None, copied: list[int] | None = None) -> dict[str, dict[str, int]]:
     """Where this process's private memory is, bytes by mapping kind (heap, anon, file, stack, ...):
     `private` from /proc/self/smaps; with `parent` (the zygote's pid) and a readable pagemap (root), also how
     much of it are `copied` pages (written here, present in the parent at the same address: copy-on-write
-    of what the zygote shares) and `new` ones (not present in the parent). A profiling aid
+    of what the zygote shares) and `new` ones (not present in the parent); the copied pages' addresses go
+    into `copied` when given (`copied_by_object`). A profiling aid
     (`PRISM_MEMORY_PROFILE`, scripts/rank_memory.py), not run otherwise."""
     out: dict[str, dict[str, int]] = {}
     ranges = []
@@ -113,14 +114,55 @@ def private_by_kind(parent: int | None = None) -> dict[str, dict[str, int]]:
                 continue
             ours, parents = array.array("Q", a), array.array("Q", b)
             row = out.setdefault(kind, {"private": 0, "copied": 0, "new": 0})
-            for x, y in zip(ours, parents):
+            for i, (x, y) in enumerate(zip(ours, parents)):
                 if x & present and x & exclusive:
                     seen_pfn = seen_pfn or bool(x & pfn)
                     if not y & present:
                         row["new"] += _PAGE
                     elif (x & pfn) != (y & pfn):
                         row["copied"] += _PAGE
+                        if copied is not None:
+                            copied.append(lo + i * _PAGE)
     if not seen_pfn:  # nothing can be told apart without them
         for row in out.values():
             row["copied"] = row["new"] = 0
     return out
+
+
+def copied_by_object(pages: list[int]) -> dict[str, int]:
+    """Which Python objects the copied pages `pages` (addresses, from `private_by_kind`) hold: bytes by the
+    type of the objects on each page (a page with several types counts for each; code objects by their
+    size; "no object found" is C memory: malloc's, torch's C++ side, dict and list tables). Every object the
+    collector knows (frozen ones included) and the code objects of the functions among them. A profiling aid."""
+    import gc
+    import sys
+
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()  # (the rank is at its end: the permanent generation's objects become visible)
+    try:
+        objects = gc.get_objects()
+    finally:
+        gc.freeze() if frozen else None
+    spans = []
+    codes = []
+    for o in objects:
+        try:
+            spans.append((id(o), id(o) + sys.getsizeof(o), type(o).__name__))
+        except TypeError:
+            continue
+        code = getattr(o, "__code__", None) if callable(o) else None
+        if code is not None and type(code).__name__ == "code":
+            codes.append(code)
+    for c in {id(c): c for c in codes}.values():
+        spans.append((id(c), id(c) + sys.getsizeof(c), "code"))
+    wanted = set(pages)
+    on_page: dict[int, set[str]] = {}
+    for lo, hi, name in spans:
+        for page in range(lo // _PAGE * _PAGE, hi, _PAGE):
+            if page in wanted:
+                on_page.setdefault(page, set()).add(name)
+    out: dict[str, int] = {}
+    for page in wanted:
+        for name in on_page.get(page, ("no object found",)):
+            out[name] = out.get(name, 0) + _PAGE
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

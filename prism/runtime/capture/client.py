@@ -176,7 +176,9 @@ class CaptureClient:
         (folder / "capture_stats.json").write_text(json.dumps(stats))
         profile = settings.MEMORY_PROFILE.get()  # a profiling aid: scripts/rank_memory.py
         if profile:
-            where = memory.private_by_kind(os.getppid())
+            pages: list[int] = []
+            where = memory.private_by_kind(os.getppid(), pages)
+            where["objects"] = memory.copied_by_object(pages)
             Path(profile, f"rank={self.rank}.json").write_text(json.dumps(where))
         schema = schemas.with_version(schemas.RAW_PAYLOADS)
         table = pa.Table.from_pylist([dict(zip(schema.names, r)) for r in self.payload_rows], schema=schema)
