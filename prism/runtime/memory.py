@@ -65,6 +65,43 @@ def trim() -> None:
         _malloc_trim(0)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def fill_heap_holes(limit: int = 64 << 20) -> dict[str, int] | None:
+    """In the zygote before it forks: take every free chunk of the C heap (glibc's main arena), so that a
+    forked rank's small allocations come from fresh pages at the heap's top instead of the zygote's free
+    chunks, where each one would copy the page it lands on (copy-on-write). The chunks are never freed (the
+    zygote keeps them for its life; the ranks share them untouched). Returns the bytes and chunks taken, or
+    None where glibc's `mallinfo2` is missing. `limit` bounds what it takes."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        info, malloc, sbrk = libc.mallinfo2, libc.malloc, libc.sbrk
+    except (OSError, AttributeError):
+        return None
+    info.restype = _MallInfo2
+    malloc.restype = sbrk.restype = ctypes.c_void_p
+    malloc.argtypes, sbrk.argtypes = [ctypes.c_size_t], [ctypes.c_ssize_t]
+    taken = chunks = 0
+    # each small size until the top chunk serves it (its thread cache and bins empty), then ever smaller
+    # requests that split what larger free chunks are left
+    for size in [*range(24, 1033, 16), 4096 - 24, 1024 - 24, 256 - 24, 64 - 24, 24]:
+        while taken < limit:
+            top = (sbrk(0) or 0) - info().keepcost  # where the top chunk starts
+            p = malloc(size)
+            if not p:
+                return {"bytes": taken, "chunks": chunks}
+            taken += size
+            chunks += 1
+            if p >= top:  # from the top chunk: no free chunk of this size is left
+                break
+    left = info()
+    return {"bytes": taken, "chunks": chunks, "free_left": left.fordblks - left.keepcost}
+
+
 def _kind(name: str) -> str:
     if name == "[heap]":
         return "heap"
@@ -129,6 +166,19 @@ def private_by_kind(parent: int | None = None, copied: list[int] | None = None) 
     return out
 
 
+def _package(filename: str) -> str:
+    """A source file's package, two levels deep (torch/distributed, prism/runtime, the standard library)."""
+    parts = filename.replace("\\", "/").split("/")
+    for root in ("site-packages", "prism", "lib"):
+        if root in parts:
+            at = len(parts) - 1 - parts[::-1].index(root)
+            tail = parts[at + 1:] if root != "prism" else parts[at:]
+            if root == "lib" and tail and tail[0].startswith("python"):
+                return "the standard library"
+            return "/".join(p.removesuffix(".py") for p in tail[:2])
+    return filename
+
+
 def copied_by_object(pages: list[int]) -> dict[str, int]:
     """Which Python objects the copied pages `pages` (addresses, from `private_by_kind`) hold: bytes by the
     type of the objects on each page (a page with several types counts for each; code objects by their
@@ -136,6 +186,7 @@ def copied_by_object(pages: list[int]) -> dict[str, int]:
     collector knows (frozen ones included) and the code objects of the functions among them. A profiling aid."""
     import gc
     import sys
+    import types
 
     frozen = gc.get_freeze_count()
     gc.unfreeze()  # (the rank is at its end: the permanent generation's objects become visible)
@@ -148,13 +199,12 @@ def copied_by_object(pages: list[int]) -> dict[str, int]:
     for o in objects:
         try:
             spans.append((id(o), id(o) + sys.getsizeof(o), type(o).__name__))
-        except TypeError:
+        except Exception:  # noqa: BLE001 - an object whose size cannot be told is left out
             continue
-        code = getattr(o, "__code__", None) if callable(o) else None
-        if code is not None and type(code).__name__ == "code":
-            codes.append(code)
+        if type(o) is types.FunctionType:
+            codes.append(o.__code__)
     for c in {id(c): c for c in codes}.values():
-        spans.append((id(c), id(c) + sys.getsizeof(c), "code"))
+        spans.append((id(c), id(c) + sys.getsizeof(c), f"code of {_package(c.co_filename)}"))
     wanted = set(pages)
     on_page: dict[int, set[str]] = {}
     for lo, hi, name in spans:

@@ -72,3 +72,41 @@ def test_a_collective_in_flight_holds_no_object_per_member(tmp_path):
         p.touch()
     assert work.ready()
     theirs.close()
+
+
+# a process with 2,000 free 48-byte chunks in its C heap (between 4 KiB chunks in use), as a zygote has free
+# chunks all over its heap after its imports; then 2,000 small allocations, as a forked rank makes: how many land
+# in those free chunks (in a rank, each one copies the zygote's page it lands on), with or without
+# `fill_heap_holes` before them
+_HOLES = """
+import ctypes, json, sys
+from prism.runtime import memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+small = []
+for _ in range(2000):
+    small.append(libc.malloc(40))
+    libc.malloc(4000)
+holes = set(small)
+for p in small:
+    libc.free(p)
+memory.trim()
+filled = memory.fill_heap_holes() if sys.argv[1] == "fill" else None
+landed = sum(libc.malloc(40) in holes for _ in range(2000))
+print(json.dumps({"landed": landed, "filled": filled}))
+"""
+
+
+def _holes(how: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _HOLES, how], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env=make_env())
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_forked_rank_allocates_on_fresh_pages_once_the_zygote_took_its_free_chunks():
+    plain, filled = _holes("plain"), _holes("fill")
+    assert plain["landed"] > 1500, plain  # malloc reuses free chunks first
+    assert filled["filled"]["chunks"] >= 2000 and filled["filled"]["free_left"] == 0, filled
+    assert filled["landed"] == 0, filled  # every allocation from the heap's top: fresh pages in a rank
