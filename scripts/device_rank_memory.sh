@@ -32,7 +32,7 @@ for spec in "$@"; do
     timeout -s TERM -k 10 $((budget + 25)) $py -m prism.bench.capture_scale --sizes "$sizes" \
         --devices "${DEVICES:-16}" --budget "$budget" --json "$out/$name.json" --out "/tmp/prism-mem-$name" \
         ${weak:+--weak} > "$out/$name.log" 2>&1
-    echo "$name exit $? after $(($(date +%s) - begin)) s" | tee -a "$out/$name.log" "$out/tables.txt"
+    echo "$name exit $? after $(($(date +%s) - begin)) s" >> "$out/$name.log"
     tail -n 30 "$out/$name.log" >> "$out/tables.txt"
 done
 left=$((total - ($(date +%s) - begin)))

@@ -72,11 +72,12 @@ class _MallInfo2(ctypes.Structure):
 
 
 def fill_heap_holes(limit: int = 64 << 20) -> dict[str, int] | None:
-    """In the zygote before it forks: take every free chunk of the C heap (glibc's main arena), so that a
+    """In the zygote before it forks: take the free chunks of the C heap (glibc's main arena), so that a
     forked rank's small allocations come from fresh pages at the heap's top instead of the zygote's free
     chunks, where each one would copy the page it lands on (copy-on-write). The chunks are never freed (the
-    zygote keeps them for its life; the ranks share them untouched). Returns the bytes and chunks taken, or
-    None where glibc's `mallinfo2` is missing. `limit` bounds what it takes."""
+    zygote keeps them for its life; the ranks share them untouched). Returns the bytes and chunks taken and
+    the free bytes left below the top (a large chunk no small request split), or None where glibc's
+    `mallinfo2` is missing. `limit` bounds what it takes."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         info, malloc, sbrk = libc.mallinfo2, libc.malloc, libc.sbrk
@@ -86,20 +87,26 @@ def fill_heap_holes(limit: int = 64 << 20) -> dict[str, int] | None:
     malloc.restype = sbrk.restype = ctypes.c_void_p
     malloc.argtypes, sbrk.argtypes = [ctypes.c_size_t], [ctypes.c_ssize_t]
     taken = chunks = 0
-    # each small size until the top chunk serves it (its thread cache and bins empty), then ever smaller
-    # requests that split what larger free chunks are left
-    for size in [*range(24, 1033, 16), 4096 - 24, 1024 - 24, 256 - 24, 64 - 24, 24]:
-        while taken < limit:
-            top = (sbrk(0) or 0) - info().keepcost  # where the top chunk starts
-            p = malloc(size)
-            if not p:
-                return {"bytes": taken, "chunks": chunks}
-            taken += size
-            chunks += 1
-            if p >= top:  # from the top chunk: no free chunk of this size is left
-                break
-    left = info()
-    return {"bytes": taken, "chunks": chunks, "free_left": left.fordblks - left.keepcost}
+    left = None
+    for _ in range(3):  # passes while they take something (a split can leave a remainder behind)
+        before = info()
+        top = (sbrk(0) or 0) - before.keepcost  # where the top chunk starts: every free chunk is below it
+        # each small size until the top chunk serves it (its thread cache and bins empty), then ever smaller
+        # requests that split what larger free chunks are left
+        for size in [*range(24, 1033, 16), 4096 - 24, 1024 - 24, 256 - 24, 64 - 24, 24]:
+            while taken < limit:
+                p = malloc(size)
+                if not p:
+                    break
+                taken += size
+                chunks += 1
+                if p >= top:  # from the top chunk: no free chunk of this size is left
+                    break
+        after = info()
+        left = after.fordblks - after.keepcost
+        if left == 0 or left >= before.fordblks - before.keepcost:
+            break
+    return {"bytes": taken, "chunks": chunks, "free_left": left}
 
 
 def _kind(name: str) -> str:
