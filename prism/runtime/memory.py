@@ -71,7 +71,7 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def fill_heap_holes(limit: int = 64 << 20) -> dict[str, int] | None:
+def fill_heap_holes(limit: int = 16 << 20) -> dict[str, int] | None:
     """In the zygote before it forks: take the free chunks of the C heap (glibc's main arena), so that a
     forked rank's small allocations come from fresh pages at the heap's top instead of the zygote's free
     chunks, where each one would copy the page it lands on (copy-on-write). The chunks are never freed (the
