@@ -7,7 +7,7 @@
 #   PKGS=.whl bash scripts/device_rank_memory.sh $OUT 540 weak:540:16,1024,8192:weak
 #   PKGS=.whl bash scripts/device_rank_memory.sh $OUT 540 cost:540:256,1024,8192
 # Each row of OUT/NAME.json has rank_private_mib_median / _max (each rank's smaps_rollup at its end) and the
-# tree's PSS peak; OUT/profile-w64.txt (first call only, when 60 s are left after the runs) is
+# tree's PSS peak; OUT/profile-w64.txt (when 60 s are left after the runs; PROFILE=0: not) is
 # scripts/rank_memory.py at W=64: where a rank's private pages are, by mapping and by the objects on them.
 # A RUN gets min(BUDGET_S, what is left of TOTAL_S); `timeout` stops it 25 s after its budget (10 s more to
 # SIGKILL); the bench skips a size whose extrapolated capture or memory does not fit. Ends within TOTAL_S + ~40 s.
