@@ -80,6 +80,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the ranks a fork helper forks (0: the zygote forks every rank itself; default 64)"),
     Setting("PRISM_IMMORTAL", "flag", True, "knob",
             "capture: 0 leaves the zygote's objects mortal before the fork (for comparisons)"),
+    Setting("PRISM_HEAP_HOLES", "flag", True, "knob",
+            "capture: 0 leaves the zygote's free C-heap chunks to the ranks before the fork (for comparisons)"),
     Setting("PRISM_FAST_NONMEMBER", "flag", True, "knob",
             "capture: 0 turns off the short path for a rank outside a new group (torch's per-call work instead)"),
     Setting("PRISM_MEMORY_PROFILE", "path", None, "knob",
@@ -142,6 +144,7 @@ RANK_OUTPUT = _setting("PRISM_RANK_OUTPUT")
 FORK_BATCH = _setting("PRISM_FORK_BATCH")
 IMMORTAL = _setting("PRISM_IMMORTAL")
 FAST_NONMEMBER = _setting("PRISM_FAST_NONMEMBER")
+HEAP_HOLES = _setting("PRISM_HEAP_HOLES")
 MEMORY_PROFILE = _setting("PRISM_MEMORY_PROFILE")
 CUDA_BUILD_DIR = _setting("PRISM_CUDA_BUILD_DIR")
 CUDA_VERBOSE = _setting("PRISM_CUDA_VERBOSE")

@@ -25,9 +25,7 @@ py=${PYTHON:-python3}
 begin=$(date +%s)
 mkdir -p "$out"
 source scripts/device_site.sh
-install_site "${PKGS:-.whl}" "$py" || { echo "device_scale_slices: installing the wheels of ${PKGS:-.whl} failed"; exit 2; }
-ulimit -Hn 65536 2>/dev/null
-ulimit -n "$(ulimit -Hn)"
+prepare_host device_scale_slices "${PKGS:-.whl}" "$py" || exit 2
 { date -u; nproc; free -g | head -2; echo "ulimit -n $(ulimit -n)"; df -h /dev/shm /tmp | tail -2
   $py -c "import sys, torch, polars, duckdb; print(sys.version.split()[0], torch.__version__, polars.__version__, duckdb.__version__)"
 } 2>&1 | tee "$out/host.txt"

@@ -11,3 +11,11 @@ install_site() {
     for t in "$pkgs"/*.tar.xz; do [ -e "$t" ] && { tar -xJf "$t" -C /tmp/site || return; }; done
     export PYTHONPATH=/tmp/site:$PWD CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
 }
+
+# install_site, then the open-file limit raised to the hard one (capture: a pipe pair and a socket a rank).
+#   prepare_host SCRIPT_NAME PKGS [PYTHON]
+prepare_host() {
+    install_site "$2" "${3:-python3}" || { echo "$1: installing the wheels of $2 failed"; return 2; }
+    ulimit -Hn 65536 2>/dev/null
+    ulimit -n "$(ulimit -Hn)"
+}

@@ -31,14 +31,18 @@ def profile(w: int, devices: int, steps: int, work: Path) -> dict:
         raise SystemExit(f"capture at W={w} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     ranks = [json.loads(p.read_text()) for p in folder.glob("rank=*.json")]
     kinds: dict[str, dict[str, float]] = {}
+    objects: dict[str, float] = {}
     for r in ranks:
+        for name, value in r.pop("objects", {}).items():
+            objects[name] = objects.get(name, 0.0) + value / len(ranks) / 2**20
         for kind, row in r.items():
             for key, value in row.items():
                 kinds.setdefault(kind, {}).setdefault(key, 0.0)
                 kinds[kind][key] += value / len(ranks) / 2**20
     cap = json.loads((job / "raw" / "meta.json").read_text())["capture"]
     return {"W": w, "ranks": len(ranks), "kinds": kinds, "median": cap.get("rank_private_mib_median"),
-            "max": cap.get("rank_private_mib_max"), "zygote": cap.get("immortal")}
+            "max": cap.get("rank_private_mib_max"), "zygote": cap.get("immortal"),
+            "objects": dict(sorted(objects.items(), key=lambda kv: -kv[1]))}
 
 
 def main() -> int:
@@ -46,6 +50,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="16")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15, help="object types to print")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="prism-rank-memory-") as tmp:
         for w in (int(s) for s in args.sizes.split(",")):
@@ -59,6 +64,10 @@ def main() -> int:
             total = {k: sum(v.get(k, 0) for v in row["kinds"].values()) for k in ("private", "copied", "new")}
             print(f"  {'all':<8} {total['private']:8.2f} {total['copied']:8.2f} {total['new']:8.2f}")
             print(f"  the zygote's immortal objects: {row['zygote']}")
+            print("  the copied pages by the type of the objects on them (a page with several types counts for "
+                  "each), mean MiB a rank:")
+            for name, mib in list(row["objects"].items())[:args.top]:
+                print(f"    {name:<24} {mib:6.2f}")
     return 0
 
 

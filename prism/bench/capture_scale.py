@@ -126,6 +126,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
         "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),
         "fork_s": cap.get("fork_s"), "fork_helpers": cap.get("fork_helpers"), "immortal": cap.get("immortal"),
+        "heap_holes": cap.get("heap_holes"),
         # the ranks' own CPU seconds (their logical time) against P x the coordinator's wall: the slots' use
         "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
         "switch_cost_us": cap.get("switch_cost_us"),

@@ -65,6 +65,50 @@ def trim() -> None:
         _malloc_trim(0)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def fill_heap_holes(limit: int = 16 << 20) -> dict[str, int] | None:
+    """In the zygote before it forks: take the free chunks of the C heap (glibc's main arena), so that a
+    forked rank's small allocations come from fresh pages at the heap's top instead of the zygote's free
+    chunks, where each one would copy the page it lands on (copy-on-write). The chunks are never freed (the
+    zygote keeps them for its life; the ranks share them untouched). Returns the bytes and chunks taken and
+    the free bytes left below the top (a large chunk no small request split), or None where glibc's
+    `mallinfo2` is missing. `limit` bounds what it takes."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        info, malloc, sbrk = libc.mallinfo2, libc.malloc, libc.sbrk
+    except (OSError, AttributeError):
+        return None
+    info.restype = _MallInfo2
+    malloc.restype = sbrk.restype = ctypes.c_void_p
+    malloc.argtypes, sbrk.argtypes = [ctypes.c_size_t], [ctypes.c_ssize_t]
+    taken = chunks = 0
+    left = None
+    for _ in range(3):  # passes while they take something (a split can leave a remainder behind)
+        before = info()
+        top = (sbrk(0) or 0) - before.keepcost  # where the top chunk starts: every free chunk is below it
+        # each small size until the top chunk serves it (its thread cache and bins empty), then ever smaller
+        # requests that split what larger free chunks are left
+        for size in [*range(24, 1033, 16), 4096 - 24, 1024 - 24, 256 - 24, 64 - 24, 24]:
+            while taken < limit:
+                p = malloc(size)
+                if not p:
+                    break
+                taken += size
+                chunks += 1
+                if p >= top:  # from the top chunk: no free chunk of this size is left
+                    break
+        after = info()
+        left = after.fordblks - after.keepcost
+        if left == 0 or left >= before.fordblks - before.keepcost:
+            break
+    return {"bytes": taken, "chunks": chunks, "free_left": left}
+
+
 def _kind(name: str) -> str:
     if name == "[heap]":
         return "heap"
@@ -75,11 +119,12 @@ def _kind(name: str) -> str:
     return "file" if name.startswith("/") else name.strip("[]")
 
 
-def private_by_kind(parent: int | None = None) -> dict[str, dict[str, int]]:
+def private_by_kind(parent: int | None = None, copied: list[int] | None = None) -> dict[str, dict[str, int]]:
     """Where this process's private memory is, bytes by mapping kind (heap, anon, file, stack, ...):
     `private` from /proc/self/smaps; with `parent` (the zygote's pid) and a readable pagemap (root), also how
     much of it are `copied` pages (written here, present in the parent at the same address: copy-on-write
-    of what the zygote shares) and `new` ones (not present in the parent). A profiling aid
+    of what the zygote shares) and `new` ones (not present in the parent); the copied pages' addresses go
+    into `copied` when given (`copied_by_object`). A profiling aid
     (`PRISM_MEMORY_PROFILE`, scripts/rank_memory.py), not run otherwise."""
     out: dict[str, dict[str, int]] = {}
     ranges = []
@@ -113,14 +158,68 @@ def private_by_kind(parent: int | None = None) -> dict[str, dict[str, int]]:
                 continue
             ours, parents = array.array("Q", a), array.array("Q", b)
             row = out.setdefault(kind, {"private": 0, "copied": 0, "new": 0})
-            for x, y in zip(ours, parents):
+            for i, (x, y) in enumerate(zip(ours, parents)):
                 if x & present and x & exclusive:
                     seen_pfn = seen_pfn or bool(x & pfn)
                     if not y & present:
                         row["new"] += _PAGE
                     elif (x & pfn) != (y & pfn):
                         row["copied"] += _PAGE
+                        if copied is not None:
+                            copied.append(lo + i * _PAGE)
     if not seen_pfn:  # nothing can be told apart without them
         for row in out.values():
             row["copied"] = row["new"] = 0
     return out
+
+
+def _package(filename: str) -> str:
+    """A source file's package, two levels deep (torch/distributed, prism/runtime, the standard library)."""
+    parts = filename.replace("\\", "/").split("/")
+    for root in ("site-packages", "prism", "lib"):
+        if root in parts:
+            at = len(parts) - 1 - parts[::-1].index(root)
+            tail = parts[at + 1:] if root != "prism" else parts[at:]
+            if root == "lib" and tail and tail[0].startswith("python"):
+                return "the standard library"
+            return "/".join(p.removesuffix(".py") for p in tail[:2])
+    return filename
+
+
+def copied_by_object(pages: list[int]) -> dict[str, int]:
+    """Which Python objects the copied pages `pages` (addresses, from `private_by_kind`) hold: bytes by the
+    type of the objects on each page (a page with several types counts for each; code objects by their
+    size; "no object found" is C memory: malloc's, torch's C++ side, dict and list tables). Every object the
+    collector knows (frozen ones included) and the code objects of the functions among them. A profiling aid."""
+    import gc
+    import sys
+    import types
+
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()  # (the rank is at its end: the permanent generation's objects become visible)
+    try:
+        objects = gc.get_objects()
+    finally:
+        gc.freeze() if frozen else None
+    spans = []
+    codes = []
+    for o in objects:
+        try:
+            spans.append((id(o), id(o) + sys.getsizeof(o), type(o).__name__))
+        except Exception:  # noqa: BLE001 - an object whose size cannot be told is left out
+            continue
+        if type(o) is types.FunctionType:
+            codes.append(o.__code__)
+    for c in {id(c): c for c in codes}.values():
+        spans.append((id(c), id(c) + sys.getsizeof(c), f"code of {_package(c.co_filename)}"))
+    wanted = set(pages)
+    on_page: dict[int, set[str]] = {}
+    for lo, hi, name in spans:
+        for page in range(lo // _PAGE * _PAGE, hi, _PAGE):
+            if page in wanted:
+                on_page.setdefault(page, set()).add(name)
+    out: dict[str, int] = {}
+    for page in wanted:
+        for name in on_page.get(page, ("no object found",)):
+            out[name] = out.get(name, 0) + _PAGE
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -64,25 +64,32 @@ class Layout:
 
 
 def build_layout(tp: int, pp: int, dp: int, ep: int) -> Layout:
-    """Every rank creates every group in the same order and keeps the ones that contain it."""
+    """Every rank creates every group in the same order and keeps the ones that contain it.
+
+    One kind of group at a time, as Megatron's `initialize_model_parallel` does (its `RankGenerator.get_ranks`
+    lists one kind's groups): a rank then holds one kind's rank lists at once, not every kind's (at W=8192,
+    tp2·pp2·dp2048·ep2, 12,300 lists and ~41,000 int objects, ~3.7 MiB of Python objects at their peak, which
+    the interpreter keeps resident after they are freed: the rank's few surviving groups sit among them)."""
     if not dist.is_initialized():
         return Layout()
     rank = dist.get_rank()
     lay = Layout(tp=tp, pp=pp, dp=dp, ep=ep, rank=rank,
                  tp_idx=rank % tp, dp_idx=(rank // tp) % dp, pp_idx=rank // (tp * dp))
     g = lay.global_rank
-    specs: list[tuple[str, list[int]]] = []
-    specs += [("tp", [g(t, d, p) for t in range(tp)]) for p in range(pp) for d in range(dp)]
-    specs += [("dp", [g(t, d, p) for d in range(dp)]) for p in range(pp) for t in range(tp)]
-    specs += [("pp", [g(t, d, p) for p in range(pp)]) for d in range(dp) for t in range(tp)]
-    specs += [("ep", [g(t, b * ep + e, p) for e in range(ep)])
-              for p in range(pp) for t in range(tp) for b in range(dp // ep)]
-    specs += [("edp", [g(t, b * ep + e, p) for b in range(dp // ep)])
-              for p in range(pp) for t in range(tp) for e in range(ep)]
-    for name, ranks in specs:
-        group = dist.new_group(ranks, group_desc=name)
-        if rank in ranks:
-            setattr(lay, f"{name}_group", group)
+    kinds = (
+        ("tp", lambda: [[g(t, d, p) for t in range(tp)] for p in range(pp) for d in range(dp)]),
+        ("dp", lambda: [[g(t, d, p) for d in range(dp)] for p in range(pp) for t in range(tp)]),
+        ("pp", lambda: [[g(t, d, p) for p in range(pp)] for d in range(dp) for t in range(tp)]),
+        ("ep", lambda: [[g(t, b * ep + e, p) for e in range(ep)]
+                        for p in range(pp) for t in range(tp) for b in range(dp // ep)]),
+        ("edp", lambda: [[g(t, b * ep + e, p) for b in range(dp // ep)]
+                         for p in range(pp) for t in range(tp) for e in range(ep)]),
+    )
+    for name, groups in kinds:
+        for ranks in groups():
+            group = dist.new_group(ranks, group_desc=name)
+            if rank in ranks:
+                setattr(lay, f"{name}_group", group)
     return lay
 
 

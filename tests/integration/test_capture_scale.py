@@ -35,6 +35,9 @@ def test_unused_groups_cost_nothing(tmp_path):
     assert 0 < cap["fork_s"] < cap["coordinator_wall_s"] + cap["fork_s"] <= meta["wall_s"], cap
     assert 0 < cap["coordinator_cpu_s"], cap
     assert done.get("objects", 0) > 10000 if sys.version_info >= (3, 12) else "PEP 683" in done["skipped"], done
+    # and it took its C heap's free chunks (`memory.fill_heap_holes`): a rank's allocations land on fresh pages
+    holes = cap["heap_holes"]
+    assert holes["chunks"] > 100 and holes["bytes"] > 0 and holes["free_left"] < 1 << 20, holes
     for r in range(4):
         stats = json.loads((job / "raw" / f"rank={r}" / "capture_stats.json").read_text())
         assert stats["groups_used"] == 1

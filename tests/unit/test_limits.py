@@ -92,10 +92,10 @@ def test_rank_memory_estimate_follows_the_interpreter(monkeypatch):
     monkeypatch.setattr(immortal, "unavailable", lambda: None)  # CPython 3.12+, 64-bit
     assert limits.rank_mib_estimate() == limits.RANK_MIB_IMMORTAL == 10
     monkeypatch.setenv(immortal.ENV, "0")
-    assert limits.rank_mib_estimate() == limits.RANK_MIB_MORTAL == 15
+    assert limits.rank_mib_estimate() == limits.RANK_MIB_MORTAL == 14
     monkeypatch.delenv(immortal.ENV)
     monkeypatch.setattr(immortal, "unavailable", lambda: "Python 3.11 has no immortal objects")
-    assert limits.rank_mib_estimate() == 15
+    assert limits.rank_mib_estimate() == 14
 
 
 def test_shm_space_before_start(monkeypatch):

@@ -42,6 +42,7 @@ class CoordinatorLink:
                                  local=self.view.ranks() if self.view else None)
         self.pids = spec.pids
         self.immortal = spec.immortal
+        self.heap_holes = spec.heap_holes
         self.fork_s = spec.fork_s
         self.fork_helpers = spec.fork_helpers
         self.socks = ctl
@@ -178,6 +179,8 @@ class CoordinatorLink:
         stats["fork_helpers"] = self.fork_helpers  # processes that forked the ranks in parallel (rank_fork)
         if self.immortal is not None:  # what the zygote did before the fork (prism.runtime.launch.immortal)
             stats["immortal"] = self.immortal
+        if self.heap_holes is not None:  # the C heap's free chunks it took (prism.runtime.memory.fill_heap_holes)
+            stats["heap_holes"] = self.heap_holes
         self.devices.close()
         self._doomed.put(None)
         self._unlinker.join(timeout=30)

@@ -12,7 +12,7 @@ import torch
 
 from prism.runtime import semantics
 from prism.runtime.contributions import ContributionTransport
-from prism.runtime.capture.client import CaptureClient, CaptureWork, GroupCount, client
+from prism.runtime.capture.client import CaptureClient, CaptureWork, Contributions, GroupCount, client
 
 
 def _shapes(result) -> list:
@@ -87,8 +87,8 @@ class CaptureTransport(ContributionTransport):
                 "x".join(map(str, first.shape)) if first is not None else None, nbytes, "member")
         self.c.send(("arrive", key, self.members, info))
         if reads == "all":
-            reads = list(range(self.n))
-        needs = None if reads is None else [self.c.path(key, f"-r{i}") for i in reads]
+            reads = range(self.n)
+        needs = None if reads is None else Contributions(self.c, key, reads)
         return CaptureWork(self.c, [key], lambda: complete(key), result, needs)
 
     def _keep(self, key: tuple, outputs, work_id: int) -> None:

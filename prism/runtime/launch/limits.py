@@ -7,7 +7,7 @@ watched while it runs: each message names the limit, what the job needs, and the
   rank's output to two files instead, forwarded when the rank ends (`rank_output`): 2 a rank.
 - processes (`ulimit -u`, kernel.pid_max, kernel.threads-max): one process per rank, a few threads each.
 - memory: capture forks W ranks of `rank_mib_estimate()` private MiB each (measured: `prism bench capture`,
-  ~10.5 MiB with the zygote's objects immortal on CPython 3.12+, ~16 without) plus the zygote; while the capture runs, `MemoryWatch` stops it
+  ~10.5 MiB with the zygote's objects immortal on CPython 3.12+, ~14 without) plus the zygote; while the capture runs, `MemoryWatch` stops it
   with a clear message before the machine runs out (the alternative is the kernel's reclaim crawl, then
   the OOM killer, i.e. a hang then a half-dead job).
 - /dev/shm: the contributions in flight live there; a full /dev/shm fails the writing rank with
@@ -37,10 +37,12 @@ THREADS_PER_RANK = 4  # the main thread plus the few that torch and the store cl
 # zygote's objects immortal (CPython 3.12+, `immortal`) 10.4 / 10.6 MiB median / max at W=256 and 10.8 / 11.7
 # at W=1024 on the accelerator host (Python 3.12.3; docs/results/scale/s7/probe, docs/benchmarks.md "Session 7");
 # without (3.11, or PRISM_IMMORTAL=0) 15.4 / 15.7 at W=256 there and 15.6 / 16.1 at W=1024 (docs/results/scale/s5),
-# 16.0 / 16.3 at W=16 on the 2-core VM (3.11). The estimate is the median rounded down: the check refuses
-# only what surely cannot fit.
+# 16.0 / 16.3 at W=16 on the 2-core VM (3.11); since the zygote takes its C heap's free chunks
+# (`memory.fill_heap_holes`) 14.3 / 14.5 at W=16 and 14.3 / 18.0 at W=256 there (3.11, weak layouts; 16.5 / 16.7
+# and 16.5 / 18.6 with PRISM_HEAP_HOLES=0; docs/results/scale/s11-memory), not yet measured on 3.12. The
+# estimate is the median rounded down: the check refuses only what surely cannot fit.
 RANK_MIB_IMMORTAL = 10
-RANK_MIB_MORTAL = 15
+RANK_MIB_MORTAL = 14
 ZYGOTE_MIB_ESTIMATE = 600
 SHM_MIN_BYTES = 64 << 20
 MEMORY_FLOOR_FRACTION = 0.03  # MemoryWatch stops the job when less than this much of memory is left

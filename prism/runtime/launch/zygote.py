@@ -381,11 +381,15 @@ def main() -> int:
     # Move everything imported so far out of the garbage collector's reach: otherwise each rank's first
     # collections touch (and so copy) every page of the zygote's heap. In capture mode (thousands of ranks)
     # the objects also become immortal first (CPython 3.12+): the ranks then stop writing their reference
-    # counts, and the pages those sit on stay shared; the C heap's free pages go back to the kernel.
+    # counts, and the pages those sit on stay shared; the C heap's free pages go back to the kernel
     gc.collect()
     if mode.coordinator:  # thousands of ranks share the zygote's pages
         spec.immortal = immortal.immortalise()
         memory.trim()
+        # and the C heap's free chunks are taken here: a rank's allocations would otherwise land in them, each
+        # copying the zygote's page it lands on (2.3 MiB a rank, docs/benchmarks.md "Session 11")
+        spec.heap_holes = (memory.fill_heap_holes() or {"skipped": "no glibc mallinfo2"}) \
+            if settings.HEAP_HOLES.get() else {"skipped": f"{settings.HEAP_HOLES.name}=0"}
     gc.freeze()
     return supervise(spec)
 

@@ -56,8 +56,9 @@ class ZygoteSpec:
     fork_s: float | None = None
     fork_helpers: int = 0
     immortal: dict | None = None
+    heap_holes: dict | None = None  # capture: the C heap's free chunks the zygote took (`memory.fill_heap_holes`)
 
-    ZYGOTE_FILLED = ("pids", "fork_s", "fork_helpers", "immortal")
+    ZYGOTE_FILLED = ("pids", "fork_s", "fork_helpers", "immortal", "heap_holes")
 
     def write(self, path: Path) -> None:
         data = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.ZYGOTE_FILLED}

@@ -1,0 +1,112 @@
+"""A capture rank's Python memory that would grow with W (issue 25 item 2), measured by `tracemalloc` (what the
+objects hold, deterministic; not a timing): the reference workload's group building holds one kind of group's
+rank lists at a time, and a collective in flight holds no object per member of its group."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tracemalloc
+
+import torch
+import torch.distributed as dist
+
+from prism.runtime.capture.client import CaptureClient, CaptureWork
+from prism.runtime.capture.transport import CaptureTransport
+from tests.conftest import REPO, make_env
+
+# every group of tp2·pp2·dp512·ep2 (W=2048, 3,084 groups) built by rank 0 on a fake store, prism's capture
+# interception installed; prints tracemalloc's peak of what build_layout allocated
+_BUILD = """
+import json, tracemalloc
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from prism.runtime import interception
+from prism.workloads.parallel import build_layout
+interception.install("capture", None)
+dist.init_process_group("gloo", rank=0, world_size=2048, store=FakeStore())
+tracemalloc.start()
+lay = build_layout(2, 2, 512, 2)
+live, peak = tracemalloc.get_traced_memory()
+print(json.dumps({"live": live, "peak": peak, "dp": dist.get_world_size(lay.dp_group)}))
+"""
+
+
+def test_building_every_group_holds_one_kind_at_a_time():
+    proc = subprocess.run([sys.executable, "-c", _BUILD], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=make_env(PRISM_FAST_NONMEMBER="1"))
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout.splitlines()[-1])
+    assert row["dp"] == 512
+    # all five kinds' lists at once: 0.88 MiB at their peak (what the interpreter then keeps resident in a
+    # forked rank: +4.3 MiB private at W=8192, scripts/layout_memory.py); one kind at a time, the largest (tp,
+    # pp or ep: 1,024 lists of 2 ranks) 0.27 MiB
+    assert row["peak"] < 512 * 1024, row
+
+
+def test_a_collective_in_flight_holds_no_object_per_member(tmp_path):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    c = CaptureClient(0, ours.detach(), tmp_path, None, None, [0])
+    members = list(range(0, 4096, 2))  # a dp group of 2,048 ranks, this rank its first member
+    transport = CaptureTransport("7", 0, members, "dp")
+    transport._c = c
+    t = torch.ones(2)
+    opts = dist.AllreduceOptions()
+    transport.call("allreduce", t.device, [t], opts, work_id=0, op="all_reduce")  # the first: lazy set-up
+    c.pending.clear()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    work = transport.call("allreduce", t.device, [t], opts, work_id=1, op="all_reduce")
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert isinstance(work, CaptureWork) and c.pending == [work]
+    # a path per member was ~0.5 MiB for 2,048 members; now the key and the members' range
+    assert held < 24 * 1024, held
+    assert len(work.needs) == 2048
+    assert list(work.needs) == [c.path(("c", "7", 1), f"-r{i}") for i in range(2048)]
+    assert not work.ready()
+    for p in list(work.needs):
+        p.touch()
+    assert work.ready()
+    theirs.close()
+
+
+# a process with 2,000 free 48-byte chunks in its C heap (between 4 KiB chunks in use), as a zygote has free
+# chunks all over its heap after its imports; then 2,000 small allocations, as a forked rank makes: how many land
+# in those free chunks (in a rank, each one copies the zygote's page it lands on), with or without
+# `fill_heap_holes` before them
+_HOLES = """
+import ctypes, json, sys
+from prism.runtime import memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+small = []
+for _ in range(2000):
+    small.append(libc.malloc(40))
+    libc.malloc(4000)
+holes = set(small)
+for p in small:
+    libc.free(p)
+memory.trim()
+filled = memory.fill_heap_holes() if sys.argv[1] == "fill" else None
+landed = sum(libc.malloc(40) in holes for _ in range(2000))
+print(json.dumps({"landed": landed, "filled": filled}))
+"""
+
+
+def _holes(how: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _HOLES, how], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env=make_env())
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_forked_rank_allocates_on_fresh_pages_once_the_zygote_took_its_free_chunks():
+    plain, filled = _holes("plain"), _holes("fill")
+    assert plain["landed"] > 1500, plain  # malloc reuses free chunks first
+    assert filled["filled"]["chunks"] >= 2000 and filled["filled"]["free_left"] == 0, filled
+    assert filled["landed"] == 0, filled  # every allocation from the heap's top: fresh pages in a rank
