@@ -118,6 +118,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_CTL_FD", "int", None, "internal", "capture: a rank's control socket to the coordinator"),
     Setting("PRISM_CAPTURE", "path", None, "internal", "slice / emulate: the capture folder replayed"),
     Setting("PRISM_SLICE_RANKS", "ranks", [], "internal", "slice / emulate: the ranks run for real"),
+    Setting("PRISM_CLOCK_OFFSET_NS", "int", 0, "internal",
+            "emulate over hosts: this host's monotonic clock minus host 0's, in ns (the launchers' clock exchange, "
+            "`launch.hosts.sync_clocks`)"),
     Setting("PRISM_PRUNING", "flag", True, "internal",
             "emulate: 0 makes every virtual member its own participant (`--no-pruning`)"),
     # the test suite's and the device scripts'
@@ -162,6 +165,7 @@ CTL_FD = _setting("PRISM_CTL_FD")
 CAPTURE = _setting("PRISM_CAPTURE")
 SLICE_RANKS = _setting("PRISM_SLICE_RANKS")
 PRUNING = _setting("PRISM_PRUNING")
+CLOCK_OFFSET_NS = _setting("PRISM_CLOCK_OFFSET_NS")
 
 
 def launcher_clears() -> list[str]:

@@ -295,16 +295,16 @@ def validate(spec: LaunchSpec) -> None:
 
 
 def _validate_hosts(spec: LaunchSpec) -> None:
-    """--nnodes/--node-rank/--master-addr: a capture over hosts."""
+    """--nnodes/--node-rank/--master-addr: a capture or an emulation over hosts."""
     if spec.nnodes == 1 and spec.node_rank == 0:
         return
     if spec.nnodes < 1:
         raise LaunchError(f"--nnodes must be at least 1 (got {spec.nnodes})")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise LaunchError(f"--node-rank {spec.node_rank} outside 0..{spec.nnodes - 1} (--nnodes {spec.nnodes})")
-    if not modes.get(spec.mode).coordinator:
-        raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture over hosts; --mode {spec.mode} runs on one host "
-                          "(use --mode capture, or drop --nnodes)")
+    if not (modes.get(spec.mode).coordinator or modes.get(spec.mode).sandbox):
+        raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture or an emulation over hosts; --mode {spec.mode} "
+                          "runs on one host (use --mode capture or emulate, or drop --nnodes)")
     if not spec.master_port:
         raise LaunchError("--nnodes needs --master-port: the port host 0 serves the rendezvous on, the same on every "
                           "host (e.g. --master-port 29500)")
@@ -322,20 +322,22 @@ def timed_graph(timeline: Path) -> Path:
 
 def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     """Slice and emulate: the ranks run for real and the capture the others are replayed from."""
-    ranks, world, opt = spec.slice_ranks, spec.nproc, mode.ranks_option
+    ranks, world, opt = spec.slice_ranks, spec.nproc * spec.nnodes, mode.ranks_option  # over hosts: the job's W
     if not ranks:
         raise LaunchError(f"--mode {mode.name} needs {opt} (e.g. {opt} 0,1: the ranks that run for real)")
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:
-        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {world})")
+        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {spec.nproc}"
+                          + (f" x --nnodes {spec.nnodes})" if spec.nnodes > 1 else ")"))
     if len(set(ranks)) != len(ranks):
         raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    slots = spec.devices if mode.sandbox and spec.devices else len(ranks)
+    here = [r for r in ranks if r // spec.nproc == spec.node_rank]  # over hosts: this host's sandbox ranks
+    slots = spec.devices if mode.sandbox and spec.devices else max(1, len(here))
     if mode.sandbox and slots < 1:
         raise LaunchError(f"--devices must be at least 1 (got {slots})")
     if slots > cores:
-        raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
+        raise LaunchError(f"{len(here)} ranks on {slots} device slots need {slots} cores; this "
                           f"machine has {cores}: use at most {cores}")
     if mode.sandbox:
         spec.devices = slots
@@ -357,8 +359,9 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if not modes.captured(meta):
         raise LaunchError(f"--capture {spec.capture}: a {meta.get('mode')!r} run, not a capture")
     if meta.get("world_size") != world:
-        raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, --nproc is {world}: "
-                          "a slice runs the captured job at its own size")
+        asked = f"--nproc {spec.nproc} x --nnodes {spec.nnodes} is {world}" if spec.nnodes > 1 else f"--nproc is {world}"
+        raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, {asked}: "
+                          f"{'an emulation' if mode.sandbox else 'a slice'} runs the captured job at its own size")
     if not meta.get("payloads", False) or not (spec.capture / "payloads").is_dir():
         raise LaunchError(f"--capture {spec.capture} has no payloads (captured with --no-payloads): "
                           "capture again with payloads")
