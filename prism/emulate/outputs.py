@@ -82,7 +82,8 @@ def on_host0_clock(measured: pa.Table, offset: int) -> pa.Table:
         shifted = pc.subtract(col, pa.scalar(offset, pa.int64()))
         if name == "t_complete_ns":  # -1: not measured
             shifted = pc.if_else(pc.equal(col, -1), col, shifted)
-        measured = measured.set_column(measured.schema.get_field_index(name), name, shifted)
+        i = measured.schema.get_field_index(name)
+        measured = measured.set_column(i, measured.schema.field(i), shifted)  # the field as it was (not null)
     return measured
 
 

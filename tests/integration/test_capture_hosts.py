@@ -254,6 +254,27 @@ def test_two_hosts_emulation_equals_one_host(captured, tmp_path):
     assert meta["nodes"]["2"] != meta["nodes"]["6"]
     clock = meta["hosts"][1]  # one machine: its clocks are one, the exchange's estimate within its error
     assert 0 < clock["clock_rtt_ns"] and abs(clock["clock_offset_ns"]) <= clock["clock_rtt_ns"] // 2 + 1
+    # the emulate stage's tables from each launch (host 1's rows put on host 0's clock): equal but for times
+    tables = [_stage_events(job, out, force=k > 0) for k, out in enumerate((two, one))]
+    assert tables[0] == tables[1]
+
+
+def _stage_events(job: Path, launched: Path, force: bool) -> list[dict]:
+    """`prism emulate`'s events table built from an emulation launched into `launched` (the stage's launch
+    replaced by a copy of it): its columns but times, in (rank, seq) order."""
+    import shutil
+
+    from prism.emulate import stage
+
+    def launch(_cmd, out):
+        shutil.copytree(launched, out)
+        return 0
+
+    stage.emulate(job, SANDBOX, force=force, launch=launch)
+    events = pq.read_table(job / "emulation" / "events.parquet")
+    assert all(s <= e for s, e in zip(events["start_ns"].to_pylist(), events["end_ns"].to_pylist()))
+    return events.select([c for c in WHAT + ["source"] if c in events.column_names]).sort_by(
+        [("rank", "ascending"), ("seq", "ascending")]).to_pylist()
 
 
 @pytest.fixture(scope="module")
