@@ -23,10 +23,11 @@ T0_COUNT = "prism-emu/t0/arrived"
 
 
 def common_start(store, parties: int, timeout: timedelta = timedelta(minutes=10),
-                 stopped: Callable[[], bool] = lambda: False) -> int:
+                 stopped: Callable[[], bool] = lambda: False, offset: int | None = None) -> int:
     """A barrier of `parties` processes on the job's store; returns t0 (host monotonic ns): the time the
-    last one arrived (it stamps the key; the others read it)."""
-    offset = settings.CLOCK_OFFSET_NS.get()
+    last one arrived (it stamps the key; the others read it). `offset`: this host's clock minus host 0's
+    (default PRISM_CLOCK_OFFSET_NS)."""
+    offset = settings.CLOCK_OFFSET_NS.get() if offset is None else offset
     if store.add(T0_COUNT, 1) == parties:
         t0 = time.monotonic_ns()
         store.set(T0_KEY, str(t0 - offset))

@@ -24,6 +24,8 @@ import json
 import os
 import shutil
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -152,31 +154,29 @@ def join(store, view: HostView, run_id: str | None, limit_error: str | None, slo
 CLOCK_ROUNDS = 16  # the clock exchange's round trips a host (the shortest one is kept)
 
 
-def sync_clocks(store, view: HostView) -> dict[int, dict]:
+def sync_clocks(store, view: HostView, clock: Callable[[], int] = time.monotonic_ns) -> dict[int, dict]:
     """An emulation over hosts: each host's monotonic clock against host 0's (Cristian's exchange over the
     store: host K stamps t1, posts a ping, host 0 answers with its clock, host K stamps t2; of CLOCK_ROUNDS
     round trips the shortest gives offset = (t1 + t2) / 2 - host 0's answer, within +- its round trip / 2).
     The sandbox ranks' common start and the worker's floors are host monotonic times (`emulate.common_start`),
     which differ between machines. Returns {host: {"clock_offset_ns", "clock_rtt_ns"}} (host 0: every host's;
-    the others: their own)."""
-    import time
-
+    the others: their own). `clock`: this host's monotonic clock (a test shifts it)."""
     me, wait = view.node_rank, timedelta(seconds=view.timeout_s)
     try:
         if me == 0:
             for k in range(1, view.nnodes):
                 for i in range(CLOCK_ROUNDS):
                     store.wait([PREFIX + f"clock/{k}/{i}/ping"], wait)
-                    store.set(PREFIX + f"clock/{k}/{i}/pong", str(time.monotonic_ns()))
+                    store.set(PREFIX + f"clock/{k}/{i}/pong", str(clock()))
             store.wait([PREFIX + f"clock/{k}" for k in range(1, view.nnodes)], wait)
             got = {k: json.loads(store.get(PREFIX + f"clock/{k}")) for k in range(1, view.nnodes)}
             return {0: {"clock_offset_ns": 0, "clock_rtt_ns": 0}, **got}
         best = None
         for i in range(CLOCK_ROUNDS):
-            t1 = time.monotonic_ns()
+            t1 = clock()
             store.set(PREFIX + f"clock/{me}/{i}/ping", "1")
             store.wait([PREFIX + f"clock/{me}/{i}/pong"], wait)
-            t2 = time.monotonic_ns()
+            t2 = clock()
             theirs = int(store.get(PREFIX + f"clock/{me}/{i}/pong"))
             if best is None or t2 - t1 < best[0]:
                 best = (t2 - t1, (t1 + t2) // 2 - theirs)
