@@ -98,6 +98,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_HOST_HANG_S", "float", 60.0, "knob",
             "a capture over hosts: seconds a host's ranks may all wait with no frame from another host "
             "before the hang is named"),
+    Setting("PRISM_MASTER_PORT", "int", 29500, "knob",
+            "scripts/slurm_launch.sh: the port host 0 (the allocation's first node) serves the rendezvous on"),
+    Setting("PRISM_PYTHON", "path", "python3", "knob",
+            "scripts/slurm_launch.sh: the python whose prism each node's launcher runs"),
     Setting("PRISM_SLICE_PRELOAD_MB", "float", 1024.0, "knob",
             "slice: MB of captured reduction results (groups of > 2 members) a slice rank loads and checks "
             "before the program runs; those past it are loaded during the run on the rank's own core, which its "
