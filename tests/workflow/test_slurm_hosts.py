@@ -16,27 +16,15 @@ import pytest
 from prism.runtime.launch.launcher import free_port
 from tests.conftest import REPO, run_prism, run_together
 from tests.integration.test_capture_hosts import PROG, _what_ranks_did
-from tests.workflow.slurm_cluster import SlurmCluster, SlurmUnavailable, missing_requirements
+from tests.workflow.conftest import started_cluster
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    """Skips where SLURM cannot start, unless PRISM_REQUIRE_SLURM=1 (as `slurm_cluster` in conftest)."""
-    required = os.environ.get("PRISM_REQUIRE_SLURM") == "1"
-    why = missing_requirements(link=False)
-    if why:
-        if required:
-            pytest.fail(f"PRISM_REQUIRE_SLURM=1 but SLURM cannot run: {why}")
-        pytest.skip(f"SLURM unavailable: {why}")
-    cluster = SlurmCluster(Path(tmp_path_factory.mktemp("slurm2")), nodes=2)
-    try:
-        cluster.start()
-    except SlurmUnavailable as e:
-        if required:
-            pytest.fail(f"PRISM_REQUIRE_SLURM=1 but a two-node SLURM did not start: {e}")
-        pytest.skip(f"a two-node SLURM did not start: {e}")
+    """Two SLURM nodes on this machine (skips where SLURM cannot start, as `slurm_cluster`)."""
+    cluster = started_cluster(Path(tmp_path_factory.mktemp("slurm2")), nodes=2)
     yield cluster
     cluster.stop()
 
