@@ -1,4 +1,4 @@
-"""`prism launch --nnodes N --node-rank K ...`: one host's launcher of a capture spread over hosts.
+"""`prism launch --nnodes N --node-rank K ...`: one host's launcher of a capture or an emulation spread over hosts.
 
 The steps around the one-host launch (`launcher._run`), in order: this host's share checked against the
 machine (`limits`), host 0 claims `--out` and serves the store, the rendezvous (`hosts.join`: every host, or
@@ -7,6 +7,11 @@ host's ranks, its coordinator linked to the others by `host_bridge`), then the e
 exit; host 0 moves every host's staged rank files into one raw/ (and payloads/) and publishes them only when
 every host succeeded; the other hosts wait for that verdict. A failed host's launcher exits at once with its
 code (its peers have heard from its coordinator, or see its link break).
+
+An emulation (`--mode emulate`) takes the same steps: its share is its block's sandbox ranks (host 0: and the
+replay worker), the launchers also exchange clocks after the rendezvous (`hosts.sync_clocks`: the sandbox
+ranks' times and the worker's floors are host monotonic times), the zygotes watch each other's end
+(`host_watch`), and host 0 also merges the other hosts' sandbox logs and their ranks' transport numbers.
 """
 
 from __future__ import annotations

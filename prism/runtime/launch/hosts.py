@@ -1,4 +1,5 @@
-"""A capture spread over hosts: the host view of the job and the launchers' torchrun-style rendezvous.
+"""A capture or an emulation spread over hosts: the host view of the job and the launchers' torchrun-style
+rendezvous (an emulation: also their clock exchange, `sync_clocks`).
 
     host 0:  prism launch --nnodes 2 --node-rank 0 --master-addr H0 --master-port 29500 --nproc 4 --mode capture --out JOB ...
     host 1:  prism launch --nnodes 2 --node-rank 1 --master-addr H0 --master-port 29500 --nproc 4 --mode capture --out JOB ...

@@ -3,6 +3,7 @@
     prism launch --nproc W [--mode real|capture|off] [--out DIR [--force]] [--pin] (SCRIPT | -m MODULE) [ARGS...]
     prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--timed-by TIMELINE] [--out DIR] [--pin] ...
     prism launch --nproc W --mode emulate --sandbox 3,17 --capture JOB [--devices P] [--no-pruning] ...
+    prism launch --nnodes N --node-rank K --master-addr H0 --master-port PORT --nproc n --mode capture|emulate ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`); with
@@ -137,11 +138,14 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     parser.add_argument("--nnodes", type=int, default=1,
-                        help="capture over hosts: one launcher a host (torchrun's), each with --nproc ranks and "
-                             "its own --devices slots; W = nnodes*nproc (prism.runtime.launch.hosts)")
-    parser.add_argument("--node-rank", type=int, default=0, help="capture over hosts: this host's number, 0..nnodes-1")
+                        help="capture or emulate over hosts: one launcher a host (torchrun's), each with --nproc "
+                             "ranks and its own --devices slots; W = nnodes*nproc; emulate: each host runs the "
+                             "--sandbox ranks of its block, host 0 also the replay worker (prism.runtime.launch.hosts)")
+    parser.add_argument("--node-rank", type=int, default=0,
+                        help="capture or emulate over hosts: this host's number, 0..nnodes-1")
     parser.add_argument("--master-addr", default=None,
-                        help="capture over hosts: host 0's address (it serves the rendezvous at --master-port)")
+                        help="capture or emulate over hosts: host 0's address (it serves the rendezvous at "
+                             "--master-port)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                         help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
                              f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "

@@ -7,6 +7,10 @@ Forking from a warm process costs a few MiB per rank instead of ~200 MiB for a f
 Mode `slice`: only the slice's ranks are forked (each with its global RANK), plus one replay server
 (`prism.runtime.slice.replay_server`, id `REPLAY` here) that answers for every other rank; the job's store is hosted
 here. Once the slice ranks succeeded, the server is told to stop (it must have replayed everything).
+Mode `emulate` over hosts (`launch.hosts`): a host's zygote forks the sandbox ranks of its block, host 0's also
+the replay worker; the store is host 0's launcher's, and the zygotes watch each other's end (`host_watch`):
+another host that failed or went away stops this host's ranks, and host 0 stops its worker only once every
+other host's sandbox ranks finished.
 
 Supervision: the first rank to fail (non-zero exit or a signal) gets the others stopped (SIGTERM, then
 SIGKILL after a grace period); its number and traceback are printed; the zygote exits non-zero. Ranks die
