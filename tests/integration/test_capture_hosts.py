@@ -257,20 +257,19 @@ def test_two_hosts_emulation_equals_one_host(captured, tmp_path):
     # the emulate stage's tables from each launch (host 1's rows put on host 0's clock): equal but for times
     tables = [_stage_events(job, out, force=k > 0) for k, out in enumerate((two, one))]
     assert tables[0] == tables[1]
+    for bad, why in (([str(job)], "not an emulation of this job's capture"),
+                     ([str(two), "--devices", "1"], "--devices belong to the launch, which already ran"),
+                     ([str(two), "--sandbox", "2"], "ran the sandbox 2,6, not --sandbox 2")):
+        proc = run_prism(["emulate", "--job", str(job), "--force", "--launched", *bad])
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def _stage_events(job: Path, launched: Path, force: bool) -> list[dict]:
-    """`prism emulate`'s events table built from an emulation launched into `launched` (the stage's launch
-    replaced by a copy of it): its columns but times, in (rank, seq) order."""
-    import shutil
-
-    from prism.emulate import stage
-
-    def launch(_cmd, out):
-        shutil.copytree(launched, out)
-        return 0
-
-    stage.emulate(job, SANDBOX, force=force, launch=launch)
+    """`prism emulate --launched`'s events table built from an emulation launched into `launched`: its columns
+    but times, in (rank, seq) order."""
+    proc = run_prism(["emulate", "--job", str(job), "--launched", str(launched), *(["--force"] if force else [])],
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     events = pq.read_table(job / "emulation" / "events.parquet")
     assert all(s <= e for s, e in zip(events["start_ns"].to_pylist(), events["end_ns"].to_pylist()))
     return events.select([c for c in WHAT + ["source"] if c in events.column_names]).sort_by(
@@ -279,10 +278,10 @@ def _stage_events(job: Path, launched: Path, force: bool) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def loop_capture(tmp_path_factory):
-    """hosts_loop.py, 40 steps, captured at W=8 on one host (the emulations below add a sleep between steps)."""
+    """hosts_loop.py, 12 steps, captured at W=8 on one host (the emulations below add a sleep between steps)."""
     job = tmp_path_factory.mktemp("loop") / "job"
     cap = run_prism(["launch", "--nproc", "8", "--devices", "2", "--mode", "capture", "--out", str(job),
-                     PROG, "--steps", "40"], timeout=300)
+                     PROG, "--steps", "12"], timeout=300)
     assert cap.returncode == 0, cap.stderr[-3000:]
     return job
 
@@ -291,7 +290,7 @@ def test_a_host_that_dies_mid_emulation_stops_every_host(loop_capture, tmp_path)
     tmp_path.mkdir(exist_ok=True)
     out, port = tmp_path / "emu", free_port()
     emu = ("--mode", "emulate", "--capture", str(loop_capture), "--sandbox", "0,5")
-    procs = [_launcher(k, port, out, [PROG, "--steps", "40", "--sleep", "0.2"], mode=emu) for k in (0, 1)]
+    procs = [_launcher(k, port, out, [PROG, "--steps", "12", "--sleep", "0.3"], mode=emu) for k in (0, 1)]
     log0 = tmp_path / "host0.log"
     deadline = time.monotonic() + 180
     while "step=3 " not in log0.read_text() and time.monotonic() < deadline and procs[0].poll() is None:
@@ -306,7 +305,7 @@ def test_a_host_that_dies_mid_emulation_stops_every_host(loop_capture, tmp_path)
 
 def test_a_sandbox_rank_that_fails_on_one_host_stops_every_host(loop_capture, tmp_path):
     emu = ("--mode", "emulate", "--capture", str(loop_capture), "--sandbox", "0,5")
-    out, results = _two_hosts(tmp_path, [PROG, "--steps", "40", "--fail-rank", "5"], out_name="emu", mode=emu)
+    out, results = _two_hosts(tmp_path, [PROG, "--steps", "12", "--fail-rank", "5"], out_name="emu", mode=emu)
     (code0, text0), (code1, text1) = results
     assert code1 == 3 and "rank 5 failed with exit code 3" in text1, text1
     assert code0 == 1 and "host 1 (" in text0 and "rank 5 failed (exit code 3)" in text0, text0
