@@ -278,8 +278,7 @@ def _stage_events(job: Path, launched: Path, force: bool) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def loop_capture(tmp_path_factory):
-    """hosts_loop.py, 12 steps, captured at W=8 on one host (the emulations below add a sleep between steps).
-    One slot: on two, this program's capture took 58-118 s for 3 steps here (the pairs' send/recv), on one ~20."""
+    """hosts_loop.py, 12 steps, captured at W=8 on one host slot (the emulations below add a sleep between steps)."""
     job = tmp_path_factory.mktemp("loop") / "job"
     cap = run_prism(["launch", "--nproc", "8", "--devices", "1", "--mode", "capture", "--out", str(job),
                      PROG, "--steps", "12"], timeout=300)

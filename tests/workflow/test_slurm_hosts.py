@@ -34,7 +34,6 @@ def test_a_two_node_allocation_captures_as_one_host(two_nodes, tmp_path):
     prog = [PROG, "--steps", "3"]
     env = {**os.environ, **two_nodes.env, "PRISM_PYTHON": sys.executable, "PRISM_MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
-    # (one host on 2 slots: on 1, this program's capture took ~85 s here, its pairs' send/recv)
     # salloc, not sbatch --wait: the same script and steps, but sbatch --wait polls the job's state with a
     # growing interval (here it returned 10-35 s after the job ended); salloc returns when the script does
     cmd = ["salloc", "-N", "2", "--ntasks-per-node=1", f"--chdir={REPO}", str(REPO / "scripts" / "slurm_launch.sh"), "--nproc", "2", "--devices", "1", "--mode", "capture",
