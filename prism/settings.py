@@ -100,6 +100,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_HOST_HANG_S", "float", 60.0, "knob",
             "a capture over hosts: seconds a host's ranks may all wait with no frame from another host "
             "before the hang is named"),
+    Setting("PRISM_MASTER_PORT", "int", 29500, "knob",
+            "scripts/slurm_launch.sh: the port host 0 (the allocation's first node) serves the rendezvous on"),
+    Setting("PRISM_PYTHON", "path", "python3", "knob",
+            "scripts/slurm_launch.sh: the python whose prism each node's launcher runs"),
     Setting("PRISM_SLICE_PRELOAD_MB", "float", 1024.0, "knob",
             "slice: MB of captured reduction results (groups of > 2 members) a slice rank loads and checks "
             "before the program runs; those past it are loaded during the run on the rank's own core, which its "
@@ -120,6 +124,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_CTL_FD", "int", None, "internal", "capture: a rank's control socket to the coordinator"),
     Setting("PRISM_CAPTURE", "path", None, "internal", "slice / emulate: the capture folder replayed"),
     Setting("PRISM_SLICE_RANKS", "ranks", [], "internal", "slice / emulate: the ranks run for real"),
+    Setting("PRISM_CLOCK_OFFSET_NS", "int", 0, "internal",
+            "emulate over hosts: this host's monotonic clock minus host 0's, in ns (the launchers' clock exchange, "
+            "`launch.hosts.sync_clocks`)"),
     Setting("PRISM_PRUNING", "flag", True, "internal",
             "emulate: 0 makes every virtual member its own participant (`--no-pruning`)"),
     # the test suite's and the device scripts'
@@ -165,6 +172,7 @@ CTL_FD = _setting("PRISM_CTL_FD")
 CAPTURE = _setting("PRISM_CAPTURE")
 SLICE_RANKS = _setting("PRISM_SLICE_RANKS")
 PRUNING = _setting("PRISM_PRUNING")
+CLOCK_OFFSET_NS = _setting("PRISM_CLOCK_OFFSET_NS")
 
 
 def launcher_clears() -> list[str]:

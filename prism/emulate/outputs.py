@@ -66,10 +66,33 @@ def align(rank: int, measured: pa.Table, graph: pa.Table, prefix: bool) -> pa.Ta
     return measured
 
 
-def _sandbox_tables(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray, prefix: bool):
+def clock_offsets(meta: dict) -> dict[int, int]:
+    """An emulation over hosts: rank -> its host's monotonic clock minus host 0's (ns; `meta.json`'s hosts,
+    measured by the launchers, `launch.hosts.sync_clocks`); empty on one host."""
+    return {r: int(h["clock_offset_ns"]) for h in meta.get("hosts") or [] if "clock_offset_ns" in h
+            for r in range(*h["ranks"])}
+
+
+def on_host0_clock(measured: pa.Table, offset: int) -> pa.Table:
+    """A sandbox rank's events, recorded on its host's clock, on host 0's (t0_ns's): times less `offset`."""
+    if not offset:
+        return measured
+    for name in ("t_start_ns", "t_end_ns", "t_complete_ns"):
+        col = measured[name]
+        shifted = pc.subtract(col, pa.scalar(offset, pa.int64()))
+        if name == "t_complete_ns":  # -1: not measured
+            shifted = pc.if_else(pc.equal(col, -1), col, shifted)
+        i = measured.schema.get_field_index(name)
+        measured = measured.set_column(i, measured.schema.field(i), shifted)  # the field as it was (not null)
+    return measured
+
+
+def _sandbox_tables(out: Path, sandbox: list[int], graph: pa.Table, ptr: np.ndarray, prefix: bool,
+                    offsets: dict[int, int] | None = None):
     parts, rows = [], []
     for r in sandbox:
         measured = artifacts.read_raw_stream(job_files.rank_stream(out, r), schemas.RAW_EVENTS)
+        measured = on_host0_clock(measured, (offsets or {}).get(r, 0))
         lo, hi = int(ptr[r]), int(ptr[r + 1])
         measured = align(r, measured, graph.slice(lo, hi - lo), prefix)
         parts.append(measured)
@@ -156,7 +179,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     meta = json.loads(job_files.meta_path(out).read_text())
     t0 = int(meta["t0_ns"])
     ptr = job.graph.rank_ptr
-    parts, rows = _sandbox_tables(out, sandbox, graph, ptr, steps is not None)
+    parts, rows = _sandbox_tables(out, sandbox, graph, ptr, steps is not None, clock_offsets(meta))
     replay, replay_pos = _replay_table(out, sandbox, graph, ptr)
 
     sb_rows = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)

@@ -2,6 +2,7 @@
 
     prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
         ->  DIR/emulation/{events,iterations,memory,figures}.parquet, logs/rank=R.log, summary.txt, meta.json
+    prism emulate --job DIR --launched OUT [--force]   (OUT: an emulation launched by hand, e.g. over hosts)
 
 ``--what-if-args 'ARGS'`` appends ARGS to the program of the sandbox ranks (a changed program whose
 communication is the capture's). SPEC: ranks (``3,17``) or coordinates (``pp=last,tp=0,dp=0``; several separated by ``;``), default one rank
@@ -114,11 +115,16 @@ def _check_job(job_dir: Path) -> None:
 
 def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: int | None = None,
             pruning: bool = True, prefetch_mb: int | None = None, force: bool = False, pin: bool = True,
-            launch=None, what_if: list[str] = (), hang_timeout: float | None = None) -> tuple[outputs.Emulation, str]:
+            launch=None, what_if: list[str] = (), hang_timeout: float | None = None,
+            launched: Path | None = None) -> tuple[outputs.Emulation, str]:
     """Run the stage, holding the job folder's lock; returns the emulation and its summary. `what_if`:
     arguments appended to the capture's program for the sandbox ranks (a changed program; its communication
-    must stay the capture's). `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests)."""
+    must stay the capture's). `launch(cmd, out) -> exit code` replaces the launcher subprocess (tests).
+    `launched`: the OUT of an emulation already launched by hand (`prism launch --mode emulate`, e.g. one
+    launcher per host): its tables are built from it, nothing is launched."""
     _check_job(job_dir)
+    if launched is not None:
+        spec, launch = _from_launched(job_dir, launched, spec, devices, steps, pruning, prefetch_mb, what_if)
     try:  # the job folder's lock (every command writing into it takes it), the dead ones' staging swept
         with folder_lock.holding(job_dir, PREFIX):
             return _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if,
@@ -185,6 +191,38 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     return em, text
 
 
+def _from_launched(job_dir: Path, launched: Path, spec, devices, steps, pruning, prefetch_mb, what_if):
+    """--launched OUT: the sandbox OUT ran (its `raw/meta.json`), and a launch that copies OUT in."""
+    import json
+
+    given = [name for name, value in (("--devices", devices), ("--steps", steps), ("--no-pruning", not pruning),
+                                      ("--prefetch-mb", prefetch_mb), ("--what-if-args", what_if)) if value]
+    if given:
+        raise EmulateError(f"--launched {launched}: {', '.join(given)} belong to the launch, which already ran "
+                           "(give them to `prism launch --mode emulate`)")
+    meta_file = launched / "raw" / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        raise EmulateError(f"--launched {launched}: no readable raw/meta.json (not the --out of a finished "
+                           "`prism launch --mode emulate`)") from None
+    try:
+        capture = job_files.find_capture(job_dir)[0].resolve()
+    except job_files.JobError as exc:
+        raise EmulateError(str(exc)) from None
+    if meta.get("mode") != "emulate" or Path(meta.get("capture_dir", "")).resolve() != capture:
+        raise EmulateError(f"--launched {launched}: a {meta.get('mode')!r} run of {meta.get('capture_dir')}, not an "
+                           f"emulation of this job's capture ({capture})")
+    ran = ",".join(map(str, meta["sandbox"]))
+    if spec is not None and spec != ran:
+        raise EmulateError(f"--launched {launched} ran the sandbox {ran}, not --sandbox {spec}: leave --sandbox out")
+
+    def launch(_cmd, out: Path) -> int:
+        shutil.copytree(launched, out)
+        return 0
+    return ran, launch
+
+
 class LaunchFailed(Exception):
     def __init__(self, code: int, ranks: list[int]) -> None:
         super().__init__(f"the emulation failed (prism launch exit code {code}; sandbox ranks "
@@ -211,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="what-if: arguments appended to the capture's program for the sandbox ranks, e.g. "
                              "'--extra-compute-ms 20 --extra-compute-rank 7' (values and compute may change, the "
                              "communication may not)")
+    parser.add_argument("--launched", type=Path, metavar="OUT",
+                        help="build the tables from an emulation already launched into OUT (`prism launch --mode "
+                             "emulate`, e.g. one launcher per host with --nnodes); nothing is launched")
     args = parser.parse_args(argv)
     try:
         what_if = shlex.split(args.what_if_args)
@@ -222,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, text = emulate(args.job, args.sandbox, args.devices, args.steps, not args.no_pruning,
                           args.prefetch_mb, args.force, not args.no_pin, what_if=what_if,
-                          hang_timeout=args.hang_timeout)
+                          hang_timeout=args.hang_timeout, launched=args.launched)
     except Terminated:
         print(f"{PREFIX}: stopped by SIGTERM; the launcher and its ranks stopped, nothing written", file=sys.stderr)
         return 128 + signal.SIGTERM

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
+DAEMONS = ("munged", "slurmctld", "slurmd")  # (two nodes: slurmd-<node> each)
 # Where SLURM's commands look when SLURM_CONF is unset. The slurm executor plugin's job step drops every SLURM_*
 # variable (SLURM_CONF too) before its `srun`, so inside a job only this path works: the cluster links its
 # slurm.conf here while it runs (and only where no slurm.conf exists), like a real cluster's.
@@ -28,13 +28,16 @@ class SlurmUnavailable(RuntimeError):
     """SLURM cannot run here (packages missing, not root): the test skips, or fails under PRISM_REQUIRE_SLURM."""
 
 
-def missing_requirements() -> str | None:
-    """Why a private SLURM cannot start on this machine, or None when it can."""
+def missing_requirements(link: bool = True) -> str | None:
+    """Why a private SLURM cannot start on this machine, or None when it can (`link`: one that links its
+    slurm.conf at DEFAULT_CONF, for clients that drop SLURM_CONF)."""
     missing = [d for d in (*DAEMONS, "sbatch", "squeue", "scancel", "sinfo") if shutil.which(d) is None]
     if missing:
         return f"not installed: {', '.join(missing)} (apt-get install -y slurm-wlm munge)"
     if os.geteuid() != 0:
         return "slurmd must run as root to start jobs"
+    if not link:
+        return None
     clear_stale_link()
     if DEFAULT_CONF.exists() or DEFAULT_CONF.is_symlink():
         return f"{DEFAULT_CONF} exists (a SLURM is configured here): a private test cluster would clash with it"
@@ -79,16 +82,25 @@ def _mem_mb() -> int:
 
 
 class SlurmCluster:
-    """One node (this machine: its CPUs, 80% of its memory), one partition `debug`, no accounting."""
+    """One node (this machine: its CPUs, 80% of its memory), one partition `debug`, no accounting.
 
-    def __init__(self, root: Path, cpus: int | None = None):
+    `nodes=2`: two "nodes" on this machine, `<host>-1` and `<host>-2` (one slurmd each on its own port, as
+    Debian's slurm-wlm allows: SLURM's multiple-slurmd mode, `%n` in the slurmd's pid, spool and log paths),
+    each with half the CPUs and memory; its slurm.conf is not linked at DEFAULT_CONF (clients find it through
+    SLURM_CONF), so it can run beside a one-node cluster."""
+
+    def __init__(self, root: Path, cpus: int | None = None, nodes: int = 1):
         self.root = Path(root)
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.mem_mb = int(_mem_mb() * 0.8)
         self.node = socket.gethostname().split(".")[0]
+        self.nodes = [self.node] if nodes == 1 else [f"{self.node}-{k}" for k in range(1, nodes + 1)]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.pid_files = {d: self.root / "run" / f"{d}.pid" for d in DAEMONS}
+        if nodes > 1:
+            del self.pid_files["slurmd"]
+            self.pid_files.update({f"slurmd-{n}": self.root / "run" / f"slurmd-{n}.pid" for n in self.nodes})
         self.started: list[str] = []
         self.linked_conf = False
 
@@ -104,6 +116,18 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         r = self.root
+        if len(self.nodes) == 1:
+            slurmd = f"SlurmdPidFile={self.pid_files['slurmd']}\nSlurmdLogFile={r}/log/slurmd.log\n"
+            node_lines = (f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.mem_mb} "
+                          "State=UNKNOWN\n")
+        else:  # multiple slurmd: %n is the node's name
+            slurmd = f"SlurmdPidFile={r}/run/slurmd-%n.pid\nSlurmdLogFile={r}/log/slurmd-%n.log\n"
+            cpus, mem = max(1, self.cpus // len(self.nodes)), self.mem_mb // len(self.nodes)
+            node_lines = "".join(f"NodeName={n} NodeHostname={self.node} NodeAddr=127.0.0.1 Port={_free_port()} "
+                                 f"CPUs={cpus} RealMemory={mem} State=UNKNOWN\n" for n in self.nodes)
+            for n in self.nodes:
+                (r / "spool" / n).mkdir(parents=True, exist_ok=True)
+        spool = f"{r}/spool" + ("" if len(self.nodes) == 1 else "/%n")
         self.conf.write_text(f"""\
 ClusterName=prismtest
 SlurmctldHost={self.node}(127.0.0.1)
@@ -115,12 +139,10 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={spool}
 SlurmctldPidFile={self.pid_files['slurmctld']}
-SlurmdPidFile={self.pid_files['slurmd']}
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
-ProctrackType=proctrack/linuxproc
+{slurmd}ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
@@ -136,8 +158,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.mem_mb} State=UNKNOWN
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
 
     def _run_daemon(self, name: str, argv: list[str]) -> None:
@@ -156,21 +177,24 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         self.started.append(name)
 
     def start(self, timeout: float = 60) -> "SlurmCluster":
-        why = missing_requirements()
+        link = len(self.nodes) == 1
+        why = missing_requirements(link)
         if why:
             raise SlurmUnavailable(why)
         self._write_config()
         m = self.root / "munge"
         try:
-            DEFAULT_CONF.parent.mkdir(parents=True, exist_ok=True)
-            DEFAULT_CONF.symlink_to(self.conf)
-            self.linked_conf = True
+            if link:
+                DEFAULT_CONF.parent.mkdir(parents=True, exist_ok=True)
+                DEFAULT_CONF.symlink_to(self.conf)
+                self.linked_conf = True
             self._run_daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
                                         f"--key-file={m / 'munge.key'}", f"--pid-file={self.pid_files['munged']}",
                                         f"--log-file={self.root / 'log' / 'munged.log'}",
                                         f"--seed-file={m / 'munged.seed'}"])
             self._run_daemon("slurmctld", ["slurmctld", "-f", str(self.conf)])
-            self._run_daemon("slurmd", ["slurmd", "-f", str(self.conf), "-N", self.node])
+            for n in self.nodes:
+                self._run_daemon("slurmd" if link else f"slurmd-{n}", ["slurmd", "-f", str(self.conf), "-N", n])
             self._wait_idle(timeout)
         except BaseException:
             self.stop()
@@ -184,7 +208,7 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
                                   env={**os.environ, **self.env}, timeout=30)
             state = (proc.stdout + proc.stderr).strip()
-            if proc.returncode == 0 and state == "idle":
+            if proc.returncode == 0 and state.split() == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.5)
         raise SlurmUnavailable(f"node not idle after {timeout:.0f} s (sinfo: {state!r}): {self.logs()}")

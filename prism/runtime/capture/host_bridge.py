@@ -113,6 +113,16 @@ class HostBridge:
             if header[0] in ("bye", "fail"):
                 return
 
+    def peer_error(self, msg: tuple, during: str) -> str | None:
+        """What a "fail" or "gone" message from the inbox says, in one line (None: any other message, or the
+        link of a peer that said bye, closing): `during` names the run ("the capture", "the emulation")."""
+        if msg[0] == "fail":
+            return f"{self.name(msg[1])} stopped its ranks: {msg[2]}; this host's ranks were stopped too"
+        if msg[0] == "gone" and not (msg[1] in self.finished and self._closing):
+            return (f"{self.name(msg[1])} went away during {during} (its link broke: {msg[2]}): the host or its "
+                    "launcher died; every host's ranks are stopped")
+        return None
+
     def _post(self, msg: tuple) -> None:
         self.inbox.put(msg)
         try:

@@ -80,14 +80,9 @@ class HostRoute:
                 _, rank, key, members, info, _ = msg
                 self.received += 1
                 replies += coord.arrive_remote(rank, key, members, info)
-            elif msg[0] == "fail":
+            elif (why := self.bridge.peer_error(msg, "the capture")) is not None:
                 self.failed_peer = True
-                error = error or (f"{self.bridge.name(msg[1])} stopped its ranks: {msg[2]}; this host's ranks "
-                                  "were stopped too")
-            elif msg[0] == "gone" and not (msg[1] in self.bridge.finished and self.bridge._closing):
-                self.failed_peer = True
-                error = error or (f"{self.bridge.name(msg[1])} went away during the capture (its link broke: "
-                                  f"{msg[2]}): the host or its launcher died; every host's ranks are stopped")
+                error = error or why
         return replies, error
 
     def hang(self, coord) -> str | None:

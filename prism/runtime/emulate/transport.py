@@ -48,6 +48,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism import settings
 from prism.runtime.emulate import compensation as comp
+from prism.runtime.emulate.common_start import to_local_clock
 from prism.runtime import ops, semantics, shm, watchdog
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
@@ -293,7 +294,7 @@ class EmulateTransport(ContributionTransport):
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
-            at = max(floor, int(virtual[0]))
+            at = max(floor, to_local_clock(int(virtual[0])))  # the worker's floor (host 0's clock) on ours
             with STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
                 HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
                 HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9

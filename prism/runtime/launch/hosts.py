@@ -1,4 +1,5 @@
-"""A capture spread over hosts: the host view of the job and the launchers' torchrun-style rendezvous.
+"""A capture or an emulation spread over hosts: the host view of the job and the launchers' torchrun-style
+rendezvous (an emulation: also their clock exchange, `sync_clocks`).
 
     host 0:  prism launch --nnodes 2 --node-rank 0 --master-addr H0 --master-port 29500 --nproc 4 --mode capture --out JOB ...
     host 1:  prism launch --nnodes 2 --node-rank 1 --master-addr H0 --master-port 29500 --nproc 4 --mode capture --out JOB ...
@@ -24,6 +25,8 @@ import json
 import os
 import shutil
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +36,7 @@ from prism import settings
 PREFIX = "prism/hosts/"
 DEFAULT_TIMEOUT_S = settings.RDZV_TIMEOUT.default  # the launcher's wait for the other hosts
 ENV_TIMEOUT = settings.RDZV_TIMEOUT.name
+STATS_PREFIX = "emulate-rank"  # a sandbox rank's transport numbers in the status folder (`emulate.transport`)
 ACK_S = 30.0  # how long host 0 keeps the store up for the other hosts to read the verdict
 
 
@@ -148,6 +152,45 @@ def join(store, view: HostView, run_id: str | None, limit_error: str | None, slo
     return run_id, hosts
 
 
+CLOCK_ROUNDS = 16  # the clock exchange's round trips a host (the shortest one is kept)
+
+
+def sync_clocks(store, view: HostView, clock: Callable[[], int] = time.monotonic_ns) -> dict[int, dict]:
+    """An emulation over hosts: each host's monotonic clock against host 0's (Cristian's exchange over the
+    store: host K stamps t1, posts a ping, host 0 answers with its clock, host K stamps t2; of CLOCK_ROUNDS
+    round trips the shortest gives offset = (t1 + t2) / 2 - host 0's answer, within +- its round trip / 2).
+    The sandbox ranks' common start and the worker's floors are host monotonic times (`emulate.common_start`),
+    which differ between machines. Returns {host: {"clock_offset_ns", "clock_rtt_ns"}} (host 0: every host's;
+    the others: their own). `clock`: this host's monotonic clock (a test shifts it)."""
+    me, wait = view.node_rank, timedelta(seconds=view.timeout_s)
+    try:
+        if me == 0:
+            for k in range(1, view.nnodes):
+                for i in range(CLOCK_ROUNDS):
+                    store.wait([PREFIX + f"clock/{k}/{i}/ping"], wait)
+                    store.set(PREFIX + f"clock/{k}/{i}/pong", str(clock()))
+            store.wait([PREFIX + f"clock/{k}" for k in range(1, view.nnodes)], wait)
+            got = {k: json.loads(store.get(PREFIX + f"clock/{k}")) for k in range(1, view.nnodes)}
+            return {0: {"clock_offset_ns": 0, "clock_rtt_ns": 0}, **got}
+        best = None
+        for i in range(CLOCK_ROUNDS):
+            t1 = clock()
+            store.set(PREFIX + f"clock/{me}/{i}/ping", "1")
+            store.wait([PREFIX + f"clock/{me}/{i}/pong"], wait)
+            t2 = clock()
+            theirs = int(store.get(PREFIX + f"clock/{me}/{i}/pong"))
+            if best is None or t2 - t1 < best[0]:
+                best = (t2 - t1, (t1 + t2) // 2 - theirs)
+        mine = {"clock_offset_ns": best[1], "clock_rtt_ns": best[0]}
+        store.set(PREFIX + f"clock/{me}", json.dumps(mine))
+        return {me: mine}
+    except (RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HostError(f"host {me} ({socket.gethostname()}): the hosts' clock exchange through "
+                        f"{view.master_addr}:{view.master_port} did not complete in {view.timeout_s:g} s ({first}): "
+                        f"a host stopped after the rendezvous; start again, or raise {ENV_TIMEOUT}") from None
+
+
 def node_names(hosts: list[dict]) -> dict[int, str]:
     """rank -> its host's name (hostname, or hostname#K where two hosts share one, as on localhost)."""
     names = [h["hostname"] for h in hosts]
@@ -158,9 +201,14 @@ def node_names(hosts: list[dict]) -> dict[int, str]:
     return out
 
 
-def report_exit(store, view: HostView, code: int, staging: Path | None, payloads: Path | None) -> None:
-    store.set(PREFIX + f"exit/{view.node_rank}", json.dumps(
-        {"code": code, "staging": str(staging) if staging else None, "payloads": str(payloads) if payloads else None}))
+def report_exit(store, view: HostView, code: int, staging: Path | None, payloads: Path | None,
+                logs: Path | None = None) -> None:
+    try:
+        store.set(PREFIX + f"exit/{view.node_rank}", json.dumps(
+            {"code": code, "staging": str(staging) if staging else None, "payloads": str(payloads) if payloads else None,
+             "logs": str(logs) if logs else None}))
+    except (RuntimeError, OSError):
+        pass  # host 0 (the store) is gone: nothing is published, this host exits with its own code
 
 
 def gather_exits(store, view: HostView) -> list[dict]:
@@ -198,9 +246,11 @@ def await_result(store, view: HostView) -> int:
         return 1  # host 0 went away: the job is not published
 
 
-def merge_into(final_raw: Path, final_payloads: Path | None, exits: list[dict], me: int) -> None:
+def merge_into(final_raw: Path, final_payloads: Path | None, exits: list[dict], me: int,
+               final_logs: Path | None = None, status_dir: Path | None = None) -> None:
     """Host 0: move the other hosts' rank folders and payload files into its own staging (renames; a payload
-    already there is the same content, `shm.PayloadStore` names a file by its hash)."""
+    already there is the same content, `shm.PayloadStore` names a file by its hash); an emulation's: also
+    their sandbox ranks' logs, and their transports' numbers (`emulate-rank*.json`) into `status_dir`."""
     for k, rec in enumerate(exits):
         if k == me:
             continue
@@ -209,6 +259,12 @@ def merge_into(final_raw: Path, final_payloads: Path | None, exits: list[dict], 
             for entry in staging.iterdir():
                 if entry.name.startswith("rank="):
                     os.replace(entry, final_raw / entry.name)
+                elif status_dir is not None and entry.name.startswith(STATS_PREFIX):
+                    os.replace(entry, status_dir / entry.name)
+        logs = Path(rec["logs"]) if rec.get("logs") else None
+        if final_logs is not None and logs is not None and logs.is_dir():
+            for entry in logs.iterdir():
+                os.replace(entry, final_logs / entry.name)
         payloads = Path(rec["payloads"]) if rec.get("payloads") else None
         if final_payloads is not None and payloads is not None and payloads.is_dir():
             for sub in payloads.iterdir():

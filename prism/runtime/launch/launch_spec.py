@@ -3,6 +3,7 @@
     prism launch --nproc W [--mode real|capture|off] [--out DIR [--force]] [--pin] (SCRIPT | -m MODULE) [ARGS...]
     prism launch --nproc W --mode slice --slice-ranks 0,1 --capture CAPDIR [--timed-by TIMELINE] [--out DIR] [--pin] ...
     prism launch --nproc W --mode emulate --sandbox 3,17 --capture JOB [--devices P] [--no-pruning] ...
+    prism launch --nnodes N --node-rank K --master-addr H0 --master-port PORT --nproc n --mode capture|emulate ...
 
 Mode `slice` forks only the slice's ranks (global RANK, WORLD_SIZE=W) plus a replay server that answers
 for every other rank from the capture in CAPDIR (`prism launch --mode capture --out CAPDIR`); with
@@ -137,11 +138,14 @@ def parse(argv: list[str]) -> LaunchSpec:
     parser.add_argument("--pin", action="store_true", help="pin rank i to core i mod cores, 1 thread")
     parser.add_argument("--master-port", type=int, default=0, help="rendezvous port (default: a free one)")
     parser.add_argument("--nnodes", type=int, default=1,
-                        help="capture over hosts: one launcher a host (torchrun's), each with --nproc ranks and "
-                             "its own --devices slots; W = nnodes*nproc (prism.runtime.launch.hosts)")
-    parser.add_argument("--node-rank", type=int, default=0, help="capture over hosts: this host's number, 0..nnodes-1")
+                        help="capture or emulate over hosts: one launcher a host (torchrun's), each with --nproc "
+                             "ranks and its own --devices slots; W = nnodes*nproc; emulate: each host runs the "
+                             "--sandbox ranks of its block, host 0 also the replay worker (prism.runtime.launch.hosts)")
+    parser.add_argument("--node-rank", type=int, default=0,
+                        help="capture or emulate over hosts: this host's number, 0..nnodes-1")
     parser.add_argument("--master-addr", default=None,
-                        help="capture over hosts: host 0's address (it serves the rendezvous at --master-port)")
+                        help="capture or emulate over hosts: host 0's address (it serves the rendezvous at "
+                             "--master-port)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="S",
                         help=f"real: when no op completed on any rank for S seconds, name the hang and stop "
                              f"(exit {watchdog.HANG_EXIT_CODE}; default ${watchdog.ENV} or "
@@ -295,16 +299,16 @@ def validate(spec: LaunchSpec) -> None:
 
 
 def _validate_hosts(spec: LaunchSpec) -> None:
-    """--nnodes/--node-rank/--master-addr: a capture over hosts."""
+    """--nnodes/--node-rank/--master-addr: a capture or an emulation over hosts."""
     if spec.nnodes == 1 and spec.node_rank == 0:
         return
     if spec.nnodes < 1:
         raise LaunchError(f"--nnodes must be at least 1 (got {spec.nnodes})")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise LaunchError(f"--node-rank {spec.node_rank} outside 0..{spec.nnodes - 1} (--nnodes {spec.nnodes})")
-    if not modes.get(spec.mode).coordinator:
-        raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture over hosts; --mode {spec.mode} runs on one host "
-                          "(use --mode capture, or drop --nnodes)")
+    if not (modes.get(spec.mode).coordinator or modes.get(spec.mode).sandbox):
+        raise LaunchError(f"--nnodes {spec.nnodes} spreads a capture or an emulation over hosts; --mode {spec.mode} "
+                          "runs on one host (use --mode capture or emulate, or drop --nnodes)")
     if not spec.master_port:
         raise LaunchError("--nnodes needs --master-port: the port host 0 serves the rendezvous on, the same on every "
                           "host (e.g. --master-port 29500)")
@@ -322,20 +326,22 @@ def timed_graph(timeline: Path) -> Path:
 
 def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     """Slice and emulate: the ranks run for real and the capture the others are replayed from."""
-    ranks, world, opt = spec.slice_ranks, spec.nproc, mode.ranks_option
+    ranks, world, opt = spec.slice_ranks, spec.nproc * spec.nnodes, mode.ranks_option  # over hosts: the job's W
     if not ranks:
         raise LaunchError(f"--mode {mode.name} needs {opt} (e.g. {opt} 0,1: the ranks that run for real)")
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:
-        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {world})")
+        raise LaunchError(f"{opt} {bad} outside 0..{world - 1} (--nproc {spec.nproc}"
+                          + (f" x --nnodes {spec.nnodes})" if spec.nnodes > 1 else ")"))
     if len(set(ranks)) != len(ranks):
         raise LaunchError(f"{opt} lists a rank twice: {ranks}")
     cores = len(os.sched_getaffinity(0))
-    slots = spec.devices if mode.sandbox and spec.devices else len(ranks)
+    here = [r for r in ranks if r // spec.nproc == spec.node_rank]  # over hosts: this host's sandbox ranks
+    slots = spec.devices if mode.sandbox and spec.devices else max(1, len(here))
     if mode.sandbox and slots < 1:
         raise LaunchError(f"--devices must be at least 1 (got {slots})")
     if slots > cores:
-        raise LaunchError(f"{len(ranks)} ranks on {slots} device slots need {slots} cores; this "
+        raise LaunchError(f"{len(here)} ranks on {slots} device slots need {slots} cores; this "
                           f"machine has {cores}: use at most {cores}")
     if mode.sandbox:
         spec.devices = slots
@@ -357,8 +363,9 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if not modes.captured(meta):
         raise LaunchError(f"--capture {spec.capture}: a {meta.get('mode')!r} run, not a capture")
     if meta.get("world_size") != world:
-        raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, --nproc is {world}: "
-                          "a slice runs the captured job at its own size")
+        asked = f"--nproc {spec.nproc} x --nnodes {spec.nnodes} is {world}" if spec.nnodes > 1 else f"--nproc is {world}"
+        raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, {asked}: "
+                          f"{'an emulation' if mode.sandbox else 'a slice'} runs the captured job at its own size")
     if not meta.get("payloads", False) or not (spec.capture / "payloads").is_dir():
         raise LaunchError(f"--capture {spec.capture} has no payloads (captured with --no-payloads): "
                           "capture again with payloads")

@@ -47,7 +47,7 @@ def launch(spec: LaunchSpec) -> int:
     """Run the job; returns the exit code (0: every rank succeeded)."""
     validate(spec)
     mode = modes.get(spec.mode)
-    if spec.nnodes > 1:  # a capture over hosts: this host's share, the rendezvous, then the same run
+    if spec.nnodes > 1:  # a capture or emulation over hosts: this host's share, the rendezvous, the same run
         return _launch_host(spec)
     try:  # the machine's limits (open files, processes, memory, /dev/shm), before anything starts
         limits.check_start(len(spec.slice_ranks) + 1 if mode.replay else spec.nproc, spec.mode,
@@ -132,6 +132,8 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
     code = 1
     try:
         env = _rank_environment(spec, status_dir)
+        if hosts_run is not None:  # an emulation's clock offset to host 0
+            env.update(hosts_run.rank_env())
         if cores and mode.coordinator:  # capture's device slots: the claimed cores
             env[settings.CORES.name] = ",".join(map(str, cores))
         if mode.intercepted and spec.out is not None:
@@ -197,7 +199,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
                 _replace_dir(log_staging, spec.out / "logs", run_id)
 
         if hosts_run is not None:  # host 0 publishes every host's ranks once all succeeded
-            code = hosts_run.finish(code, staging, payload_staging, publish)
+            code = hosts_run.finish(code, staging, payload_staging, publish, log_staging, status_dir)
         elif code == 0 and staging is not None:
             publish()
     finally:

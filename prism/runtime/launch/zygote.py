@@ -7,6 +7,10 @@ Forking from a warm process costs a few MiB per rank instead of ~200 MiB for a f
 Mode `slice`: only the slice's ranks are forked (each with its global RANK), plus one replay server
 (`prism.runtime.slice.replay_server`, id `REPLAY` here) that answers for every other rank; the job's store is hosted
 here. Once the slice ranks succeeded, the server is told to stop (it must have replayed everything).
+Mode `emulate` over hosts (`launch.hosts`): a host's zygote forks the sandbox ranks of its block, host 0's also
+the replay worker; the store is host 0's launcher's, and the zygotes watch each other's end (`host_watch`):
+another host that failed or went away stops this host's ranks, and host 0 stops its worker only once every
+other host's sandbox ranks finished.
 
 Supervision: the first rank to fail (non-zero exit or a signal) gets the others stopped (SIGTERM, then
 SIGKILL after a grace period); its number and traceback are printed; the zygote exits non-zero. Ranks die
@@ -139,7 +143,7 @@ def supervise(spec: ZygoteSpec) -> int:
     def run(rank: int) -> int:  # in the forked child
         return forked_rank.run_replay(spec) if rank == REPLAY else forked_rank.run_rank(spec, rank)
 
-    ids = list(spec.ranks) + [REPLAY] if slice_mode else list(_local_ranks(spec))
+    ids = _replay_ids(spec) if slice_mode else list(_local_ranks(spec))
     forker = RankForker(spec, ids, capture, out, files, run, unlogged=(REPLAY,))
     try:
         forker.fork_all()
@@ -163,16 +167,20 @@ def supervise(spec: ZygoteSpec) -> int:
         if link is not None:
             progress, progress_state = CaptureProgress(sys.stderr, tty), link.coord
         else:  # real, slice, emulate: iterations the real ranks ended, from their notes in the status folder
-            real = spec.ranks or list(range(spec.nproc))
+            real = [r for r in ids if r != REPLAY] if slice_mode else list(range(spec.nproc))
             progress = IterationProgress(sys.stderr, tty, spec.mode, real, spec.iterations)
             progress_state = Path(spec.status_dir)
         out.before_write = progress.clear
-    store = None
-    if slice_mode:  # the job's store: the slice ranks' rendezvous and every group's gloo rendezvous
-        import torch.distributed as dist
+    store = watch = None
+    if slice_mode and spec.hosts is None:  # the job's store: the ranks' rendezvous and every group's gloo
+        import torch.distributed as dist  # rendezvous (over hosts: host 0's launcher serves it)
 
         store = dist.TCPStore(spec.master_addr, spec.master_port, spec.nproc, is_master=True,
                               wait_for_workers=False)
+    if slice_mode and spec.hosts is not None:  # an emulation over hosts: the hosts watch each other's end
+        from prism.runtime.launch.host_watch import HostWatch
+
+        watch = HostWatch(spec.hosts, spec.host_records)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     replay = {"pid": spec.pids.get(REPLAY), "stopped": False, "wait_until": None, "error": None}
     failed: tuple[int, int] | None = None  # (rank, code)
@@ -195,7 +203,12 @@ def supervise(spec: ZygoteSpec) -> int:
             deadline = _stop(children, time.monotonic())
         if usage_until is not None and deadline is None and time.monotonic() > usage_until:
             deadline = _stop(children, time.monotonic())
-        if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY}:
+        if watch is not None and deadline is None and failed is None and watch.poll():
+            out.before_write()
+            print(f"[prism] emulation stopped: {watch.error}", file=sys.stderr, flush=True)
+            deadline = _stop(children, time.monotonic())
+        if slice_mode and deadline is None and failed is None and set(children.values()) == {REPLAY} \
+                and (watch is None or watch.others_done()):
             deadline = _stop_replay(spec, replay, children)
         if link is not None:
             link.poll()
@@ -248,6 +261,13 @@ def supervise(spec: ZygoteSpec) -> int:
     if files is not None:  # ranks stopped before they were reaped one by one (there are none otherwise)
         files.forward_rest(out.before_write, sys.stdout.buffer, sys.stderr.buffer)
     del store
+    if watch is not None:
+        host_error = watch.error or (watch.settle(3.0) if failed is not None or replay["error"] else None)
+        watch.close(None if host_error else _failure_reason(failed, replay, stopping, mode))
+        if host_error:
+            if failed is not None or replay["error"]:  # this host's ranks failed because of it: say so once
+                print(f"[prism] emulation stopped: {host_error}", file=sys.stderr, flush=True)
+            return 1
     if limit_error:
         if link is not None:
             link.close(limit_error)
@@ -287,6 +307,28 @@ def supervise(spec: ZygoteSpec) -> int:
     if stopping["signal"] is not None:
         return 128 + stopping["signal"]
     return 0
+
+
+def _replay_ids(spec: ZygoteSpec) -> list[int]:
+    """Slice and emulate: the ranks run for real, and the replay process. Over hosts (emulate): this host's
+    sandbox ranks (of its block, `launch.hosts`), and the one replay worker on host 0."""
+    hosts = spec.hosts
+    if not hosts:
+        return list(spec.ranks) + [REPLAY]
+    mine = [r for r in spec.ranks if r // hosts["nproc"] == hosts["node_rank"]]
+    return mine + ([REPLAY] if hosts["node_rank"] == 0 else [])
+
+
+def _failure_reason(failed, replay: dict, stopping: dict, mode) -> str | None:
+    """Why this host's run ended without success, for the other hosts (None: it succeeded)."""
+    if replay["error"]:
+        return f"the {mode.replay_name} failed"
+    if failed is not None:
+        rank, code = failed
+        return f"{mode.replay_name if rank == REPLAY else f'rank {rank}'} failed (exit code {code})"
+    if stopping["signal"] is not None:
+        return f"its launcher got signal {stopping['signal']}"
+    return None
 
 
 def _local_ranks(spec: ZygoteSpec) -> range:
