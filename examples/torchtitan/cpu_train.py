@@ -6,6 +6,7 @@ torchtitan 0.3.0 assumes an accelerator: `torchtitan.tools.utils` takes the devi
 This wrapper makes the probe answer "cpu" before torchtitan is imported, gives `torch.cpu` the memory
 calls it lacks (answering "unknown"), runs FlexAttention eagerly and lets its backward run on CPU, makes FSDP2 reduce gradients by SUM
 rather than NCCL's PREMUL_SUM, keeps the groups' first timeout (no NCCL-only barrier),
+prints each step's logged loss exactly (a hex float),
 then runs `torchtitan.train.main()` with the command line it was given; the rest of each run (its
 torchtitan options) is in scripts/frameworks/torchtitan_cpu.sh. It touches nothing of prism: run it under
 torchrun or `prism launch` alike.
@@ -77,6 +78,27 @@ FlexAttention._compiled_flex_attn = _flex.flex_attention
 import torchtitan.distributed.utils as _dist_utils  # noqa: E402
 
 _dist_utils.set_pg_timeouts = lambda *args, **kwargs: None
+
+# torchtitan logs its loss with 5 decimals; "equal" between runs needs the float itself. Each rank also prints
+# the global average loss it logs as a hex float (exact), one line a step, with the clocks read there: wall
+# (perf_counter), the main thread's CPU time (thread_time: the thread torchtitan computes on) and the process's
+# (process_time: gloo's threads included), so a step's wall and CPU time are the differences of two lines.
+# A print: no change to the math.
+import time  # noqa: E402
+
+from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
+
+_log_metrics = MetricsProcessor.log
+
+
+def _log_with_exact_loss(self, step, global_avg_loss, *args, **kwargs):
+    print(f"[cpu_train] rank {os.environ.get('RANK', '?')} step {step} loss {float(global_avg_loss).hex()}"
+          f" wall {time.perf_counter():.6f} cpu {time.thread_time():.6f} proc {time.process_time():.6f}",
+          flush=True)
+    return _log_metrics(self, step, global_avg_loss, *args, **kwargs)
+
+
+MetricsProcessor.log = _log_with_exact_loss
 
 if __name__ == "__main__":
     torchtitan.train.main()
