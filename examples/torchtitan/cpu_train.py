@@ -116,7 +116,9 @@ if os.environ.get("CPU_TRAIN_NO_PP_ADAPTER") != "1":
 # torchtitan logs its loss with 5 decimals; "equal" between runs needs the float itself. Each rank also prints
 # the global average loss it logs as a hex float (exact), one line a step, with the clocks read there: wall
 # (perf_counter), the main thread's CPU time (thread_time: the thread torchtitan computes on) and the process's
-# (process_time: gloo's threads included), so a step's wall and CPU time are the differences of two lines.
+# (process_time: gloo's threads included) and the main thread's run delay (time runnable but waiting for a core,
+# /proc/thread-self/schedstat: what a box shared with other jobs costs it), so a step's wall time, CPU time and
+# run delay are the differences of two lines.
 # A print: no change to the math.
 import time  # noqa: E402
 
@@ -125,10 +127,20 @@ from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 _log_metrics = MetricsProcessor.log
 
 
+def _run_delay_s() -> float:
+    """The main thread's time runnable but not running (waiting for a core: the kernel's schedstat), -1 if unknown."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
 def _log_with_exact_loss(self, step, global_avg_loss, *args, **kwargs):
     # one write (print writes the text and the newline apart: ranks sharing a stdout interleave them)
     sys.stdout.write(f"[cpu_train] rank {os.environ.get('RANK', '?')} step {step} loss {float(global_avg_loss).hex()}"
-                     f" wall {time.perf_counter():.6f} cpu {time.thread_time():.6f} proc {time.process_time():.6f}\n")
+                     f" wall {time.perf_counter():.6f} cpu {time.thread_time():.6f} proc {time.process_time():.6f}"
+                     f" delay {_run_delay_s():.6f}\n")
     sys.stdout.flush()
     return _log_metrics(self, step, global_avg_loss, *args, **kwargs)
 

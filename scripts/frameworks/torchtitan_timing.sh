@@ -39,7 +39,7 @@ baseline: {run: always, pin: true}
 capture: {devices: 2}
 YAML
   local l0; l0=$(cut -d' ' -f1-3 /proc/loadavg); local t0=$(date +%s)
-  (cd "$WORK" && "$REPO/.venv/bin/prism" run --configfile "$WORK/job_$1.yaml" "$J/summary.txt" "$J/baseline/summary.txt") \
+  (cd "$WORK" && "$REPO/.venv/bin/prism" run "$J/summary.txt" "$J/baseline/summary.txt" --configfile "$WORK/job_$1.yaml") \
     > "$WORK/prism_$1.log" 2>&1; local rc=$?
   stamp "prism_$1" "prism run" $rc $(( $(date +%s) - t0 )) "$l0"
   [ $rc -eq 0 ] || { tail -30 "$WORK/prism_$1.log" >> "$OUT/runs.txt"; return; }
@@ -55,7 +55,7 @@ YAML
   "$REPO/.venv/bin/prism" sql --job "$J/baseline" --csv \
     "SELECT rank, iteration, kind, sum(t_end_ns - t_start_ns) AS span_ns, sum(greatest(cpu_ns, 0)) AS cpu_ns, count(*) AS n
      FROM events GROUP BY ALL ORDER BY ALL" > "$OUT/prism_$1_baseline_kinds.csv" 2>> "$OUT/runs.txt"
-  grep -o "\[cpu_train\] rank .*" "$J"/baseline/logs/rank=*.log | sed 's/^[^[]*//' > "$OUT/prism_$1_baseline_lines.txt"
+  grep -o "\[cpu_train\] rank .*" "$J/logs/baseline_run.log" > "$OUT/prism_$1_baseline_lines.txt"
 }
 for i in $(seq 1 "$ROUNDS"); do truth "$i"; predict "$i"; done
 truth $((ROUNDS + 1))

@@ -5,8 +5,9 @@ truth: a real run, one core per rank) and the pipeline's prediction (calibrated 
 times are prism's definition (`prism/iterations.py`): iteration k of the job ends when its last rank ends step
 k+1, the gaps k = 1..n-1 (the first step, start-up, left out). For torchrun and the baseline the step's end is
 the wrapper's line, printed when torchtitan logs the step (examples/torchtitan/cpu_train.py); the baseline's
-graph gives its `iteration_end` markers too. CPU per step: the wrapper's main-thread `thread_time` and process
-`process_time` differences, median over ranks and steps 2..n.
+graph gives its `iteration_end` markers too. Per step (median over ranks and steps 2..n): the main thread's CPU
+time (`thread_time`), the process's (`process_time`, gloo's threads included) and the main thread's run delay
+(time runnable but waiting for a core, from the kernel's schedstat: the cost of a shared box).
 
     .venv/bin/python scripts/frameworks/torchtitan_timing_table.py docs/results/frameworks/timing_w2
 """
@@ -24,35 +25,39 @@ import pyarrow.parquet as pq
 
 from prism.iterations import iteration_times
 
-LINE = re.compile(r"rank (\d+) step (\d+) loss (\S+) wall (\S+) cpu (\S+) proc (\S+)")
+LINE = re.compile(r"rank (\d+) step (\d+) loss (\S+) wall ([0-9.]+) cpu ([0-9.]+) proc ([0-9.]+) delay ([-0-9.]+)")
 
 
-def wrapper_lines(path: Path) -> dict[tuple[int, int], tuple[float, float, float]]:
-    """(rank, step) -> (wall, thread cpu, process cpu) in seconds, from the wrapper's lines."""
+def wrapper_lines(path: Path) -> dict[tuple[int, int], tuple[float, float, float, float]]:
+    """(rank, step) -> (wall, thread cpu, process cpu, main thread's run delay) in seconds, from the wrapper's lines."""
     out = {}
     for m in LINE.finditer(path.read_text()):
-        out[int(m[1]), int(m[2])] = (float(m[4]), float(m[5]), float(m[6]))
+        out[int(m[1]), int(m[2])] = (float(m[4]), float(m[5]), float(m[6]), float(m[7]))
     return out
 
 
-def from_lines(lines) -> tuple[np.ndarray, float, float]:
-    """(job iteration times in ms, median main-thread CPU ms per step, median process CPU ms per step)."""
+def from_lines(lines) -> tuple[np.ndarray, float, float, float]:
+    """(job iteration times in ms; medians per rank and step, ms: main-thread CPU, process CPU, main-thread run
+    delay)."""
     ranks = sorted({r for r, _ in lines})
     steps = sorted({s for _, s in lines})
     ends = np.array([max(lines[r, s][0] for r in ranks) for s in steps])
     cpu = [lines[r, s][1] - lines[r, s - 1][1] for r in ranks for s in steps[1:]]
     proc = [lines[r, s][2] - lines[r, s - 1][2] for r in ranks for s in steps[1:]]
-    return np.diff(ends) * 1e3, float(np.median(cpu)) * 1e3, float(np.median(proc)) * 1e3
+    delay = [lines[r, s][3] - lines[r, s - 1][3] for r in ranks for s in steps[1:]]
+    return (np.diff(ends) * 1e3, float(np.median(cpu)) * 1e3, float(np.median(proc)) * 1e3,
+            float(np.median(delay)) * 1e3)
 
 
 def from_ends(iteration, end_ns) -> np.ndarray:
     return iteration_times(iteration, end_ns).gaps_ns / 1e6
 
 
-def row(name: str, what: str, gaps_ms: np.ndarray, cpu: str = "", proc: str = "") -> str:
+def row(name: str, what: str, gaps_ms: np.ndarray, clocks: tuple[float, float, float] | None = None) -> str:
     each = " ".join(f"{g:.0f}" for g in gaps_ms)
+    cols = " ".join(f"{c:9.1f}" for c in clocks) if clocks else " " * 29
     return (f"{name:<11} {what:<34} {np.median(gaps_ms):8.1f} {gaps_ms.min():8.1f} {gaps_ms.max():8.1f}"
-            f" {cpu:>9} {proc:>9}  {each}")
+            f" {cols}  {each}")
 
 
 def kinds(path: Path, column: str) -> dict[str, float]:
@@ -68,21 +73,21 @@ def kinds(path: Path, column: str) -> dict[str, float]:
 def main(folder: Path) -> None:
     print((folder / "runs.txt").read_text().rstrip())
     print()
-    print(f"{'run':<11} {'iteration time (ms)':<34} {'median':>8} {'min':>8} {'max':>8} {'cpu/step':>9} {'proc/step':>9}  each")
+    print(f"{'run':<11} {'iteration time (ms)':<34} {'median':>8} {'min':>8} {'max':>8} {'cpu/step':>9} {'proc/step':>9} {'delay':>9}  each")
     names = sorted({p.name.split("_")[0] + "_" + p.name.split("_")[1].split(".")[0]
                     for p in folder.glob("*_*") if p.name.startswith(("torchrun_", "prism_"))},
                    key=lambda n: (int(n.split("_")[1]), n.startswith("prism")))
     for name in names:
         if name.startswith("torchrun"):
-            gaps, cpu, proc = from_lines(wrapper_lines(folder / f"{name}.txt"))
-            print(row(name, "torchrun, wall per step", gaps, f"{cpu:.1f}", f"{proc:.1f}"))
+            gaps, *clocks = from_lines(wrapper_lines(folder / f"{name}.txt"))
+            print(row(name, "torchrun, wall per step", gaps, clocks))
             continue
         lines = folder / f"{name}_baseline_lines.txt"
-        if not lines.exists():
+        if not lines.exists() or not wrapper_lines(lines):
             print(f"{name:<11} (no results: see runs.txt)")
             continue
-        gaps, cpu, proc = from_lines(wrapper_lines(lines))
-        print(row(name, "baseline (pinned), wall per step", gaps, f"{cpu:.1f}", f"{proc:.1f}"))
+        gaps, *clocks = from_lines(wrapper_lines(lines))
+        print(row(name, "baseline (pinned), wall per step", gaps, clocks))
         with (folder / f"{name}_baseline_ends.csv").open() as f:
             ends = list(csv.DictReader(f))
         print(row(name, "baseline, iteration_end markers",
