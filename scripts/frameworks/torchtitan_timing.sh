@@ -56,7 +56,11 @@ YAML
     "SELECT rank, iteration, kind, sum(t_end_ns - t_start_ns) AS span_ns, sum(greatest(cpu_ns, 0)) AS cpu_ns, count(*) AS n
      FROM events GROUP BY ALL ORDER BY ALL" > "$OUT/prism_$1_baseline_kinds.csv" 2>> "$OUT/runs.txt"
   grep -o "\[cpu_train\] rank .*" "$J/logs/baseline_run.log" > "$OUT/prism_$1_baseline_lines.txt"
+  # the same compute events on three clocks (the table's last part): baseline, capture, slice runs
+  cp "$J/baseline/graph/events.parquet" "$OUT/prism_$1_baseline_events.parquet"
+  cp "$J/graph/events.parquet" "$OUT/prism_$1_events.parquet"
+  cp "$J/slices/durations.parquet" "$OUT/prism_$1_slice_durations.parquet"
 }
 for i in $(seq 1 "$ROUNDS"); do truth "$i"; predict "$i"; done
 truth $((ROUNDS + 1))
-$PY "$REPO/scripts/frameworks/torchtitan_timing_table.py" "$OUT" | tee "$OUT/table.txt"
+$PY "$REPO/scripts/frameworks/torchtitan_timing_table.py" "$OUT" > "$OUT/table.txt"; cat "$OUT/table.txt"

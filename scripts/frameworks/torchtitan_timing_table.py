@@ -105,6 +105,38 @@ def main(folder: Path) -> None:
             for k in sorted(set(pred) | set(span)):
                 print(f"{name:<11} {k:<11} predicted {pred.get(k, 0):8.1f}   baseline {span.get(k, 0):8.1f}"
                       f" / {cpu.get(k, 0):8.1f}")
+    print()
+    print("compute events by size (slice durations' quartiles): CPU time of the same events, baseline and capture"
+          " over the slices'")
+    for name in names:
+        if name.startswith("prism"):
+            compute_by_size(folder, name)
+
+
+COMPUTE_BY_SIZE = """
+WITH b AS (SELECT rank, seq, kind, device_ns AS b_ns FROM read_parquet($base)),
+     g AS (SELECT event_id, rank, seq, kind, iteration, device_ns AS c_ns FROM read_parquet($capture)),
+     s AS (SELECT event_id, duration_ns AS s_ns FROM read_parquet($slices)),
+     j AS (SELECT b_ns, c_ns, s_ns, ntile(4) OVER (ORDER BY s_ns) AS q
+           FROM g JOIN b USING (rank, seq, kind) JOIN s USING (event_id) WHERE g.iteration >= 1 AND g.kind = 'compute')
+SELECT q, count(*) AS n, sum(s_ns) / 1e6 AS slice_ms, sum(b_ns) / sum(s_ns) AS base, sum(c_ns) / sum(s_ns) AS capture
+FROM j GROUP BY ALL ORDER BY q
+"""
+
+
+def compute_by_size(folder: Path, name: str) -> None:
+    """The same compute events (iterations >= 1, matched by rank and program order) on three clocks: the slice
+    runs' durations (what the prediction sums), the baseline's and the capture's CPU time, by quartile of size."""
+    files = {k: folder / f"{name}_{k}.parquet" for k in ("baseline_events", "events", "slice_durations")}
+    if not all(f.exists() for f in files.values()):
+        return
+    import duckdb
+
+    rows = duckdb.sql(COMPUTE_BY_SIZE, params={"base": str(files["baseline_events"]), "capture": str(files["events"]),
+                                               "slices": str(files["slice_durations"])}).fetchall()
+    for q, n, slice_ms, base, capture in rows:
+        print(f"{name:<11} quartile {q}: {n:4d} events, {slice_ms:8.1f} ms in the slices;"
+              f" baseline CPU / slices {base:.3f}, capture CPU / slices {capture:.3f}")
 
 
 if __name__ == "__main__":
