@@ -17,6 +17,7 @@ Run: torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py --module llama
 
 import os
 import sys
+import time
 import types
 
 import torch
@@ -120,8 +121,6 @@ if os.environ.get("CPU_TRAIN_NO_PP_ADAPTER") != "1":
 # /proc/thread-self/schedstat: what a box shared with other jobs costs it), so a step's wall time, CPU time and
 # run delay are the differences of two lines.
 # A print: no change to the math.
-import time  # noqa: E402
-
 from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 
 _log_metrics = MetricsProcessor.log
