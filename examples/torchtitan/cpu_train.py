@@ -6,6 +6,8 @@ torchtitan 0.3.0 assumes an accelerator: `torchtitan.tools.utils` takes the devi
 This wrapper makes the probe answer "cpu" before torchtitan is imported, gives `torch.cpu` the memory
 calls it lacks (answering "unknown"), runs FlexAttention eagerly and lets its backward run on CPU, makes FSDP2 reduce gradients by SUM
 rather than NCCL's PREMUL_SUM, keeps the groups' first timeout (no NCCL-only barrier),
+lets torch 2.13.0's pipeline schedules take torchtitan's pre-split microbatches,
+prints each step's logged loss exactly (a hex float),
 then runs `torchtitan.train.main()` with the command line it was given; the rest of each run (its
 torchtitan options) is in scripts/frameworks/torchtitan_cpu.sh. It touches nothing of prism: run it under
 torchrun or `prism launch` alike.
@@ -14,6 +16,8 @@ Run: torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py --module llama
 """
 
 import os
+import sys
+import time
 import types
 
 import torch
@@ -77,6 +81,70 @@ FlexAttention._compiled_flex_attn = _flex.flex_attention
 import torchtitan.distributed.utils as _dist_utils  # noqa: E402
 
 _dist_utils.set_pg_timeouts = lambda *args, **kwargs: None
+
+# torchtitan 0.3.0's pipeline step calls `schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=..., losses=...)`:
+# microbatches it split itself, an API of a torch newer than 2.13.0, whose `step(*args, target=, **kwargs)` takes
+# the whole batch and splits it (the three lists land in **kwargs, as model inputs: "Expecting 2 arg_mbs but got
+# 1" on every rank, any device, with or without prism). Not CPU-specific: a version mismatch. With pre-split
+# microbatches, this `step` does what torch 2.13.0's does after its own split: the stages' flags, their
+# per-step reset, `_step_microbatches` with the lists as given. CPU_TRAIN_NO_PP_ADAPTER=1 leaves torch's
+# `step` alone (to show the failure: scripts/frameworks/torchtitan_pp_torch_api.sh).
+from torch.distributed.pipelining import schedules as _schedules  # noqa: E402
+
+
+def _step_with_microbatches(torch_step):
+    def step(self, *args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None, return_outputs=True,
+             loss_kwargs=None, **kwargs):
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return torch_step(self, *args, losses=losses, return_outputs=return_outputs, loss_kwargs=loss_kwargs,
+                              **kwargs)
+        if args or kwargs or return_outputs:
+            raise TypeError("cpu_train's pipeline step adapter: microbatch lists only, return_outputs=False")
+        stages = getattr(self, "_stages", None) or [self._stage]
+        for stage in stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        self._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, False, loss_kwargs=loss_kwargs)
+        return None
+
+    return step
+
+
+if os.environ.get("CPU_TRAIN_NO_PP_ADAPTER") != "1":
+    for _cls in (_schedules.PipelineScheduleSingle, _schedules.PipelineScheduleMulti):
+        _cls.step = _step_with_microbatches(_cls.step)
+
+# torchtitan logs its loss with 5 decimals; "equal" between runs needs the float itself. Each rank also prints
+# the global average loss it logs as a hex float (exact), one line a step, with the clocks read there: wall
+# (perf_counter), the main thread's CPU time (thread_time: the thread torchtitan computes on) and the process's
+# (process_time: gloo's threads included) and the main thread's run delay (time runnable but waiting for a core,
+# /proc/thread-self/schedstat: what a box shared with other jobs costs it), so a step's wall time, CPU time and
+# run delay are the differences of two lines.
+# A print: no change to the math.
+from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
+
+_log_metrics = MetricsProcessor.log
+
+
+def _run_delay_s() -> float:
+    """The main thread's time runnable but not running (waiting for a core: the kernel's schedstat), -1 if unknown."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
+def _log_with_exact_loss(self, step, global_avg_loss, *args, **kwargs):
+    # one write (print writes the text and the newline apart: ranks sharing a stdout interleave them)
+    sys.stdout.write(f"[cpu_train] rank {os.environ.get('RANK', '?')} step {step} loss {float(global_avg_loss).hex()}"
+                     f" wall {time.perf_counter():.6f} cpu {time.thread_time():.6f} proc {time.process_time():.6f}"
+                     f" delay {_run_delay_s():.6f}\n")
+    sys.stdout.flush()
+    return _log_metrics(self, step, global_avg_loss, *args, **kwargs)
+
+
+MetricsProcessor.log = _log_with_exact_loss
 
 if __name__ == "__main__":
     torchtitan.train.main()
