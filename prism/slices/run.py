@@ -50,6 +50,7 @@ from prism import artifacts, event_sequence, schemas, settings
 from prism import job as job_files
 from prism import config as prism_config
 from prism.runtime.launch import launcher
+from prism.slices import replay_ops
 
 class SliceError(Exception):
     """Bad input (exit 2): the message says what is missing and how to fix it."""
@@ -190,6 +191,10 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
+        played = staging / "raw" / "replay" / "ops.arrow"  # what the replay server played, op by op
+        tables["replay_ops"] = (replay_ops.with_comm_ids(artifacts.read_raw_stream(played), table) if played.is_file()
+                                else schemas.SLICE_REPLAY_OPS.empty_table())
+        table_schemas["replay_ops"] = schemas.SLICE_REPLAY_OPS
         if timed_by is not None:
             issues = staging / "raw" / "replay" / "issues.arrow"
             tables["replay"] = (artifacts.read_raw_stream(issues, schemas.SLICE_REPLAY) if issues.is_file()
@@ -206,6 +211,14 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
           f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
           f"{run_meta.get('device', 'cpu')} -> "
           f"{folder / f'slice={k}' / 'events.parquet'}")
+    late = replay_ops.lateness(tables["replay_ops"], table)
+    if late:
+        cpu = replay.get("threads_cpu_s") or {}
+        top = ", ".join(f"{name} {s:.2f}" for name, s in sorted(cpu.items(), key=lambda kv: -kv[1])[:4])
+        print(f"prism slices run: slice {k}: the replay server's ops against the slice ranks' (replay_ops.parquet); "
+              f"its CPU {replay.get('cpu_s', 0):.2f} s on cores {replay.get('cores', '?')} ({top}), its threads "
+              f"runnable but waiting for a CPU {sum((replay.get('threads_runq_wait_s') or {}).values()):.2f} s:\n"
+              + replay_ops.describe(late))
     return 0
 
 
