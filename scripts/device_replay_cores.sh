@@ -8,7 +8,7 @@
 #    the replay server on no core of its own) and DEVICES=15 (slices of at most 15 ranks, one core left to the
 #    server): OUT/p16/, OUT/p15/, each run's tables (tables.txt: with the replay server's ops per slice,
 #    `replay_ops` in p*.json).
-# Time: the ring ~60-90 s, then the rest of TOTAL_S split between the two W=128 runs (each ~190 s at P=16 in
+# Time: the ring at most 210 s (~60 s on the host), then the rest of TOTAL_S split between the two W=128 runs (each ~190 s at P=16 in
 # session 10: capture 12 s, slices 14 s, emulate 15 s, the rest < 10 s; the bench skips what does not fit).
 # Set PYTHON=.venv/bin/python PKGS=/tmp/nopkgs to try it on a workstation (DEVICES_A/DEVICES_B, RING_CORES to fit).
 set -uo pipefail
@@ -24,9 +24,9 @@ a=${DEVICES_A:-16} b=${DEVICES_B:-15}
 { date -u; echo "nproc $ncores"; uptime; } | tee "$out/host.txt"
 ring() { timeout -k 5 "$1" $py scripts/replay_ring.py "${@:2}" --out "$out/ring.jsonl" >> "$out/ring.log" 2>&1 \
          || echo "ring $* : exit $?" | tee -a "$out/ring.log"; }
-ring 40 --members 16,32 --bytes 12928,4 --cores 0 --server-cores "1-$last"
-ring 40 --members 16,32 --bytes 12928 --cores 0 --server-cores "$last"
-ring 30 --members "${RING_PROCS:-16}" --bytes 12928,4 --procs --cores "0-$last"
+ring 90 --members 16,32 --bytes 12928,4 --cores 0 --server-cores "1-$last"
+ring 60 --members 16,32 --bytes 12928 --cores 0 --server-cores "$last"
+ring 60 --members "${RING_PROCS:-16}" --bytes 12928,4 --procs --cores "0-$last"
 left=$((total - ($(date +%s) - begin)))
 half=$(((left - 20) / 2))
 echo "ring done at $(($(date +%s) - begin)) s; ${half} s for each W=128 run" | tee -a "$out/host.txt"

@@ -1,14 +1,15 @@
 """Slice run: the ranks of one planned slice run the real program together, every other rank replayed.
 
     prism slices run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
-        ->  DIR/slices/slice=K/events.parquet
+        ->  DIR/slices/slice=K/{events,replay_ops}.parquet
     prism slices run --job DIR --all      every measured slice of the plan, one after another
     prism slices run --job DIR --slice K --timed-by DIR/calibrated_untimed/timeline.parquet
         ->  DIR/slices_timed/slice=K/{events,replay}.parquet
 
 Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism launch --mode slice`
 (pinned, one core each, on the real transport among them; a replay server answers for the other ranks
-from the capture's payloads, so data-dependent behaviour is exact), and writes the slice ranks' events:
+from the capture's payloads, so data-dependent behaviour is exact), writes what that server played op by op
+(`replay_ops.parquet`, `prism.slices.replay_ops`: whether it issued after the slice's members), and the slice ranks' events:
 the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
 `event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`cpu_ns`: the rank's own thread
 CPU time, never across a context switch; `device_ns`: the same on CPU, and on CUDA the GPU time between the

@@ -27,6 +27,11 @@ answer when they would in the real job and the slice ranks wait as they would th
 when it issued each of those ops (`raw/replay/issues.arrow`: comm_id, t_issue_ns on the host monotonic
 clock): a transfer measured in the slice starts at the last issue of all members, replayed ones included.
 Untimed (the default), every op is issued as soon as the group's previous one completed.
+Either way the server writes what it played, op by op (`raw/replay/ops.arrow`, `ops_table`: when it could have
+issued the virtual members' part -- payloads loaded, a free in-flight slot -- when its first issue call began and
+its last returned, when it saw every member's part complete), which the slice stage keeps as
+`slices/slice=K/replay_ops.parquet` (`prism.slices.replay_ops`), and its threads' CPU and run-queue wait in
+`replay.done` (meta.json's `replay`).
 
 Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
 `raw/rank=R/{groups,events,payloads}.arrow`, `payloads/<hash[:2]>/<hash>.bin`.
@@ -165,7 +170,8 @@ class ReplayServer(VirtualRanks):
         comm_id, which the slice stage finds from the slice ranks' events)."""
         names = ("kind", "op", "group_name", "group_seq", "src", "dst", "tag", "virtual_members", "t_ready_ns",
                  "t_issue_ns", "t_issued_ns", "t_complete_ns")
-        cols = list(zip(*self.played)) if self.played else [()] * len(names)
+        rows = sorted(self.played, key=lambda r: (r[0], r[2], r[4], r[5], r[6], r[3]))  # not the threads' order
+        cols = list(zip(*rows)) if rows else [()] * len(names)
         return pa.table({n: pa.array(list(c), pa.string() if i < 3 else pa.int32() if i in (4, 5, 7) else pa.int64())
                          for i, (n, c) in enumerate(zip(names, cols))})
 
