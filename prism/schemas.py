@@ -182,6 +182,30 @@ SLICE_REPLAY = pa.schema(
     ]
 )
 
+# A slice run's replay server, op by op (`slices/slice=K/replay_ops.parquet`, every pass): what it played for the
+# virtual members of each op with a slice rank, on the slice's clock (host monotonic ns). `t_ready_ns`: when it
+# could have issued (the payloads loaded, a free in-flight slot; timed: also the calibrated arrival reached);
+# `t_issue_ns` / `t_issued_ns`: its first issue call began / its last returned (one call a virtual member);
+# `t_complete_ns`: it saw every virtual member's part complete. `comm_id`: the graph's comm (-1: not found
+# among the slice ranks' events). kind: collective, send (virtual -> slice) or recv (slice -> virtual).
+SLICE_REPLAY_OPS = pa.schema(
+    [
+        pa.field("comm_id", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("group_name", pa.string(), nullable=False),
+        pa.field("group_seq", pa.int64(), nullable=False),  # a message: its index in its channel
+        pa.field("src", pa.int32(), nullable=False),  # a message's ends (global ranks), else -1
+        pa.field("dst", pa.int32(), nullable=False),
+        pa.field("tag", pa.int64(), nullable=False),
+        pa.field("virtual_members", pa.int32(), nullable=False),
+        pa.field("t_ready_ns", pa.int64(), nullable=False),
+        pa.field("t_issue_ns", pa.int64(), nullable=False),
+        pa.field("t_issued_ns", pa.int64(), nullable=False),
+        pa.field("t_complete_ns", pa.int64(), nullable=False),
+    ]
+)
+
 # The calibrated timeline (`calibrated/timeline.parquet`): every event on one global clock, ns from the
 # job's start (every rank starts at 0).
 TIMELINE = pa.schema(
@@ -281,6 +305,7 @@ ALL: dict[str, pa.Schema] = {
     "slice_plan": SLICE_PLAN,
     "slice_events": SLICE_EVENTS,
     "slice_replay": SLICE_REPLAY,
+    "slice_replay_ops": SLICE_REPLAY_OPS,
     "timeline": TIMELINE,
     "iterations": ITERATIONS,
     "critical_path": CRITICAL_PATH,

@@ -47,6 +47,19 @@ def calibrated_iteration_s(job: Path, folder: str = "calibrated") -> float | Non
     return statistics.median(per.values()) / 1e9 if per else None
 
 
+def replay_lateness(job: Path, k: int) -> list[dict]:
+    """What slice k's replay server played against its slice ranks (`prism.slices.replay_ops.lateness`), per op
+    kind and virtual members: kept in the row, since the bench removes each size's job."""
+    from prism import artifacts
+    from prism.slices import replay_ops
+
+    folder = job_files.slice_file(job, k).parent
+    ops = replay_ops.read(folder / "replay_ops.parquet")
+    if ops is None:
+        return []
+    return replay_ops.lateness(ops, artifacts.read_parquet(folder / "events.parquet"))
+
+
 def run(job: Path, stages) -> None:
     """The stages after the plan, into `stages.row` (`capture_scale.Stages`: each stage's numbers stay in the
     row whatever a later one does). The slice runs: their count, the ones that ran, the slowest."""
@@ -65,6 +78,7 @@ def run(job: Path, stages) -> None:
         if not ok:
             return
         row["slice_runs_done"] += 1
+        row.setdefault("replay_ops", []).extend(dict(r, slice=k) for r in replay_lateness(job, k))
         row["slice_run_max_s"] = max(row["slice_run_max_s"], row.pop("slice_s"))
         row["slices_run_rss"] = max(row["slices_run_rss"], row.pop("slice_rss"))
         stages.save(row)

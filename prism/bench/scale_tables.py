@@ -108,6 +108,14 @@ def print_tables(rows: list[dict]) -> None:
         print(f"{r['W']:>5} {r['layout']:<18} " + " ".join(f"{t:>24}" for t in stage_cells(r)) + f" {its:>22}")
         if r.get("failed_stage"):
             print(f"{'':>5} {r['error']}")
+    late = [(r["W"], x) for r in staged for x in r.get("replay_ops", []) if x["virtual_members"] > 1]
+    if late:
+        print("\nthe replay server's ops with > 1 virtual member (slices run, replay_ops.parquet): ops, issued after the "
+              "slice's last member (n, max ms), the slice members' measured delay (median / mean ms)")
+        for w, x in late:
+            print(f"{w:>5} slice {x['slice']:>4} {x['op']:<18} {x['virtual_members']:>4} virtual {x['n']:>5} ops  late "
+                  f"{x['late_n']:>3} max {x['late_max_ms']:7.2f}  delay {x['delay_median_ms'] or 0:8.2f} / "
+                  f"{x['delay_mean_ms'] or 0:8.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,19 +42,39 @@ def kind(name: str) -> str:
     return re.sub(r"[\d_]+$", "", name) or name
 
 
-def by_thread() -> dict[str, float]:
-    """CPU seconds per kind of thread ({} where /proc is missing): Python threads by `kind` of their name
-    (the main thread, the task whose id is the process id, is ``MainThread``), the others as ``[comm]``."""
+def _runq_wait_s(tid: int) -> float | None:
+    """Seconds task `tid` of this process was runnable but waited for a CPU (``/proc/.../schedstat``'s second
+    field: the scheduler's run-queue delay); None where it cannot be read (no schedstats)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _per_thread(read) -> dict[str, float]:
     if not os.path.isdir("/proc/self/task"):
         return {}
     named = {t.native_id: kind(t.name) for t in threading.enumerate() if t.native_id is not None}
     out: dict[str, float] = {}
     for entry in os.listdir("/proc/self/task"):
         tid = int(entry)
-        cpu = _cpu_s(tid)
-        if cpu is None:
+        value = read(tid)
+        if value is None:
             continue
         # the main thread is the task whose id is the process's (a forked rank's Python keeps its parent's id)
         name = "MainThread" if tid == os.getpid() else named.get(tid) or f"[{_comm(tid)}]"
-        out[name] = round(out.get(name, 0.0) + cpu, 3)
+        out[name] = round(out.get(name, 0.0) + value, 3)
     return out
+
+
+def by_thread() -> dict[str, float]:
+    """CPU seconds per kind of thread ({} where /proc is missing): Python threads by `kind` of their name
+    (the main thread, the task whose id is the process id, is ``MainThread``), the others as ``[comm]``."""
+    return _per_thread(_cpu_s)
+
+
+def runq_wait_by_thread() -> dict[str, float]:
+    """Seconds per kind of thread (named as `by_thread`) spent runnable but waiting for a CPU: a thread woken by
+    a message it must pass on (a gloo ring's hop) and not run at once delays the whole chain by that much."""
+    return _per_thread(_runq_wait_s)

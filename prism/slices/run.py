@@ -1,14 +1,15 @@
 """Slice run: the ranks of one planned slice run the real program together, every other rank replayed.
 
     prism slices run --job DIR --slice K [--config-json JSON] [--capture CAPDIR]
-        ->  DIR/slices/slice=K/events.parquet
+        ->  DIR/slices/slice=K/{events,replay_ops}.parquet
     prism slices run --job DIR --all      every measured slice of the plan, one after another
     prism slices run --job DIR --slice K --timed-by DIR/calibrated_untimed/timeline.parquet
         ->  DIR/slices_timed/slice=K/{events,replay}.parquet
 
 Reads the plan (`DIR/slices/plan.parquet`), runs the slice's ranks with `prism launch --mode slice`
 (pinned, one core each, on the real transport among them; a replay server answers for the other ranks
-from the capture's payloads, so data-dependent behaviour is exact), and writes the slice ranks' events:
+from the capture's payloads, so data-dependent behaviour is exact), writes what that server played op by op
+(`replay_ops.parquet`, `prism.slices.replay_ops`: whether it issued after the slice's members), and the slice ranks' events:
 the graph's EVENTS columns, rows aligned with the capture graph's events of those ranks (same
 `event_id`, `comm_id`, `op_event_id`), times measured in the slice run (`cpu_ns`: the rank's own thread
 CPU time, never across a context switch; `device_ns`: the same on CPU, and on CUDA the GPU time between the
@@ -50,6 +51,7 @@ from prism import artifacts, event_sequence, schemas, settings
 from prism import job as job_files
 from prism import config as prism_config
 from prism.runtime.launch import launcher
+from prism.slices import replay_ops
 
 class SliceError(Exception):
     """Bad input (exit 2): the message says what is missing and how to fix it."""
@@ -189,6 +191,10 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
             parts.append(align(r, measured, graph.filter(pc.equal(graph["rank"], r))))
         table = pa.concat_tables(parts)
         tables, table_schemas = {"events": table}, {"events": schemas.SLICE_EVENTS}
+        played = job_files.replay_stream(staging, "ops.arrow")  # what the replay server played, op by op
+        tables["replay_ops"] = (replay_ops.with_comm_ids(artifacts.read_raw_stream(played), table) if played.is_file()
+                                else schemas.SLICE_REPLAY_OPS.empty_table())
+        table_schemas["replay_ops"] = schemas.SLICE_REPLAY_OPS
         if timed_by is not None:
             issues = job_files.replay_stream(staging, "issues.arrow")
             tables["replay"] = (artifacts.read_raw_stream(issues, schemas.SLICE_REPLAY) if issues.is_file()
@@ -205,6 +211,14 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
           f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
           f"{run_meta.get('device', 'cpu')} -> "
           f"{job_files.slice_file(job, k, folder=pass_dir)}")
+    late = replay_ops.lateness(tables["replay_ops"], table)
+    if late:
+        cpu = replay.get("threads_cpu_s") or {}
+        top = ", ".join(f"{name} {s:.2f}" for name, s in sorted(cpu.items(), key=lambda kv: -kv[1])[:4])
+        print(f"prism slices run: slice {k}: the replay server's ops against the slice ranks' (replay_ops.parquet); "
+              f"its CPU {replay.get('cpu_s', 0):.2f} s on cores {replay.get('cores', '?')} ({top}), its threads "
+              f"runnable but waiting for a CPU {sum((replay.get('threads_runq_wait_s') or {}).values()):.2f} s:\n"
+              + replay_ops.describe(late))
     return 0
 
 

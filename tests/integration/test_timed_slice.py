@@ -83,6 +83,12 @@ def test_a_timed_slice_waits_for_its_late_virtual_peer_and_measures_transfers_wi
     replay = pq.read_table(job / "slices_timed" / "slice=0" / "replay.parquet")
     comms = pq.read_table(job / "graph" / "comms.parquet")["comm_id"].to_pylist()
     assert replay.num_rows > 0 and set(replay["comm_id"].to_pylist()) <= set(comms)
+    # the server's own record of the same ops: held at its gate (ready long before it issued) by the delay
+    played = pq.read_table(job / "slices_timed" / "slice=0" / "replay_ops.parquet")
+    assert set(replay["comm_id"].to_pylist()) <= set(played["comm_id"].to_pylist())
+    held = (played["t_issue_ns"].to_numpy() - played["t_ready_ns"].to_numpy()).max()
+    assert held >= 0.7 * DELAY_NS, held
+    assert "the replay server's ops against the slice ranks'" in proc.stdout
 
     # the second slice timed too (rank 1 real, rank 0 replayed), then the durations of the timed pass
     _ok(_module("prism.slices.run", "--job", str(job), "--slice", "1", "--timed-by", str(timeline)))
@@ -98,3 +104,17 @@ def test_timed_by_a_missing_timeline_exits_2_naming_the_stage(job, tmp_path):
     proc = run_prism(["launch", "--nproc", "2", "--mode", "real", "--timed-by", str(tmp_path / "x.parquet"),
                       *PROGRAM])
     assert proc.returncode == 2 and "--timed-by times a slice run" in proc.stderr
+
+
+def test_an_untimed_slice_keeps_what_its_replay_server_played_op_by_op(job):
+    """`slices/slice=K/replay_ops.parquet`: every op between the slice rank and its replayed peer, with the
+    graph's comm, in the order ready <= issue <= issued <= complete on the slice's clock."""
+    graph = pq.read_table(job / "graph" / "events.parquet").to_pylist()
+    for k, real in ((0, 0), (1, 1)):
+        played = pq.read_table(job / "slices" / f"slice={k}" / "replay_ops.parquet")
+        want = {e["comm_id"] for e in graph if e["rank"] == real and e["comm_id"] >= 0}
+        assert set(played["comm_id"].to_pylist()) == want  # W=2: every comm of the rank has the virtual peer
+        t = {c: played[c].to_numpy() for c in ("t_ready_ns", "t_issue_ns", "t_issued_ns", "t_complete_ns")}
+        assert (t["t_ready_ns"] <= t["t_issue_ns"]).all() and (t["t_issue_ns"] <= t["t_issued_ns"]).all()
+        assert (t["t_issued_ns"] <= t["t_complete_ns"]).all()
+        assert set(played["kind"].to_pylist()) == {"collective"} and set(played["virtual_members"].to_pylist()) == {1}

@@ -223,7 +223,7 @@ def _server(n: int, monkeypatch) -> tuple[replay_server.ReplayServer, list[threa
                       payload={}, channels=[])
     server = object.__new__(replay_server.ReplayServer)
     server.plan, server.pgs, server.errors, server.state = plan, {"g": {1: None}}, [], {}
-    server.ops, server.timed, server.issued = 0, _Timed(n), {}
+    server.ops, server.timed, server.issued, server.played = 0, _Timed(n), {}, []
     server.loader = ThreadPoolExecutor(max_workers=1)
     monkeypatch.setattr(server, "_build", lambda group: None, raising=False)
     done = [threading.Event() for _ in range(n)]
@@ -260,6 +260,11 @@ def test_a_groups_collectives_are_issued_before_the_previous_completes(monkeypat
     assert not t.is_alive() and server.errors == []
     assert [c for what, c in server.timed.log if what == "complete"] == [100, 101, 102]
     assert [c for what, c in server.timed.log if what == "gate"] == [100, 101, 102]
+    # what it played, op by op (`ops_table`, slices/slice=K/replay_ops.parquet): ready <= issue <= issued <= complete
+    table = server.ops_table().to_pylist()
+    assert [(r["kind"], r["op"], r["group_name"], r["group_seq"], r["virtual_members"]) for r in table] == \
+        [("collective", "all_reduce", "g", k, 1) for k in range(3)]
+    assert all(0 < r["t_ready_ns"] <= r["t_issue_ns"] <= r["t_issued_ns"] <= r["t_complete_ns"] for r in table)
     assert server.ops == 3 and server.state["group g"] == "done"
 
 

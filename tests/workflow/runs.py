@@ -37,6 +37,8 @@ MEASURED_COLUMNS = {
     "start_ns", "end_ns", "duration_ns",
     # slices/transfers
     "transfer_ns",
+    # slices/slice=K/replay_ops: when the replay server issued (t_complete_ns is above)
+    "t_ready_ns", "t_issue_ns", "t_issued_ns",
     # emulation/memory: when the sandbox's marker was sampled
     "t_ns",
 }

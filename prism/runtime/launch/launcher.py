@@ -165,10 +165,10 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             log_staging.mkdir()
             zspec.log_dir = str(log_staging.resolve())
             zspec.raw_staging = str(staging.resolve())  # the worker writes raw/replay/ there
-        if mode.timed and spec.timed_by is not None:  # the slice's server says when it issued (raw/replay/)
+        if mode.timed and spec.timed_by is not None:  # the slice's server follows the calibrated timeline
             zspec.timed = [str(timed_graph(spec.timed_by)), str(spec.timed_by.resolve())]
-            if staging is not None:
-                zspec.raw_staging = str(staging.resolve())
+        if mode.timed and staging is not None:  # the slice's server says what it played and when (raw/replay/)
+            zspec.raw_staging = str(staging.resolve())
         if mode.replay:
             zspec.ranks, zspec.capture, zspec.pruning = list(spec.slice_ranks), str(spec.capture), spec.pruning
             zspec.prefetch_mb, zspec.steps_limit = spec.prefetch_mb, spec.steps_limit

@@ -27,6 +27,11 @@ answer when they would in the real job and the slice ranks wait as they would th
 when it issued each of those ops (`raw/replay/issues.arrow`: comm_id, t_issue_ns on the host monotonic
 clock): a transfer measured in the slice starts at the last issue of all members, replayed ones included.
 Untimed (the default), every op is issued as soon as the group's previous one completed.
+Either way the server writes what it played, op by op (`raw/replay/ops.arrow`, `ops_table`: when it could have
+issued the virtual members' part -- payloads loaded, a free in-flight slot -- when its first issue call began and
+its last returned, when it saw every member's part complete), which the slice stage keeps as
+`slices/slice=K/replay_ops.parquet` (`prism.slices.replay_ops`), and its threads' CPU and run-queue wait in
+`replay.done` (meta.json's `replay`).
 
 Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
 `raw/rank=R/{groups,events,payloads}.arrow`, `payloads/<hash[:2]>/<hash>.bin`.
@@ -134,6 +139,7 @@ class ReplayServer(VirtualRanks):
         self.lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").lower() in ("1", "true")
         self.built = [g for g in plan.order if plan.to_build(g, self.lazy)]
         self.issued: dict[int, int] = {}  # timed: comm -> when the virtual members issued it (monotonic ns)
+        self.played: list[list] = []  # per op played: `SLICE_REPLAY_OPS`' columns but comm_id (`ops_table`)
 
     # timing (a timed slice run): wait for the virtual members' calibrated arrival, say when the op completed
     def _gate(self, comm: int) -> None:
@@ -151,6 +157,23 @@ class ReplayServer(VirtualRanks):
         comms = sorted(self.issued)
         return pa.table({"comm_id": pa.array(comms, pa.int64()),
                          "t_issue_ns": pa.array([self.issued[c] for c in comms], pa.int64())})
+
+    def _played(self, kind: str, op: str, group: str, seq: int, src: int, dst: int, tag: int, n: int,
+                t_ready: int) -> list:
+        """A row of `ops_table`, its issue and completion times to be filled in by the caller."""
+        row = [kind, op, group, seq, src, dst, tag, n, t_ready, -1, -1, -1]
+        self.played.append(row)  # (list.append is atomic under the GIL: the replay threads share it)
+        return row
+
+    def ops_table(self) -> pa.Table:
+        """What the server played, op by op, on the host monotonic clock (`schemas.SLICE_REPLAY_OPS` without
+        comm_id, which the slice stage finds from the slice ranks' events)."""
+        names = ("kind", "op", "group_name", "group_seq", "src", "dst", "tag", "virtual_members", "t_ready_ns",
+                 "t_issue_ns", "t_issued_ns", "t_complete_ns")
+        rows = sorted(self.played, key=lambda r: (r[0], r[2], r[4], r[5], r[6], r[3]))  # not the threads' order
+        cols = list(zip(*rows)) if rows else [()] * len(names)
+        return pa.table({n: pa.array(list(c), pa.string() if i < 3 else pa.int32() if i in (4, 5, 7) else pa.int64())
+                         for i, (n, c) in enumerate(zip(names, cols))})
 
     # building the virtual members
     def _build(self, group: str) -> None:
@@ -211,9 +234,10 @@ class ReplayServer(VirtualRanks):
                         more.wait(0.5)
                     if self.errors or (finished and not in_flight):
                         return
-                    comm, works = in_flight[0]
+                    comm, works, row = in_flight[0]
                 for w in works:
                     w.wait()
+                row[11] = time.monotonic_ns()
                 self._done(comm)
                 with more:
                     in_flight.popleft()
@@ -228,12 +252,15 @@ class ReplayServer(VirtualRanks):
             while not slots.acquire(timeout=0.5):
                 if self.errors or not waiter.is_alive():
                     return
+            row = self._played("collective", c.op, group, c.seq, -1, -1, -1, len(virtual), time.monotonic_ns())
             comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
             self._gate(comm)
+            row[9] = time.monotonic_ns()
             works = [issue(self.pgs[group][v], c.op, members.index(v), n, c.root, mine.get(v), root_payload)
                      for v in virtual]
+            row[10] = time.monotonic_ns()
             with more:
-                in_flight.append((comm, works))
+                in_flight.append((comm, works, row))
                 more.notify_all()
         with more:
             finished.append(True)
@@ -252,12 +279,18 @@ class ReplayServer(VirtualRanks):
         pg = self.pgs[ch.group][ch.src if sending else ch.dst]
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
+            row = self._played("send" if sending else "recv", "send" if sending else "recv", ch.group, k, ch.src,
+                               ch.dst, ch.tag, 1, time.monotonic_ns())
             comm = self.timed.message_comm(ch.group, ch.src, ch.dst, ch.tag, k) if self.timed else -1
             self._gate(comm)
+            row[9] = time.monotonic_ns()
             if sending:
-                pg.send(list(ts), members.index(ch.dst), ch.tag).wait()
+                work = pg.send(list(ts), members.index(ch.dst), ch.tag)
             else:
-                pg.recv([torch.empty_like(t) for t in ts], members.index(ch.src), ch.tag).wait()
+                work = pg.recv([torch.empty_like(t) for t in ts], members.index(ch.src), ch.tag)
+            row[10] = time.monotonic_ns()
+            work.wait()
+            row[11] = time.monotonic_ns()
             self._done(comm)
             self.messages += 1
         self.state[name] = "done"
@@ -302,18 +335,22 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     t0_ns = time.monotonic_ns()  # the common start: the virtual ranks' calibrated clock starts here
     if not server.run_to_end(server.start(), t0_ns, stop, "replay server"):
         return 1
-    if server.timed is not None and raw_staging:
+    if raw_staging:
         folder = Path(raw_staging) / "replay"
         folder.mkdir(parents=True, exist_ok=True)
-        table = server.issue_table()
-        with pa.OSFile(str(folder / "issues.arrow.tmp"), "wb") as sink, ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        (folder / "issues.arrow.tmp").replace(folder / "issues.arrow")
+        tables = {"ops": server.ops_table()}
+        if server.timed is not None:
+            tables["issues"] = server.issue_table()
+        for name, table in tables.items():
+            with pa.OSFile(str(folder / f"{name}.arrow.tmp"), "wb") as sink, ipc.new_stream(sink, table.schema) as w:
+                w.write_table(table)
+            (folder / f"{name}.arrow.tmp").replace(folder / f"{name}.arrow")
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
                "timed": server.timed is not None, "timed_issues": len(server.issued),
                # what the server's own CPU cost and where (issue 24 (b): beside the slice ranks' cores or not)
                "cpu_s": sum(os.times()[:2]), "threads_cpu_s": thread_cpu.by_thread(),
+               "threads_runq_wait_s": thread_cpu.runq_wait_by_thread(),
                "cores": sorted(os.sched_getaffinity(0))}
     (status_dir / "replay.done").write_text(json.dumps(summary))
     while not stop.wait(0.1):

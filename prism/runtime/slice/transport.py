@@ -210,10 +210,12 @@ class CapturedResults:
 
     def write_stats(self, folder: Path) -> None:
         """`slice_results.json` in the rank's raw folder: what was loaded before / during the run, and the CPU
-        time of each of the rank's threads (`thread_cpu.by_thread`) at its end."""
+        time of each of the rank's threads (`thread_cpu.by_thread`) and their time runnable but waiting for a
+        CPU (`thread_cpu.runq_wait_by_thread`) at its end."""
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / "slice_results.json.tmp"
-        tmp.write_text(json.dumps(dict(self.stats, threads_cpu_s=thread_cpu.by_thread()), indent=1) + "\n")
+        tmp.write_text(json.dumps(dict(self.stats, threads_cpu_s=thread_cpu.by_thread(),
+                                       threads_runq_wait_s=thread_cpu.runq_wait_by_thread()), indent=1) + "\n")
         os.replace(tmp, folder / "slice_results.json")
 
 

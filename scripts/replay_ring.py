@@ -1,0 +1,162 @@
+"""A gloo all-reduce of N members laid out as a slice run lays out a DP group, against the real job's layout.
+
+    .venv/bin/python scripts/replay_ring.py --members 4,16,32 --bytes 4,12928 --server-cores 1 [--out FILE.jsonl]
+    .venv/bin/python scripts/replay_ring.py --members 16 --bytes 12928 --procs --cores 0-15   # the job's layout
+
+`server` layout (default): member 0 is one process pinned to core 0 (a slice rank); members 1..N-1 are
+`ProcessGroupGloo` instances in one other process (the replay server's layout: one instance per virtual member,
+each all-reduce issued on all of them before any is waited), pinned to `--server-cores`. `--procs`: N processes,
+member i pinned to the i-th of `--cores` (the real job, one rank a core). Member 0 times each all-reduce (a
+barrier-free start: every member issues as soon as it can) and prints the median; the server also prints its
+CPU and wall per all-reduce and its threads' run-queue wait (schedstat). Sizes as the weak layout's gradient
+buckets (12,928 B: the DP group's bucket, docs/benchmarks.md session 11) and a 4-byte one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+
+def _cores(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _runq_s() -> float:
+    total = 0
+    for f in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(f) as fh:
+                total += int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
+def member(port: int, n: int, ranks: list[int], cores: list[int], nbytes: int, reps: int, master: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+    os.sched_setaffinity(0, set(cores))
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False, timeout=timeout)
+    pgs: dict[int, object] = {}
+    keep = []
+
+    def make(r: int) -> None:  # a store client each: the members' rendezvous run at once
+        st = store if len(ranks) == 1 else dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                                         timeout=timeout)
+        keep.append(st)
+        pgs[r] = ProcessGroupGloo(PrefixStore("ring/", st), r, n, timeout)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    numel = max(1, nbytes // 4)
+    times = []
+    c0, w0, q0 = sum(os.times()[:2]), time.perf_counter(), _runq_s()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        works = [pgs[r].allreduce([torch.ones(numel)]) for r in ranks]
+        for w in works:
+            w.wait()
+        times.append(time.perf_counter() - t0)
+    cpu, wall, runq = sum(os.times()[:2]) - c0, time.perf_counter() - w0, _runq_s() - q0
+    for w in [pgs[r].barrier() for r in ranks]:  # every member's: none leaves while another still reduces
+        w.wait()
+    if 0 in ranks:
+        times = times[2:]
+        print(json.dumps({"who": "member0", "median_ms": round(statistics.median(times) * 1e3, 3),
+                          "min_ms": round(min(times) * 1e3, 3), "max_ms": round(max(times) * 1e3, 3)}), flush=True)
+    elif len(ranks) > 1:
+        print(json.dumps({"who": "server", "members": len(ranks), "cpu_ms_per_op": round(cpu / reps * 1e3, 2),
+                          "wall_ms_per_op": round(wall / reps * 1e3, 2), "runq_ms_per_op": round(runq / reps * 1e3, 2),
+                          "threads": len(os.listdir("/proc/self/task"))}), flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one(n: int, nbytes: int, reps: int, procs: bool, cores: list[int], server_cores: list[int]) -> dict:
+    port = _free_port()
+    me = [sys.executable, __file__, "--member"]
+    if procs:
+        layout = [([r], [cores[r % len(cores)]]) for r in range(n)]
+    else:
+        layout = [([0], [cores[0]]), (list(range(1, n)), server_cores)]
+    children = []
+    for i, (ranks, cs) in enumerate(layout):
+        spec = json.dumps({"port": port, "n": n, "ranks": ranks, "cores": cs, "bytes": nbytes, "reps": reps,
+                           "master": i == 0})
+        children.append(subprocess.Popen(me + [spec], stdout=subprocess.PIPE, text=True))
+    row = {"layout": "procs" if procs else "server", "members": n, "bytes": nbytes, "reps": reps,
+           "cores": cores[:1] if not procs else cores[:n], "server_cores": None if procs else server_cores}
+    for p in children:
+        try:
+            out, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            row["error"] = "timed out"
+        for line in (out or "").splitlines():
+            d = json.loads(line)
+            who = d.pop("who")
+            row.update({f"{who}_{k}": v for k, v in d.items()})
+        if p.returncode:
+            row["error"] = f"a member exited {p.returncode}"
+    if "member0_median_ms" in row:
+        row["per_step_us"] = round(row["member0_median_ms"] * 1e3 / (2 * (n - 1)), 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--member"]:
+        s = json.loads(argv[1])
+        member(s["port"], s["n"], s["ranks"], s["cores"], s["bytes"], s["reps"], s["master"])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--members", default="4,16,32")
+    ap.add_argument("--bytes", default="4,12928")
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--procs", action="store_true", help="one process a member, each on its own core (the job)")
+    ap.add_argument("--cores", default="0", help="member 0's core (server layout) or every member's (--procs)")
+    ap.add_argument("--server-cores", default="1", help="the server process's cores (server layout)")
+    ap.add_argument("--repeats", type=int, default=1, help="each row this many times, interleaved")
+    ap.add_argument("--out", help="append the rows as JSON lines")
+    args = ap.parse_args(argv)
+    cores, server_cores = _cores(args.cores), _cores(args.server_cores)
+    for i in range(args.repeats):
+        for n in map(int, args.members.split(",")):
+            for b in map(int, args.bytes.split(",")):
+                row = dict(one(n, b, args.reps, args.procs, cores, server_cores), repeat=i,
+                           load1=round(os.getloadavg()[0], 2))
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
