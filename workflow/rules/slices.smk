@@ -30,6 +30,7 @@ rule slice_run:  # runs alone: its timings must not share the machine with anoth
         payloads=rules.capture.output.payloads,
     output:
         f"{JOB_DIR}/slices/slice={{k}}/events.parquet",
+        f"{JOB_DIR}/slices/slice={{k}}/replay_ops.parquet",
     params:
         job=in_job(),
         section=section("capture"),
@@ -73,6 +74,7 @@ rule slice_run_timed:  # runs alone, like slice_run
     output:
         f"{JOB_DIR}/slices_timed/slice={{k}}/events.parquet",
         f"{JOB_DIR}/slices_timed/slice={{k}}/replay.parquet",
+        f"{JOB_DIR}/slices_timed/slice={{k}}/replay_ops.parquet",
     params:
         job=in_job(),
         section=section("capture"),
