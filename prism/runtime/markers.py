@@ -87,9 +87,9 @@ def _trains(module) -> bool:
 def _watch_pipeline_stages(stage_module) -> None:
     """Make each pipelining stage's module known (`_STAGES`) and its schedule's chunk number visible to
     the hooks (`_state.chunk`, set while `forward_one_chunk` runs); once per process."""
-    base = stage_module._PipelineStageBase
-    if getattr(base.forward_one_chunk, "_prism_chunk", False):
-        return
+    base = getattr(stage_module, "_PipelineStageBase", None)
+    if base is None or not hasattr(base, "forward_one_chunk") or getattr(base.forward_one_chunk, "_prism_chunk", False):
+        return  # a torch without it (before 2.4) keeps the rule of root modules; or it is wrapped already
     init, forward_one_chunk = base.__init__, base.forward_one_chunk
 
     def __init__(self, *args, **kwargs):

@@ -4,8 +4,8 @@ collectives with autograd (eager under SAC, and compiled with torch.compile's ao
 interleaved 1F1B with SAC stages and 1F1B with full AC, FSDP2's reshard_after_forward True / False / 2 with
 full AC and SAC blocks. The capture's graph counts, on every rank, each iteration's microbatches by the default
 rules: one a forward of the model the rank trains, so interleaved 1F1B's two stages a rank and pipelining's
-first-step metadata inference add none, and a section with no module forward has none. The sandbox ranks print, bitwise, what they printed in the capture, and the capture
-prints what torchrun prints (within 1e-5 relative: prism's reduction order is not gloo's). Features covered
+first-step metadata inference add none, and a section with no module forward has none. The sandbox ranks
+print, bitwise, what they printed in the capture, and the capture prints what torchrun prints (within 1e-5 relative: prism's reduction order is not gloo's). Features covered
 elsewhere: full AC, SAC with a policy, compiled blocks, FSDP2 x TP (test_framework_patterns.py); GPipe and
 1F1B without AC, DTensor TP (test_emulate_mode.py). Async TP does not run on CPU (docs/frameworks.md)."""
 
