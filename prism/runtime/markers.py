@@ -122,7 +122,7 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         rec.microbatch = rec.microbatch + 1 if number is None else number
         rec.marker("fwd_begin")
 
-    def stage_forward(chunk) -> str | None:
+    def stage_forward(chunk) -> str:
         """How a pipeline stage's forward counts: "microbatch" (chunk `chunk`'s first forward on the rank),
         else "drain" (another stage's forward of that chunk, or the metadata inference outside any chunk)."""
         if chunk is None:
