@@ -14,6 +14,10 @@ The rules (`named_boundaries.rules`; the launcher writes the ones in force into 
   `fwd_end`.
   FSDP2 units, checkpoint wrappers and pipeline stages calling their sub-modules are all inside it; a
   loss module outside the model has no parameters and is not a microbatch.
+  A `torch.distributed.pipelining` stage's module is counted by its schedule: its forward is microbatch k
+  when the schedule runs it for chunk k (`forward_one_chunk`), and a rank with several stages (interleaved
+  schedules) runs each microbatch once in each: the first of them marks it, the others' events carry its
+  number. A stage's forward outside a chunk (the schedule's first-step shape/metadata inference) is none.
 - the first gradient reaching that forward's output starts its backward (`bwd_begin`); a callback queued
   on the autograd engine at that moment runs when the backward pass ends (`bwd_end`).
 - named: `PRISM_ITERATION_FN` / `PRISM_MICROBATCH_FN` (`prism launch --iteration-fn/--microbatch-fn`,
@@ -28,6 +32,7 @@ of an outermost optimizer step, where torch may wait on futures of ops prism mus
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -63,6 +68,7 @@ def _get(name: str) -> int:
 
 _ROOTS: weakref.WeakSet = weakref.WeakSet()  # modules whose forward was a microbatch
 _INSIDE: weakref.WeakSet = weakref.WeakSet()  # their sub-modules
+_STAGES: weakref.WeakSet = weakref.WeakSet()  # the modules of torch.distributed.pipelining stages
 
 
 def _trains(module) -> bool:
@@ -78,6 +84,30 @@ def _trains(module) -> bool:
     return True
 
 
+def _watch_pipeline_stages(stage_module) -> None:
+    """Make each pipelining stage's module known (`_STAGES`) and its schedule's chunk number visible to
+    the hooks (`_state.chunk`, set while `forward_one_chunk` runs); once per process."""
+    base = getattr(stage_module, "_PipelineStageBase", None)
+    if base is None or not hasattr(base, "forward_one_chunk") or getattr(base.forward_one_chunk, "_prism_chunk", False):
+        return  # a torch without it (before 2.4) keeps the rule of root modules; or it is wrapped already
+    init, forward_one_chunk = base.__init__, base.forward_one_chunk
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _STAGES.add(self.submod)
+
+    def chunk(self, fwd_chunk_id, *args, **kwargs):
+        _STAGES.add(self.submod)
+        saved, _state.chunk = getattr(_state, "chunk", None), fwd_chunk_id
+        try:
+            return forward_one_chunk(self, fwd_chunk_id, *args, **kwargs)
+        finally:
+            _state.chunk = saved
+
+    chunk._prism_chunk = True
+    base.__init__, base.forward_one_chunk = functools.wraps(init)(__init__), functools.wraps(forward_one_chunk)(chunk)
+
+
 def install(rec: Recorder | None, on_boundary=None) -> list:
     """Install the global hooks that mark `rec`'s stream (and call `on_boundary()` at the end of each
     backward pass and before each outermost optimizer step); returns their handles."""
@@ -85,11 +115,24 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     named_it = settings.ITERATION_FN.raw()
     named_mb = settings.MICROBATCH_FN.raw()
     seen = {"forward": False}  # the rank ran a microbatch forward (else every step is its own iteration)
+    chunks: set = set()  # the pipeline chunks this iteration has begun
 
-    def begin_microbatch() -> None:
+    def begin_microbatch(number: int | None = None) -> None:
         seen["forward"] = True
-        rec.microbatch += 1
+        rec.microbatch = rec.microbatch + 1 if number is None else number
         rec.marker("fwd_begin")
+
+    def stage_forward(chunk) -> str:
+        """How a pipeline stage's forward counts: "microbatch" (chunk `chunk`'s first forward on the rank),
+        else "drain" (another stage's forward of that chunk, or the metadata inference outside any chunk)."""
+        if chunk is None:
+            return "drain"
+        if chunk in chunks:
+            rec.microbatch = chunk
+            return "drain"
+        chunks.add(chunk)
+        begin_microbatch(chunk)
+        return "microbatch"
 
     def end_microbatch(output) -> None:
         rec.marker("fwd_end")
@@ -104,6 +147,7 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         rec.marker("iteration_end")
         rec.iteration += 1
         rec.microbatch = -1
+        chunks.clear()
         progress.note_iteration(rec.iteration)
 
     # Forwards run by a backward (activation checkpointing's recomputation) are left out entirely: a
@@ -115,20 +159,29 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
             return
         depth = _get("depth")
         _state.depth = depth + 1
-        if depth == 0 and not named_mb and _trains(module):
-            _state.counted = True
+        if depth == 0 and not named_mb and module in _STAGES:
+            _trains(module)
+            _state.counted = stage_forward(getattr(_state, "chunk", None))
+        elif depth == 0 and not named_mb and _trains(module):
+            _state.counted = "microbatch"
             begin_microbatch()
         elif depth == 0:
-            _state.counted = False
+            _state.counted = None
 
     @torch.compiler.disable
     def post(module, args, output):
         if torch._C._current_graph_task_id() != -1:
             return
         _state.depth = _get("depth") - 1
-        if _state.depth == 0 and getattr(_state, "counted", False):
-            _state.counted = False
+        if _state.depth != 0:
+            return
+        counted, _state.counted = getattr(_state, "counted", None), None
+        if counted == "microbatch":
             end_microbatch(output)
+        elif counted == "drain" and on_boundary is not None:
+            first = _first_grad_tensor(output)
+            if first is not None:  # its backward ends a backward pass, a drain point as a microbatch's is
+                first.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(on_boundary))
 
     @torch.compiler.disable
     def step_pre(optimizer, args, kwargs):
@@ -149,6 +202,8 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         register_optimizer_step_pre_hook(step_pre),
         register_optimizer_step_post_hook(step_post),
     ]
+    if not named_mb and torch.distributed.is_available():
+        named_boundaries.on_import("torch.distributed.pipelining.stage", _watch_pipeline_stages)
     if named_it:
         named_boundaries.hook(named_it, "--iteration-fn", lambda: None, lambda result: end_iteration(merge=False))
     if named_mb:

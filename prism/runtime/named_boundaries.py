@@ -62,10 +62,15 @@ def hook(name: str, option: str, enter, leave) -> None:
     main = sys.modules.get("__main__")
     if main is not None and module == getattr(getattr(main, "__spec__", None), "name", None):
         module = "__main__"  # the program runs as `-m MODULE`: its functions live in __main__
+    on_import(module, lambda mod: _wrap(mod, qualname, name, option, enter, leave))
+
+
+def on_import(module: str, after) -> None:
+    """`after(mod)` for the module named `module`: now if it is imported, else once its code has run."""
     if module in sys.modules:
-        _wrap(sys.modules[module], qualname, name, option, enter, leave)
+        after(sys.modules[module])
     else:
-        sys.meta_path.insert(0, _Finder(module, lambda mod: _wrap(mod, qualname, name, option, enter, leave)))
+        sys.meta_path.insert(0, _Finder(module, after))
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -8,14 +8,17 @@
 # (torchtitan 0.3.0 imports triton unconditionally; triton 3.9.0 imports on a CPU-only box.)
 # Its tokenizer comes from torchtitan's repository (tests/assets/tokenizer: TOKENIZER below); the corpus
 # from examples/torchtitan/make_data.py (the wheel ships no assets; c4_test's data.json is an LFS file).
-# Usage: scripts/frameworks/torchtitan_cpu.sh TOKENIZER_DIR WORK_DIR [LAYOUT] [STEPS]
+# Usage: [VENV=DIR] scripts/frameworks/torchtitan_cpu.sh TOKENIZER_DIR WORK_DIR [LAYOUT] [STEPS]
+#   VENV    the virtual environment with torchtitan (default: this checkout's .venv); this checkout's prism
+#           runs in any case (PYTHONPATH)
 #   LAYOUT  w2 (default): W=2 FSDP2                      log docs/results/frameworks/torchtitan_cpu_w2.txt
 #           w4tp:         W=4 FSDP2 2 x TP 2              log .../torchtitan_cpu_w4_tp.txt
 #           w4pp:         W=4 PP 2 (1F1B) x FSDP2 2       log .../torchtitan_cpu_w4_pp.txt
 #   STEPS   training steps (default 4)
 set -u
 TOKENIZER=$(realpath "$1"); WORK=$(realpath -m "$2"); LAYOUT=${3:-w2}; STEPS=${4:-4}
-REPO=$(cd "$(dirname "$0")/../.." && pwd); LOGS=$REPO/docs/results/frameworks; PY=$REPO/.venv/bin/python
+REPO=$(cd "$(dirname "$0")/../.." && pwd); LOGS=$REPO/docs/results/frameworks; VENV=$(realpath "${VENV:-$REPO/.venv}")
+PY=$VENV/bin/python; export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 case $LAYOUT in
   w2)   NPROC=2; SANDBOX=1; EXTRA=(); LOG=$LOGS/torchtitan_cpu_w2.txt ;;
   w4tp) NPROC=4; SANDBOX=1; EXTRA=(--parallelism.tensor_parallel_degree 2); LOG=$LOGS/torchtitan_cpu_w4_tp.txt ;;
@@ -54,8 +57,8 @@ same() {  # name, reference: are name's exact losses (rank, step, hex) all among
     { echo "   exact losses of $1: $n lines, NOT all equal to $2's:"; comm -3 "$WORK/$1.loss" "$WORK/$2.loss"; } >> "$LOG"
   fi
 }
-P=("$REPO/.venv/bin/prism")
-run torchrun "$REPO/.venv/bin/torchrun" --nproc-per-node "$NPROC" "${TT[@]}"
+P=("$VENV/bin/prism")
+run torchrun "$VENV/bin/torchrun" --nproc-per-node "$NPROC" "${TT[@]}"
 cat "$WORK/torchrun.loss" | sed 's/^/   /' >> "$LOG"
 run real "${P[@]}" launch --nproc "$NPROC" --mode real --out "$WORK/job_real" --force "${TT[@]}"; same real torchrun
 run capture_p2 "${P[@]}" launch --nproc "$NPROC" --mode capture --devices 2 --out "$WORK/job/capture" --force "${TT[@]}"

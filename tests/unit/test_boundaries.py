@@ -178,3 +178,34 @@ def test_a_part_of_the_model_called_by_the_loss_is_not_a_microbatch(recorded):
     got = _markers(rec)
     assert [m[1:] for m in got if m[0] == "fwd_begin"] == [(0, 0), (1, 0)]
     assert sum(m[0] == "iteration_end" for m in got) == 2
+
+
+@pytest.mark.parametrize("schedule, stages", [("ScheduleGPipe", 1), ("Schedule1F1B", 1),
+                                              ("ScheduleInterleaved1F1B", 2)])
+def test_a_pipeline_schedule_counts_each_chunk_once_a_rank(recorded, schedule, stages):
+    """A microbatch is a chunk of the schedule: once on a rank with two stages (interleaved), and never the
+    schedule's first-step metadata inference (a forward and backward of each stage outside any chunk)."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    rec = recorded()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        modules = [nn.Linear(4, 4) for _ in range(stages)]
+        parts = [pipelining.PipelineStage(m, i, stages, torch.device("cpu")) for i, m in enumerate(modules)]
+        cls = getattr(pipelining, schedule)
+        run = cls(parts if stages > 1 else parts[0], 4, loss_fn=nn.MSELoss())
+        opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.1)
+        for _ in range(2):
+            run.step(torch.randn(8, 4), target=torch.zeros(8, 4))
+            opt.step()
+            opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    got = _markers(rec)
+    chunks = [(it, mb) for it in range(2) for mb in range(4)]
+    assert [m[1:] for m in got if m[0] == "fwd_begin"] == chunks
+    assert sorted(m[1:] for m in got if m[0] == "fwd_end") == chunks
+    assert sorted(m[1:] for m in got if m[0] == "bwd_end") == chunks
+    assert [m for m in got if m[0] == "iteration_end"] == [("iteration_end", 0, 3), ("iteration_end", 1, 3)]
