@@ -200,23 +200,11 @@ LAYOUTS = [  # nproc, workload arguments, the sandbox (ranks that print the loss
 ]
 
 
-@pytest.fixture(scope="module")
-def workload_captures(tmp_path_factory):
-    """One capture per layout, shared by the sandboxes emulated against it (each its own OUT)."""
-    done: dict[tuple, tuple] = {}
-
-    def get(nproc: int, prog: list[str]):
-        key = (nproc, tuple(prog))
-        if key not in done:
-            job = tmp_path_factory.mktemp("layout") / "job"
-            done[key] = job, _capture(job, nproc, prog, devices=2)
-        return done[key]
-    return get
-
-
 @pytest.mark.parametrize("nproc, args, sandbox", LAYOUTS,
                          ids=["tp2-dp2-ep2", "pp2-dp2-mb4-varseq", "tp2-dp2-ep2-sandbox01"])
 def test_workload_sandbox_prints_the_capture_losses(workload_captures, nproc, args, sandbox):
+    """One capture per layout (tests/integration/conftest.py: the tp2-dp2-ep2 one is test_slice_mode's too),
+    shared by the sandboxes emulated against it (each its own OUT)."""
     prog = ["-m", "prism.workloads.moe_gpt", *args, "--steps", "2"]
     out = "emu" + sandbox.replace(",", "_")
 

@@ -85,18 +85,31 @@ def test_bad_hang_timeout_is_refused():
     assert proc.returncode == 2 and "--hang-timeout belongs to --mode real, slice and emulate" in proc.stderr
 
 
-def test_slice_mode_names_the_hang_of_its_ranks(tmp_path):
+@pytest.fixture(scope="module")
+def hang_job(tmp_path_factory):
+    """hang_in_slice.py (copied under a name no other process has: orphans are findable) captured at W=4 on one
+    slot, its graph and calibration: (the program, the job). A capture runs through whatever --sleep-in says
+    (it sleeps only under that mode), so the slice run and the emulations below share it; none writes into JOB
+    but `prism emulate`, whose emulation/ is checked absent."""
+    root = tmp_path_factory.mktemp("hang")
+    prog = root / f"hang_in_slice_{os.getpid()}.py"
+    shutil.copy(PROGRAMS / "hang_in_slice.py", prog)
+    job = root / "job"
+    for args in (["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(job), str(prog),
+                  "--sleep-in", "emulate"], ["graph", "--job", str(job)], ["calibrate", "--job", str(job)]):
+        proc = run_prism(args, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    return prog, job
+
+
+def test_slice_mode_names_the_hang_of_its_ranks(hang_job, tmp_path):
     """The real-mode watchdog in a slice run: the slice's ranks watch each other (the replay server answers for
     the others), exit 86 naming what each waits on, every process stopped."""
-    prog = tmp_path / f"hang_in_slice_{os.getpid()}.py"
-    shutil.copy(PROGRAMS / "hang_in_slice.py", prog)
-    cap = run_prism(["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(tmp_path / "cap"),
-                     str(prog)], timeout=120)
-    assert cap.returncode == 0, cap.stderr
+    prog, cap = hang_job
     start = time.monotonic()
-    proc = run_prism(["launch", "--nproc", "4", "--mode", "slice", "--capture", str(tmp_path / "cap"),
-                      "--slice-ranks", "0,1", "--hang-timeout", "2", "--out", str(tmp_path / "slice"), str(prog)],
-                     timeout=120)
+    proc = run_prism(["launch", "--nproc", "4", "--mode", "slice", "--capture", str(cap),
+                      "--slice-ranks", "0,1", "--hang-timeout", "2", "--out", str(tmp_path / "slice"), str(prog),
+                      "--sleep-in", "slice"], timeout=120)
     assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-3000:]
     assert "while every rank waited" in proc.stderr and "rank 0 waits with float32[1024]" in proc.stderr, proc.stderr
     assert "rank 1 is idle (no op and no compute" in proc.stderr, proc.stderr
@@ -104,18 +117,12 @@ def test_slice_mode_names_the_hang_of_its_ranks(tmp_path):
     assert not (tmp_path / "slice" / "raw").exists() and not _left(prog.name)
 
 
-def test_emulate_names_a_sleeping_sandbox_rank(tmp_path):
+def test_emulate_names_a_sleeping_sandbox_rank(hang_job, tmp_path):
     """The real-mode rule in emulate (issue 23: a sandbox rank that slept was never diagnosed): the replay
     worker takes part in the watchdog, so one sandbox rank sleeping while the virtual ranks wait on it ends
     in exit 86 naming it and what the worker waits in; every process stopped, nothing published. Then the
     `prism emulate` stage over the same job: exit 86, no emulation/ and no staging left."""
-    prog = tmp_path / f"hang_in_emulate_{os.getpid()}.py"
-    shutil.copy(PROGRAMS / "hang_in_slice.py", prog)
-    job = tmp_path / "job"
-    for args in (["launch", "--nproc", "4", "--mode", "capture", "--devices", "1", "--out", str(job), str(prog),
-                  "--sleep-in", "emulate"], ["graph", "--job", str(job)], ["calibrate", "--job", str(job)]):
-        proc = run_prism(args, timeout=120)
-        assert proc.returncode == 0, proc.stderr
+    prog, job = hang_job
     start = time.monotonic()
     proc = run_prism(["launch", "--nproc", "4", "--mode", "emulate", "--capture", str(job), "--sandbox", "1",
                       "--hang-timeout", "2", "--out", str(tmp_path / "emu"), str(prog), "--sleep-in", "emulate"],

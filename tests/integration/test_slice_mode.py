@@ -32,12 +32,10 @@ def _steps(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """A W=4 job captured on one device slot, its graph and a plan of slices of two ranks."""
-    job = tmp_path_factory.mktemp("slice") / "job"
-    cap = run_prism(["launch", "--nproc", str(W), "--mode", "capture", "--devices", "1",
-                     "--out", str(job / "capture"), *PROGRAM])
-    assert cap.returncode == 0, cap.stderr
+def job(workload_captures):
+    """A W=4 job captured on two device slots (the capture test_emulate_mode emulates: one per session,
+    tests/integration/conftest.py), its graph and a plan of slices of two ranks."""
+    job, cap = workload_captures(W, PROGRAM)
     graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
     assert graph.returncode == 0, graph.stderr
     plan = _module("prism.slices.plan", ["--job", str(job), "--devices", "2"])
