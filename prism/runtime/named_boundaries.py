@@ -29,7 +29,7 @@ ITERATION_ENV = settings.ITERATION_FN.name
 MICROBATCH_ENV = settings.MICROBATCH_FN.name
 
 ITERATION_RULE = "outermost optimizer step"  # the default rules of prism.runtime.markers
-MICROBATCH_RULE = "forward of a module with trainable parameters"
+MICROBATCH_RULE = "forward of a module with trainable parameters (a pipeline stage's: once per schedule chunk)"
 
 _NAME = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 

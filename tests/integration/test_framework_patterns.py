@@ -62,8 +62,8 @@ def test_framework_pattern_counts_its_steps_and_emulates_the_capture(tmp_path, n
         ranks = con.execute("SELECT rank, iterations, iteration_rule, microbatch_rule FROM read_parquet(?) "
                             "ORDER BY rank", [str(job / "graph" / "ranks.parquet")]).fetchall()
     assert [(r, n) for r, n, _, _ in ranks] == [(r, STEPS) for r in range(nproc)]
-    assert {(it, mb) for _, _, it, mb in ranks} == {("outermost optimizer step",
-                                                     "forward of a module with trainable parameters")}
+    assert {(it, mb) for _, _, it, mb in ranks} == {("outermost optimizer step", "forward of a module with trainable "
+                                                     "parameters (a pipeline stage's: once per schedule chunk)")}
     markers = _markers(job)
     for rank in range(nproc):
         assert markers[(rank, "iteration_end")] == STEPS

@@ -162,7 +162,8 @@ def parse(argv: list[str]) -> LaunchSpec:
                              "take the capture's)")
     parser.add_argument("--microbatch-fn", default=None, metavar="MODULE:QUALNAME",
                         help="one microbatch = one outermost call of this function (default: the forward of a module "
-                             "with trainable parameters, not nested in another forward)")
+                             "with trainable parameters, not nested in another forward; a pipeline stage's, once "
+                             "per schedule chunk)")
     if split is None:
         parser.parse_args(argv)
         raise LaunchError("no program given: add SCRIPT or -m MODULE after the options "
