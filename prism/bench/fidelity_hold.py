@@ -222,7 +222,7 @@ def summary(res: dict) -> list[str]:
         gaps = [r["sandbox_minus_pred_pct"] for r in ok]
         own = [r["sandbox_minus_computed_pct"] for r in ok if r.get("sandbox_minus_computed_pct") is not None]
         lines.append(f"{variant}: sandbox - predicted {float(np.median(gaps)):+.1f} % (runs: "
-                     + ", ".join(f"{g:+.1f}" for g in gaps) + f"; sandbox ms "
+                     + ", ".join(f"{g:+.1f}" for g in gaps) + "; sandbox ms "
                      + ", ".join(f"{r['sandbox_ms']:.2f}" for r in ok) + f"; predicted {ok[0]['pred_rank_ms']:.2f})"
                      + (f"; sandbox - computed {float(np.median(own)):+.1f} % (runs: "
                         + ", ".join(f"{g:+.1f}" for g in own) + ")" if own else ""))
