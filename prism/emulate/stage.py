@@ -16,6 +16,7 @@ exit 2; a sandbox whose communication departs from the capture, exit 1; nothing 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -193,14 +194,12 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
 
 def _from_launched(job_dir: Path, launched: Path, spec, devices, steps, pruning, prefetch_mb, what_if):
     """--launched OUT: the sandbox OUT ran (its `raw/meta.json`), and a launch that copies OUT in."""
-    import json
-
     given = [name for name, value in (("--devices", devices), ("--steps", steps), ("--no-pruning", not pruning),
                                       ("--prefetch-mb", prefetch_mb), ("--what-if-args", what_if)) if value]
     if given:
         raise EmulateError(f"--launched {launched}: {', '.join(given)} belong to the launch, which already ran "
                            "(give them to `prism launch --mode emulate`)")
-    meta_file = launched / "raw" / "meta.json"
+    meta_file = job_files.meta_path(launched)
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, ValueError):
