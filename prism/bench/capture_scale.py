@@ -70,6 +70,52 @@ def _cgroup() -> Path | None:
         return None
 
 
+def last_progress(log: Path) -> str:
+    """The launcher's last `[prism]` line in a capture's log (its `--progress` line, every 30 s), else the
+    log's last line (the ranks' own output shares the log); "" if there is none."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [l.strip() for l in tail.replace("\r", "\n").splitlines() if l.strip()]
+    ours = [l for l in lines if l.startswith("[prism]")]
+    return (ours or lines or [""])[-1][:300]
+
+
+def _watch_capture(proc, w: int, devices: int, layouts: dict, start: float, timeout: float | None, sampler,
+                   log: Path, save) -> dict:
+    """Wait for the capture, saving a row of where it is every few seconds (elapsed, the tree's PSS peak so
+    far, the capture's last progress line), so a call killed while the capture runs still says how far it
+    got (session 12's W=8192 host call returned no row at all). Past `timeout` the row records the capture
+    as stopped by the budget, is saved, and the launcher is stopped (it stops its ranks and removes its
+    temporaries)."""
+    period = 5.0 if w <= 1024 else 15.0
+    row = {"W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "running": "capture"}
+    while True:
+        now = time.monotonic()
+        wait = period if timeout is None else max(0.0, min(period, start + timeout - now))
+        try:
+            proc.wait(timeout=wait)
+            return row
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - start
+        row.update(elapsed_s=round(elapsed, 1), pss_peak_so_far=sampler.peak, capture_progress=last_progress(log))
+        over = timeout is not None and elapsed >= timeout
+        if over:
+            row.update(failed_stage="capture", error=f"capture stopped: over the {timeout:.0f} s budget after "
+                       f"{elapsed:.0f} s; its last progress: {row['capture_progress'] or '(none)'}")
+            print(f"  W={w}: {row['error']}", file=sys.stderr, flush=True)
+        if save is not None:
+            save(dict(row))
+        if over:
+            proc.terminate()
+            proc.wait()
+            return row
+
+
 def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeline: bool = False,
             warmup: bool = True, timeout: float | None = None, emulate: bool = False, slices: bool = False,
             layouts: dict | None = None, save=None, keep_report: Path | None = None) -> dict:
@@ -89,11 +135,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         (cg / "cgroup.procs").write_text(str(proc.pid))
     sampler = TreeMemory(proc.pid, period=1.0 if w <= 256 else 3.0 if w <= 1024 else 10.0)
     sampler.start()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the launcher stops the ranks and removes its temporaries
-        proc.wait()
+    watched = _watch_capture(proc, w, devices, layouts, start, timeout, sampler, work / f"w{w}-capture.log", save)
     wall = time.monotonic() - start
     sampler.stop.set()
     sampler.join()
@@ -107,7 +149,11 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
             pass
     if proc.returncode != 0:
         err = (work / f"w{w}-capture.log").read_text()
-        raise RuntimeError(f"capture at W={w} failed ({proc.returncode}) after {wall:.0f} s:\n{err[-3000:]}")
+        where = watched.get("error") or (f"its last progress: {watched['capture_progress']}"
+                                         if watched.get("capture_progress") else "")
+        raise RuntimeError(f"capture at W={w} failed ({proc.returncode}) after {wall:.0f} s"
+                           f"{'; ' + where if where else ''}, tree PSS peak {sampler.peak / 2**30:.1f} GiB:\n"
+                           f"{err[-3000:]}")
     deadline = None if timeout is None else start + timeout
 
     def left() -> float | None:
