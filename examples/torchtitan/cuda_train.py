@@ -1,6 +1,6 @@
 """torchtitan's trainer on the H200 (torchtitan 0.2.2, torch 2.11), torchtitan's files unchanged.
 
-A wrapper only to measure, plus one remap for capture: each rank prints the global average loss torchtitan
+A wrapper to measure, plus two changes for capture (FSDP2's reduction as SUM, below; a device remap): each rank prints the global average loss torchtitan
 logs as a hex float (exact), one line a step ("[cuda_train] rank R step S loss HEX"), and at exit its peak
 device memory ("[cuda_train] rank R peak allocated A reserved B", torch.cuda.max_memory_allocated /
 max_memory_reserved in bytes). torchtitan picks `cuda:LOCAL_RANK`; W logical ranks on fewer GPUs (prism's
@@ -11,7 +11,6 @@ memory calls torchtitan's monitor makes, the groups keep their first timeout): t
 Run: torchrun --nproc-per-node 1 examples/torchtitan/cuda_train.py --model.name llama3 --model.flavor debugmodel ...
 """
 
-import atexit
 import os
 import sys
 import types
@@ -37,6 +36,22 @@ if os.environ.get("CUDA_TRAIN_CPU") == "1":
         if not hasattr(torch.cpu, _name):
             setattr(torch.cpu, _name, _fn)
 
+# torchtitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 turns into a PREMUL_SUM reduce-scatter;
+# prism's capture computes collectives itself and defines no PREMUL_SUM (it stops the job naming this fix).
+# FSDP2's own switch to plain SUM gives the same gradients (a factor of 1.0: no division), in every run alike
+# (truth included), as examples/torchtitan/cpu_train.py does for gloo.
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
+
+_set_factor = FSDPModule.set_gradient_divide_factor
+
+
+def _set_factor_with_sum(self, factor: float) -> None:
+    _set_factor(self, factor)
+    self.set_force_sum_reduction_for_comms(True)
+
+
+FSDPModule.set_gradient_divide_factor = _set_factor_with_sum
+
 import torchtitan.train  # noqa: E402
 from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 
@@ -59,13 +74,24 @@ MetricsProcessor.log = _log_with_exact_loss
 
 
 def _peak_memory() -> None:
-    if torch.cuda.is_initialized():
-        sys.stdout.write(f"[cuda_train] rank {_RANK} peak allocated {torch.cuda.max_memory_allocated()}"
-                         f" reserved {torch.cuda.max_memory_reserved()}\n")
-        sys.stdout.flush()
+    """One line with the rank's peak device memory (bytes); -1 where no CUDA device was used (CUDA_TRAIN_CPU=1)."""
+    on_gpu = torch.cuda.is_initialized()
+    allocated = torch.cuda.max_memory_allocated() if on_gpu else -1
+    reserved = torch.cuda.max_memory_reserved() if on_gpu else -1
+    sys.stdout.write(f"[cuda_train] rank {_RANK} peak allocated {allocated} reserved {reserved}\n")
+    sys.stdout.flush()
 
 
-atexit.register(_peak_memory)
+# at the trainer's close (after the last step; a rank ended by os._exit runs no atexit handler)
+_close = torchtitan.train.Trainer.close
+
+
+def _close_with_peaks(self):
+    _peak_memory()
+    return _close(self)
+
+
+torchtitan.train.Trainer.close = _close_with_peaks
 
 if __name__ == "__main__":
     torchtitan.train.main(torchtitan.train.Trainer)  # torchtitan 0.2.2's train.py __main__ block

@@ -14,6 +14,7 @@
 # The corpus comes from examples/torchtitan/make_data.py (deterministic).
 # Usage: scripts/frameworks/torchtitan_cuda.sh OUT [BUDGET_S]     (from the repository root)
 #   DRY=1     only install, check the imports and print the commands
+#   SKIP=REGEX  skip the steps whose names match (local checks)
 #   DEVICE=cpu  the same steps on a CPU-only torch (gloo, CUDA_TRAIN_CPU=1; the local check), PY=python to use
 set -u
 OUT=$(realpath -m "${1:?usage: torchtitan_cuda.sh OUT [BUDGET_S]}"); BUDGET=${2:-520}
@@ -55,13 +56,14 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) - 15 )); }  # 15 s kept for the ta
 run() {  # name, cap_s, command...: time-boxed; its log, losses, peaks, a row of the table
   local name=$1 cap=$2; shift 2; local t=$(left); [ "$t" -lt "$cap" ] && cap=$t
   echo "== $name (timeout ${cap}s): $*"
-  if [ -n "${DRY:-}" ] || [ "$cap" -le 5 ]; then
-    printf '%s\t%s\t0\t\t\t%s\n' "$name" skip "$([ -n "${DRY:-}" ] && echo dry || echo 'no budget left')" >> "$TSV"; return 0
+  if [ -n "${DRY:-}" ] || [ "$cap" -le 5 ] || { [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; }; then
+    printf '%s\t%s\t0\t\t\t%s\n' "$name" skip "$([ "$cap" -le 5 ] && echo 'no budget left' || echo 'dry or SKIP')" >> "$TSV"
+    return 0
   fi
   local t0=$(date +%s.%N); timeout -k 5 "$cap" "$@" > "$WORK/$name.log" 2>&1; local rc=$?; local t1=$(date +%s.%N)
   sed 's/\x1b\[[0-9;]*m//g' "$WORK/$name.log" | grep -o "\[cuda_train\] rank [0-9]* step [0-9]* loss [-0-9a-fx.p+]*" \
     | sed 's/^\[cuda_train\] //' | sort -u > "$WORK/$name.loss"
-  grep -o "\[cuda_train\] rank [0-9]* peak allocated [0-9]* reserved [0-9]*" "$WORK/$name.log" \
+  grep -o "\[cuda_train\] rank [0-9]* peak allocated [-0-9]* reserved [-0-9]*" "$WORK/$name.log" \
     | sed 's/^\[cuda_train\] //' | sort -u > "$WORK/$name.peak"
   local note=""; [ "$rc" -eq 124 ] && note="timed out"
   [ "$rc" -ne 0 ] && [ -z "$note" ] && note=$(grep -E "Error|error:|refuse" "$WORK/$name.log" | grep -v "lspci" | tail -1 | cut -c1-200 | tr '\t' ' ')
@@ -121,11 +123,11 @@ run durations_w4 30 "$PY" -m prism.calibrate.from_slices --job "$WORK/w4"
 run calibrate_w4 30 "$PY" -m prism.calibrate --job "$WORK/w4" --durations "$WORK/w4/slices/durations.parquet" \
     --transfers "$WORK/w4/slices/transfers.parquet" --out "$WORK/w4/calibrated"
 # d. overhead: launch-bound reference workload at W=1, and a GPU-bound one
-run overhead_launch 70 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 --workload "--microbatches 4" --steps 15 --repeats 2
+run overhead_launch 60 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 --workload "--microbatches 4" --steps 10 --repeats 2
 run overhead_gpu 80 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 \
-    --workload "--microbatches 4 --hidden 1024 --layers 8 --seq-len 512" --steps 10 --repeats 2
+    --workload "--microbatches 4 --hidden 1024 --layers 8 --seq-len 512" --steps 8 --repeats 2
 # b'. W=8 FSDP2 4 x TP 2 (after the W=4 pipeline: the most likely to run long)
-run capture_w8_tp 150 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
+run capture_w8_tp 130 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
 near capture_w8_tp torchrun_w1_gb8
 run graph_w8_tp 40 "${PRISM[@]}" graph --job "$WORK/w8" --raw "$WORK/w8/capture/raw" --out "$WORK/w8/graph"
 run ranks_w8_tp 20 "${PRISM[@]}" sql --job "$WORK/w8" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks ORDER BY rank"
