@@ -67,7 +67,7 @@ run() {  # name, cap_s, command...: time-boxed; its log, losses, peaks, a row of
     | sed 's/^\[cuda_train\] //' | sort -u > "$WORK/$name.peak"
   local note=""; [ "$rc" -eq 124 ] && note="timed out"
   [ "$rc" -ne 0 ] && [ -z "$note" ] && note=$(grep -E "Error|error:|refuse" "$WORK/$name.log" | grep -v "lspci" | tail -1 | cut -c1-200 | tr '\t' ' ')
-  printf '%s\t%s\t%.1f\t%s\t%s\t%s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" \
+  printf '%s\t%s\t%.1f\t%s\t%s\t%s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" \
     "$(awk '{print $2 "/" $4 "=" $6}' "$WORK/$name.loss" | paste -sd' ')" \
     "$(awk '{print $2 ":" $5 "/" $7}' "$WORK/$name.peak" | paste -sd' ')" "$note" >> "$TSV"
   sed 's/\x1b\[[0-9;]*m//g' "$WORK/$name.log" | grep -E "step: |cuda_train|iteration|Error" | grep -v lspci | tail -40
@@ -123,9 +123,9 @@ run durations_w4 30 "$PY" -m prism.calibrate.from_slices --job "$WORK/w4"
 run calibrate_w4 30 "$PY" -m prism.calibrate --job "$WORK/w4" --durations "$WORK/w4/slices/durations.parquet" \
     --transfers "$WORK/w4/slices/transfers.parquet" --out "$WORK/w4/calibrated"
 # d. overhead: launch-bound reference workload at W=1, and a GPU-bound one
-run overhead_launch 60 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 --workload "--microbatches 4" --steps 10 --repeats 2
+run overhead_launch 60 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 --workload="--microbatches 4" --steps 10 --repeats 2
 run overhead_gpu 80 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 \
-    --workload "--microbatches 4 --hidden 1024 --layers 8 --seq-len 512" --steps 8 --repeats 2
+    --workload="--microbatches 4 --hidden 1024 --layers 8 --seq-len 512" --steps 8 --repeats 2
 # b'. W=8 FSDP2 4 x TP 2 (after the W=4 pipeline: the most likely to run long)
 run capture_w8_tp 130 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
 near capture_w8_tp torchrun_w1_gb8
