@@ -26,6 +26,7 @@ from prism.artifacts import ArtifactError, read_parquet
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepGraph
 from prism.calibrate.sweep import Timeline
+from prism.runtime import modes
 
 
 class JobError(ArtifactError):
@@ -40,7 +41,12 @@ def graph_dir(job: Path) -> Path:
 
 def graph_file(job: Path, name: str = "events") -> Path:
     """JOB/graph/NAME.parquet (events, comms, groups, ranks)."""
-    return graph_dir(job) / f"{name}.parquet"
+    return graph_table(graph_dir(job), name)
+
+
+def graph_table(graph: Path, name: str = "events") -> Path:
+    """GRAPH/NAME.parquet of a graph folder (`graph_dir`, or one a caller was handed)."""
+    return Path(graph) / f"{name}.parquet"
 
 
 CALIBRATED = "calibrated"  # the calibrate stage's output folder (the job's prediction)
@@ -189,7 +195,7 @@ def find_capture(job: Path, payloads: bool = True, candidates: list[Path] | None
     for cand in candidates:
         if meta_path(cand).is_file():
             meta = read_meta(cand)
-            if meta.get("mode") != "capture":
+            if not modes.captured(meta):
                 raise JobError(f"{cand / 'raw'}: a {meta.get('mode')!r} run, not a capture: capture the job "
                                "(the pipeline's capture rule, or `prism launch --mode capture --out DIR ...`)")
             if payloads and (not meta.get("payloads", False) or not payloads_dir(cand).is_dir()):

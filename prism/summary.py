@@ -24,6 +24,7 @@ from prism import folder_lock
 from prism import job as job_files
 from prism import artifacts
 from prism.iterations import iteration_times
+from prism.runtime import modes
 
 ITERATIONS_SQL = """
 -- per rank and iteration: when the optimizer step ended, and the time since the previous one
@@ -47,7 +48,7 @@ def _mib(b) -> str:
 
 def oom_lines(job_dir: Path) -> list[str]:
     """A run that ran out of device memory (`OUT/oom.json`, prism/runtime/oom.py): the finding, plainly."""
-    path = next((p for p in (job_dir / "oom.json", job_dir / "capture" / "oom.json") if p.is_file()), None)
+    path = next((p for p in (job_dir / "oom.json", job_files.capture_dir(job_dir) / "oom.json") if p.is_file()), None)
     if path is None:
         return []
     found = json.loads(path.read_text())
@@ -71,14 +72,14 @@ def summarize(job_dir: Path) -> str:
     con = duckdb.connect()
     graph = job_files.graph_dir(job_dir)
     for name in ("events", "comms", "groups", "ranks"):
-        path = graph / f"{name}.parquet"
+        path = job_files.graph_file(job_dir, name)
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the graph stage first (prism graph "
                                     f"--job {job_dir})")
         con.read_parquet(str(path)).create_view(name)  # the path is a value, never pasted into SQL
-    meta_path = next((p for p in (job_files.meta_path(job_dir), job_files.meta_path(job_dir / "capture"))
+    meta_path = next((p for p in (job_files.meta_path(job_dir), job_files.meta_path(job_files.capture_dir(job_dir)))
                       if p.is_file()), None)
-    inputs = [graph / f"{name}.parquet" for name in ("events", "comms", "groups", "ranks")]
+    inputs = [job_files.graph_file(job_dir, name) for name in ("events", "comms", "groups", "ranks")]
     inputs += [p for p in (job_files.calibrated(job_dir, "iterations"),) if p.is_file()]
     for path in inputs:  # a corrupt page is named here, not deep inside a DuckDB query
         artifacts.check_version(path)
@@ -100,13 +101,13 @@ def summarize(job_dir: Path) -> str:
         lines.append(f"boundaries: {each} iterations on each of {n} ranks, by rule '{it_rule}' "
                      f"(microbatches: '{mb_rule}')")
     cores = meta.get("cores")
-    if cores is not None and world > cores and meta.get("mode") != "capture":
+    if cores is not None and world > cores and not modes.captured(meta):
         lines.append(f"NOTE: {world} ranks ran on {cores} cores (oversubscribed): these timings are a real "
                      f"run of this machine, not the ground truth of {world} devices.")
     elif meta.get("pin"):
         lines.append(f"ranks pinned one per core ({cores} cores), one intra-op thread each.")
 
-    if meta.get("mode") == "capture":
+    if modes.captured(meta):
         lines += _capture_lines(con, meta, job_dir)
     else:
         lines += _timing_lines(con)
@@ -119,8 +120,8 @@ def summarize(job_dir: Path) -> str:
     lines.append(f"peak memory per rank: max {_mib(mem[0])} (rank {mem[2]}), min {_mib(mem[1])} "
                  "(CPU: resident set size, see prism/runtime/memory.py)")
     lines.append("")
-    raw = meta_path.parent if meta_path else job_dir / "raw"
-    lines.append(f"artifacts: {raw} (PrismTrace), {job_dir}/graph/*.parquet")
+    raw = meta_path.parent if meta_path else job_files.raw_dir(job_dir)
+    lines.append(f"artifacts: {raw} (PrismTrace), {graph}/*.parquet")
     lines.append(f"query: prism sql --job {shlex.quote(str(job_dir))} \"SELECT * FROM ranks LIMIT 5\"")
     return "\n".join(lines) + "\n"
 
@@ -136,7 +137,7 @@ def _capture_lines(con, meta: dict, job_dir: Path) -> list[str]:
                      f"({(stats['swaps_out'] + stats['swaps_in']) / iters:.1f} per iteration), "
                      f"{(stats['swap_out_bytes'] + stats['swap_in_bytes']) / iters / 2**20:.1f} MiB and "
                      f"{(stats['swap_out_s'] + stats['swap_in_s']) / iters:.2f} s per iteration")
-    payloads = job_dir / "capture" / "payloads"
+    payloads = job_files.payloads_dir(job_files.capture_dir(job_dir))
     if payloads.is_dir():
         files = [p.stat().st_size for p in payloads.rglob("*.bin")]
         lines.append(f"payloads: {len(files):,} distinct contents, {sum(files) / 2**20:.1f} MiB in {payloads}")

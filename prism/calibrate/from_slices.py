@@ -181,7 +181,8 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     for k in slices:
         path = job_files.slice_file(job_dir, k, folder=slices_dir)
         if not path.is_file():
-            timed = f" --timed-by {job_dir}/calibrated_untimed/timeline.parquet" if slices_dir != "slices" else ""
+            untimed = job_files.calibrated(job_dir, "timeline", job_files.UNTIMED_CALIBRATION)
+            timed = f" --timed-by {untimed}" if slices_dir != job_files.SLICES else ""
             raise CalibrateError(f"{path} is missing: run slice {k} (prism slices run --job "
                                  f"{job_dir} --slice {k}{timed})")
         ev = artifacts.read_parquet(path, columns=["event_id", "device_ns", "cpu_ns", "t_start_ns", "t_end_ns",
@@ -195,7 +196,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         try:
             rows = np.array([position[int(e)] for e in ev["event_id"].to_numpy()], dtype=np.int64)
         except KeyError as exc:
-            raise CalibrateError(f"{path}: event_id {exc.args[0]} is not in {job_dir / 'graph'}: the slice "
+            raise CalibrateError(f"{path}: event_id {exc.args[0]} is not in {job_files.graph_dir(job_dir)}: the slice "
                                  "comes from another capture; re-run the slices") from None
         for name, dest in (("device_ns", device), ("cpu_ns", cpu), ("t_start_ns", t_start), ("t_end_ns", t_end),
                            ("t_complete_ns", t_complete)):

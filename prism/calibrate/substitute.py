@@ -20,7 +20,7 @@ import numpy as np
 from prism.calibrate import durations as rules
 from prism.calibrate.arrays import K_COMPUTE, K_MARKER
 from prism.calibrate.sweep import Timeline, discover
-from prism.job import JobGraph, id_rank
+from prism.job import SLICES, TIMED_SLICES, JobGraph, id_rank, own_durations, slice_transfers
 
 
 def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, np.ndarray, str]:
@@ -29,12 +29,12 @@ def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, n
     g, c = job.graph, job.columns
     dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
                                  c["t_complete_ns"], g.n_comms)
-    for folder in ("slices_timed", "slices"):  # what calibrated/ is made of: the timed pass when there is one
-        d_path, t_path = job_dir / folder / "durations.parquet", job_dir / folder / "transfers.parquet"
+    for folder in (TIMED_SLICES, SLICES):  # what calibrated/ is made of: the timed pass when there is one
+        d_path, t_path = own_durations(job_dir, folder), slice_transfers(job_dir, folder)
         if d_path.is_file() and t_path.is_file():
             dur = rules.read_durations(d_path, np.sort(job.event_ids))[id_rank(job.event_ids)]
             xfer = rules.read_transfers(t_path, job.comm_ids)
-            return dur, xfer, f"slice runs ({folder}/durations.parquet, {folder}/transfers.parquet)"
+            return dur, xfer, f"slice runs ({d_path.relative_to(job_dir)}, {t_path.relative_to(job_dir)})"
     return dur, xfer, "bare graph (no slice runs)"
 
 

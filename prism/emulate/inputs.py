@@ -71,7 +71,7 @@ def load(job_dir: str | Path) -> Job:
     for name in ("events", "comms", "groups", "ranks"):
         _require(job_files.graph_file(job_dir, name), f"build the graph first (`prism graph --job {job_dir}`)")
     calibrate = (f"the job is not calibrated: run `prism calibrate --job {job_dir}` (or the pipeline's target "
-                 f"{job_dir / 'calibrated' / 'timeline.parquet'})")
+                 f"{job_files.calibrated(job_dir, 'timeline')})")
     for name in ("timeline", "iterations"):
         _require(job_files.calibrated(job_dir, name), calibrate)
     world = int(meta.get("world_size", -1))
@@ -92,15 +92,15 @@ def _same_run(job_dir: Path, cap: Path, meta: dict, world: int) -> None:
         raise EmulateInputError(str(exc)) from None
     ranks = pq.read_table(job_files.graph_file(job_dir, "ranks"), columns=["rank", "n_events"])
     if ranks.num_rows != world:
-        raise EmulateInputError(f"{job_dir / 'graph' / 'ranks.parquet'}: {ranks.num_rows} ranks, but the capture "
-                                f"{cap / 'raw'} has {world}: the graph is of another job; re-run `prism graph` and "
-                                "`prism calibrate` on this capture")
+        raise EmulateInputError(f"{job_files.graph_file(job_dir, 'ranks')}: {ranks.num_rows} ranks, but the "
+                                f"capture {job_files.raw_dir(cap)} has {world}: the graph is of another job; "
+                                "re-run `prism graph` and `prism calibrate` on this capture")
     expected = sum(ranks.column("n_events").to_pylist())
     n_graph = pq.ParquetFile(graph_events).metadata.num_rows
     n_timeline = pq.ParquetFile(job_files.calibrated(job_dir, "timeline")).metadata.num_rows
     if n_graph != expected or n_timeline != n_graph:
         raise EmulateInputError(
-            f"{job_dir / 'calibrated' / 'timeline.parquet'} has {n_timeline} events, {graph_events} {n_graph} "
+            f"{job_files.calibrated(job_dir, 'timeline')} has {n_timeline} events, {graph_events} {n_graph} "
             f"(ranks.parquet: {expected}): the calibration is of another graph; re-run `prism calibrate --job "
             f"{job_dir}`")
 
@@ -108,7 +108,7 @@ def _same_run(job_dir: Path, cap: Path, meta: dict, world: int) -> None:
 def check_ranks_captured(job: Job, ranks: list[int], n_events: dict[int, int]) -> None:
     """Each sandbox rank's capture stream has the events the graph says (else the graph is of another run)."""
     for r in ranks:
-        path = job.capture / "raw" / f"rank={r}" / "events.arrow"
+        path = job_files.rank_stream(job.capture, r)
         rows = artifacts.read_raw_stream(path).num_rows
         if rows != n_events[r]:
             raise EmulateInputError(f"{path}: {rows} events, but graph/ranks.parquet says rank {r} has "

@@ -32,6 +32,7 @@ from prism.calibrate import substitute
 from prism.job import GraphTablesError, load_graph
 from prism.emulate import inputs, outputs, sandbox
 from prism import folder_lock
+from prism.runtime import modes
 
 PREFIX = "prism emulate"
 
@@ -209,7 +210,7 @@ def _from_launched(job_dir: Path, launched: Path, spec, devices, steps, pruning,
         capture = job_files.find_capture(job_dir)[0].resolve()
     except job_files.JobError as exc:
         raise EmulateError(str(exc)) from None
-    if meta.get("mode") != "emulate" or Path(meta.get("capture_dir", "")).resolve() != capture:
+    if modes.of_run(meta) is not modes.MODES["emulate"] or Path(meta.get("capture_dir", "")).resolve() != capture:
         raise EmulateError(f"--launched {launched}: a {meta.get('mode')!r} run of {meta.get('capture_dir')}, not an "
                            f"emulation of this job's capture ({capture})")
     ran = ",".join(map(str, meta["sandbox"]))

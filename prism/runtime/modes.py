@@ -92,9 +92,14 @@ def get(name: str) -> Mode:
         raise ValueError(f"PRISM_MODE={name!r} is not a mode of this prism (modes: {', '.join(MODES)})") from None
 
 
+def of_run(meta: dict) -> Mode | None:
+    """The mode a run's meta.json says it ran in (None: none of this prism's)."""
+    return MODES.get(meta.get("mode"))
+
+
 def captured(meta: dict) -> bool:
     """Whether a run's meta.json is a capture's (the input slice and emulate replay from)."""
-    return MODES.get(meta.get("mode")) is MODES["capture"]
+    return of_run(meta) is MODES["capture"]
 
 
 def partial(name: str) -> bool:

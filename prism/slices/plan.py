@@ -167,13 +167,13 @@ def representatives_of(slices: list[list[int]], work: dict[int, str], places: Pl
 
 def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Table:
     try:
-        events = pl.from_arrow(artifacts.read_parquet(graph_dir / "events.parquet",
+        events = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "events"),
                                                       columns=["rank", "seq", "kind", "op", "bytes", "comm_id"]))
-        comms = pl.from_arrow(artifacts.read_parquet(graph_dir / "comms.parquet",
+        comms = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "comms"),
                                                      columns=["kind", "group_name", "src", "dst", "members", "bytes"]))
-        ranks = pl.from_arrow(artifacts.read_parquet(graph_dir / "ranks.parquet"))
-        groups = (pl.from_arrow(artifacts.read_parquet(graph_dir / "groups.parquet"))
-                  if (graph_dir / "groups.parquet").is_file() else None)
+        ranks = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "ranks")))
+        groups = (pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "groups")))
+                  if job_files.graph_table(graph_dir, "groups").is_file() else None)
     except (FileNotFoundError, OSError) as exc:
         raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
     if devices < 1:
@@ -211,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     graph = job_files.graph_dir(args.job)
     try:
-        run_id = artifacts.same_run([graph / f"{name}.parquet" for name in ("events", "comms", "ranks")])
+        run_id = artifacts.same_run([job_files.graph_file(args.job, name) for name in ("events", "comms", "ranks")])
         table = plan(graph, args.devices, args.representative)
-        artifacts.write_outputs(args.job / "slices", {"plan": table}, {"plan": schemas.SLICE_PLAN}, run_id=run_id)
+        artifacts.write_outputs(job_files.slices_dir(args.job), {"plan": table}, {"plan": schemas.SLICE_PLAN},
+                                run_id=run_id)
     except (PlanError, artifacts.ArtifactError) as exc:
         print(f"prism slices plan: error: {exc}", file=sys.stderr)
         return 2
