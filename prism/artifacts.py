@@ -288,12 +288,13 @@ def stage_error(prog: str, job: str | Path, out: str | Path | None, exc: Excepti
     return 2
 
 
-def check_out(out: str | Path, folder: bool = False, option: str = "--out") -> Path:
+def check_out(out: str | Path, folder: bool = False, option: str = "--out", example: str = "report.html") -> Path:
     """The path a stage is about to write (a file, or with `folder=True` a folder): refuse one of the other
-    kind, or a parent folder that cannot be made or written, with the fix; returns it."""
+    kind (a folder given for a file is answered with `example`, the file name to give), or a parent folder
+    that cannot be made or written, with the fix; returns it."""
     out = Path(out)
     if not folder and out.is_dir():
-        raise ArtifactError(f"{option} {out} is a folder: give a file name (e.g. {out / 'report.html'})")
+        raise ArtifactError(f"{option} {out} is a folder: give a file name (e.g. {out / example})")
     if folder and out.exists() and not out.is_dir():
         raise ArtifactError(f"{option} {out} is a file: give a folder (new, or one prism wrote before)")
     existing = next(p for p in out.absolute().parents if p.exists())  # made when written, not before

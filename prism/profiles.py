@@ -9,6 +9,7 @@ name is left alone unless --force.
 from __future__ import annotations
 
 import argparse
+import errno
 import filecmp
 import shutil
 import sys
@@ -78,9 +79,9 @@ def install(site: bool = False, force: bool = False, names: list[str] | None = N
             tmp.rename(dst)
         except OSError as e:
             where = Path(e.filename) if e.filename else dst
-            fix = ("run as root for --site" if site else "make it writable, or point XDG_CONFIG_HOME at a "
-                   "writable folder") if isinstance(e, PermissionError) else (
-                "a file stands where a folder must be: move it away")
+            fix = ("a file stands where a folder must be: move it away"
+                   if e.errno in (errno.EEXIST, errno.ENOTDIR) else "run as root for --site" if site else
+                   "make it writable, or point XDG_CONFIG_HOME at a writable folder")
             raise ProfileError(f"cannot write {dst}: {where}: {e.strerror}; {fix}") from None
         installed.append(dst)
     return installed

@@ -232,7 +232,8 @@ def export(job: str | Path, timeline: str, fmt: str, out: str | Path | None = No
     if fmt not in FORMATS:
         raise ArtifactError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "perfetto":
-        path = check_out(Path(out) if out else job / "export" / f"{timeline}.perfetto.json")
+        name = f"{timeline}.perfetto.json"
+        path = check_out(Path(out) if out else job / "export" / name, example=name)
         payload = perfetto(load_timeline(job, timeline), group_names(job, timeline))
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_json(path, payload)

@@ -71,6 +71,8 @@ def test_an_unusable_out_is_named_with_its_fix(job, tmp_path, capsys, command):
         assert COMMANDS[command](job, out) == 2, out
         err = _one_line(capsys.readouterr().err)
         assert str(out) in err and words in err, err
+        if out == tmp_path:  # the file name to give is one this command writes
+            assert str(tmp_path / {"report": "report.html", "export": "calibrated.perfetto.json"}[command]) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 

@@ -80,4 +80,10 @@ def test_a_file_where_the_profile_goes_and_an_unwritable_config_folder(tmp_path)
     unwritable = Path("/sys/prism-test") if os.geteuid() == 0 else locked / "sub"  # root writes any folder
     proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=str(unwritable))
     assert proc.returncode == 1 and str(unwritable) in proc.stderr and "writable" in proc.stderr, proc.stderr
+    assert "a file stands" not in proc.stderr, proc.stderr
+
+    missing = Path("/proc/prism-test")  # a folder that cannot be made (no file stands there): not a file's fault
+    proc = run_prism(["profiles", "install"], XDG_CONFIG_HOME=str(missing))
+    assert proc.returncode == 1 and str(missing) in proc.stderr and "writable" in proc.stderr, proc.stderr
+    assert "a file stands" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
