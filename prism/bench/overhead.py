@@ -29,6 +29,11 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def warmup_steps(steps: int) -> int:
+    """The first iterations left out of the medians (the first step's lazy initialisations)."""
+    return max(1, steps // 5)
+
+
 def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps: int) -> tuple[list[float], int]:
     """One run; returns (per-iteration times in ms after warm-up, bytes written)."""
     times = work / "times"
@@ -57,7 +62,7 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     per_rank = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
     # the job's iteration k ends when its slowest rank's step ends
     ends = [max(stamps[k] for stamps in per_rank) for k in range(len(per_rank[0]))]
-    warm = max(1, steps // 5)
+    warm = warmup_steps(steps)
     durations = [(b - a) / 1e6 for a, b in zip(ends[warm:], ends[warm + 1:])]
     written = _folder_bytes(out) if variant == "prismtrace" else (
         _folder_bytes(profile) if variant == "profiler" else 0)
@@ -75,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the workload runs and what PrismTrace's device clock is")
     args = parser.parse_args(argv)
+    if args.steps - warmup_steps(args.steps) - 1 < 1:
+        parser.error(f"--steps {args.steps} leaves no iteration time after the {warmup_steps(args.steps)} "
+                     "warm-up step(s) (a time is the gap between two step ends): give --steps 3 or more")
     workload = ["-m", "prism.workloads.moe_gpt", "--steps", str(args.steps)] + args.workload.split()
     where = "CPU"
     if args.device == "cuda":
