@@ -18,25 +18,10 @@ Run: torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py --module llama
 import os
 import sys
 import time
-import types
 
-import torch
-import torch._utils
+from titan_patches import cpu_device, fsdp_sum_reduction  # noqa: E402 (beside this file)
 
-torch._utils._get_available_device_type = lambda: "cpu"  # torchtitan reads it once, at import
-
-# torchtitan's memory monitor asks the device module for CUDA's memory API; torch.cpu has none of it.
-_CPU_MEMORY = {
-    "get_device_name": lambda device=None: "cpu",
-    "get_device_properties": lambda device=None: types.SimpleNamespace(
-        total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-    "reset_peak_memory_stats": lambda device=None: None,
-    "empty_cache": lambda: None,
-    "memory_stats": lambda device=None: {},  # torchtitan then logs -1 for the peaks
-}
-for _name, _fn in _CPU_MEMORY.items():
-    if not hasattr(torch.cpu, _name):
-        setattr(torch.cpu, _name, _fn)
+cpu_device()
 
 # torch refuses FlexAttention's backward on CPU before it starts (an eager check; the dense math
 # implementation of the backward it would run exists): torchtitan's language models only offer flex / varlen
@@ -53,20 +38,7 @@ def _validate_device_but_cpu_backward(query, key, value):
 
 _flex._validate_device = _validate_device_but_cpu_backward
 
-# torchtitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 turns into a PREMUL_SUM reduce-scatter
-# (NCCL's); gloo refuses PREMUL_SUM. FSDP2's own switch to plain SUM with the division done apart gives the
-# same gradients (a factor of 1.0: no division at all).
-from torch.distributed.fsdp import FSDPModule  # noqa: E402
-
-_set_factor = FSDPModule.set_gradient_divide_factor
-
-
-def _set_factor_with_sum(self, factor: float) -> None:
-    _set_factor(self, factor)
-    self.set_force_sum_reduction_for_comms(True)
-
-
-FSDPModule.set_gradient_divide_factor = _set_factor_with_sum
+fsdp_sum_reduction()  # gloo refuses FSDP2's PREMUL_SUM (titan_patches.py says why)
 
 import torchtitan.train  # noqa: E402
 from torchtitan.models.common.attention import FlexAttention  # noqa: E402

@@ -13,44 +13,19 @@ Run: torchrun --nproc-per-node 1 examples/torchtitan/cuda_train.py --model.name 
 
 import os
 import sys
-import types
 
 import torch
-import torch._utils
+
+from titan_patches import cpu_device, fsdp_sum_reduction  # noqa: E402 (beside this file)
 
 _gpus = int(os.environ.get("CUDA_TRAIN_GPUS", "0") or 0)
 if _gpus > 0 and "LOCAL_RANK" in os.environ:
     os.environ["LOCAL_RANK"] = str(int(os.environ["LOCAL_RANK"]) % _gpus)
 
 if os.environ.get("CUDA_TRAIN_CPU") == "1":
-    torch._utils._get_available_device_type = lambda: "cpu"  # torchtitan reads it once, at import
-    _CPU_MEMORY = {
-        "get_device_name": lambda device=None: "cpu",
-        "get_device_properties": lambda device=None: types.SimpleNamespace(
-            total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-        "reset_peak_memory_stats": lambda device=None: None,
-        "empty_cache": lambda: None,
-        "memory_stats": lambda device=None: {},
-    }
-    for _name, _fn in _CPU_MEMORY.items():
-        if not hasattr(torch.cpu, _name):
-            setattr(torch.cpu, _name, _fn)
+    cpu_device()
 
-# torchtitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 turns into a PREMUL_SUM reduce-scatter;
-# prism's capture computes collectives itself and defines no PREMUL_SUM (it stops the job naming this fix).
-# FSDP2's own switch to plain SUM gives the same gradients (a factor of 1.0: no division), in every run alike
-# (truth included), as examples/torchtitan/cpu_train.py does for gloo.
-from torch.distributed.fsdp import FSDPModule  # noqa: E402
-
-_set_factor = FSDPModule.set_gradient_divide_factor
-
-
-def _set_factor_with_sum(self, factor: float) -> None:
-    _set_factor(self, factor)
-    self.set_force_sum_reduction_for_comms(True)
-
-
-FSDPModule.set_gradient_divide_factor = _set_factor_with_sum
+fsdp_sum_reduction()  # capture defines no PREMUL_SUM (titan_patches.py says why)
 
 import torchtitan.train  # noqa: E402
 from torchtitan.components.metrics import MetricsProcessor  # noqa: E402

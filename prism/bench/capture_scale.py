@@ -70,6 +70,11 @@ def _cgroup() -> Path | None:
         return None
 
 
+def layout_name(layout: tuple[int, int, int, int]) -> str:
+    """A bench row's layout: (tp, pp, dp, ep) as tp2·pp2·dp4·ep2."""
+    return "tp{}·pp{}·dp{}·ep{}".format(*layout)
+
+
 def last_progress(log: Path) -> str:
     """The launcher's last `[prism]` line in a capture's log (its `--progress` line, every 30 s), else the
     log's last line (the ranks' own output shares the log); "" if there is none."""
@@ -92,7 +97,7 @@ def _watch_capture(proc, w: int, devices: int, layouts: dict, start: float, time
     as stopped by the budget, is saved, and the launcher is stopped (it stops its ranks and removes its
     temporaries)."""
     period = 5.0 if w <= 1024 else 15.0
-    row = {"W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "running": "capture"}
+    row = {"W": w, "P": devices, "layout": layout_name(layouts[w]), "running": "capture"}
     while True:
         now = time.monotonic()
         wait = period if timeout is None else max(0.0, min(period, start + timeout - now))
@@ -162,7 +167,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     meta = json.loads(job_files.meta_path(job).read_text())
     cap = meta["capture"]
     row = {
-        "W": w, "P": devices, "layout": "tp{}·pp{}·dp{}·ep{}".format(*layouts[w]), "wall_s": wall,
+        "W": w, "P": devices, "layout": layout_name(layouts[w]), "wall_s": wall,
         "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"],
         "raw_bytes": folder_bytes(job / "raw"), "payload_bytes": folder_bytes(job / "payloads"),
         "payload_files": len(list((job / "payloads").rglob("*.bin"))) if payloads else 0,

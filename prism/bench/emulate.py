@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from prism import job as job_files
 from prism.bench import text_table
-from prism.bench.capture_scale import LAYOUTS, workload_args
+from prism.bench.capture_scale import LAYOUTS, layout_name, workload_args
 from prism.bench.sampled_run import emulate_once
 
 
@@ -156,7 +156,7 @@ def table(rows: list[dict], devices: int, steps: int) -> str:
              f"{'s/iteration':>11} {'calibrated':>10} {'cone (live/virtual)':>22} {'late ms':>8} {'wall s':>7}"
              f"  prefetch pool"]
     for r in rows:
-        layout = "tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[r["W"]]) if r["W"] in LAYOUTS else "?"
+        layout = layout_name(LAYOUTS[r["W"]]) if r["W"] in LAYOUTS else "?"
         lines.append(f"{r['W']:>5} {layout:<18} {r['sandbox']:>7} {_fmt(r['startup_s'], '10.2f')} "
                      f"{r['pss_peak'] / gib:8.2f}G {_fmt(r['communicators'], '>13')} "
                      f"{_fmt(r['iteration_s'], '11.3f')} {_fmt(r.get('calibrated_iteration_s'), '10.3f')} "
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
                 extra = [] if pool is None else ["--prefetch-mb", str(pool)]
                 row = dict(emulate_once(job, args.sandbox, args.devices, extra),
-                           layout="tp{}·pp{}·dp{}·ep{}".format(*LAYOUTS[w]), host=_host())
+                           layout=layout_name(LAYOUTS[w]), host=_host())
                 rows.append(row)
                 print("  " + json.dumps(row), file=sys.stderr, flush=True)
             if args.out is None:
