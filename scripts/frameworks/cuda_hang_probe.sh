@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Why torchtitan's slice runs and emulation hang on CUDA (issue 21 item 3; session 12's H200 call): one device
+# call (<= 200 s on one H200) that runs torchtitan's patterns (tests/programs/titan_cuda_patterns.py, W=4 FSDP2
+# ranks on the one GPU) through capture -> graph -> slice plan -> slice runs -> emulate, each step with a short
+# hang timeout (PRISM_HANG_TIMEOUT=20), so that each candidate cause answers yes or no:
+#   lane N  (the program asks for "nccl", as torchtitan does): capture, graph, plan, every slice, then emulate
+#           sandbox 1 with an EMPTY fold-kernel build folder (the kernel is built inside the run, as in session
+#           12's call), then emulate again with the kernel already built (lane B's folder);
+#   lane G  (the same program asking for "gloo", as the reference workload's CUDA tests do): capture, graph,
+#           plan, every slice, emulate with the kernel already built;
+#   lane B  the CUDA fold kernel (prism/runtime/emulate/fold_cuda.py) built once into an empty folder, timed;
+#   lane T  pytest tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py (the reference path, for contrast).
+# Lanes N, G, B and T run at once (16 cores; the GPU is shared as capture shares it). A step still running
+# 6 s before its cap gets SIGUSR1 in every process of its tree (prism's runs dump every thread's Python stack on
+# it, `prism.runtime.launch.stall.enable_dumps`) and then is stopped; the stacks are in its log.
+# Results (text, re-analysable offline): $OUT/results.tsv (step, exit, wall_s, note), $OUT/losses.tsv (step,
+# rank, step number, hex loss), $OUT/compare.tsv (emulate vs capture, slices vs capture: equal or not),
+# $OUT/env.txt, $OUT/logs/*.log (every step's full log), $OUT/stacks.txt (the dumped stacks, by step).
+# Carried: .whl (prism's wheels: polars, duckdb, jsonschema, ...); no torchtitan needed.
+# Usage: scripts/frameworks/cuda_hang_probe.sh OUT [BUDGET_S]   (from the repository root; default 200)
+#   DEVICE=cpu  the same lanes N and G on a CPU-only torch (gloo), B and T skipped: the local check
+#   PY=python   the interpreter (default python3)
+set -u
+OUT=$(realpath -m "${1:?usage: cuda_hang_probe.sh OUT [BUDGET_S]}"); BUDGET=${2:-200}
+REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO" || exit 2
+DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}; T0=$(date +%s)
+WORK=$(mktemp -d /tmp/cuda-probe-XXXX)
+mkdir -p "$OUT/logs"
+TSV=$OUT/results.tsv; LOSSES=$OUT/losses.tsv; CMP=$OUT/compare.tsv
+printf 'step\texit\twall_s\tnote\n' > "$TSV"; printf 'step\trank\tstep_no\tloss_hex\n' > "$LOSSES"
+printf 'what\tresult\n' > "$CMP"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PRISM_HANG_TIMEOUT=${HANG:-20} PRISM_STALL_TIMEOUT=0
+if [ "$DEVICE" = cuda ]; then
+  . scripts/device_site.sh
+  [ -d .whl ] || { echo "cuda_hang_probe.sh: .whl missing (carry it)"; exit 2; }
+  install_site .whl "$PY" || { echo "cuda_hang_probe.sh: installing .whl failed"; exit 2; }
+  export CUDA_VISIBLE_DEVICES=0 PRISM_DEVICE=cuda  # install_site empties CUDA_VISIBLE_DEVICES
+  ulimit -n "$(ulimit -Hn)"
+  PROG_DEV=(--device cuda --gpus 1)
+else
+  export OMP_NUM_THREADS=1 PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+  PROG_DEV=(--device cpu)
+fi
+{ date -u; echo "DEVICE=$DEVICE BUDGET=$BUDGET HANG=$PRISM_HANG_TIMEOUT commit $(git rev-parse HEAD 2>/dev/null)"
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.version.cuda)'
+  command -v nvcc ninja; nproc; [ "$DEVICE" = cuda ] && nvidia-smi -L; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+PROG=(tests/programs/titan_cuda_patterns.py "${PROG_DEV[@]}" --steps 2)
+left() { echo $(( BUDGET - ($(date +%s) - T0) - 8 )); }  # 8 s kept for the tables
+
+tree_pids() {  # ROOT: ROOT and every process under it
+  local p=$1 c; echo "$p"
+  for c in $(ps -o pid= --ppid "$p" 2>/dev/null); do tree_pids "$c"; done
+}
+step() {  # name cap_s command...: time-boxed; on overrun the tree's Python stacks, then stopped; a table row
+  local name=$1 cap=$2; shift 2; local t; t=$(left); [ "$t" -lt "$cap" ] && cap=$t
+  local log=$OUT/logs/$name.log
+  if [ "$cap" -le 8 ]; then printf '%s\tskip\t0\tno budget left\n' "$name" >> "$TSV"; return 1; fi
+  echo "== $name (cap ${cap}s): $*"
+  local t0; t0=$(date +%s.%N)
+  setsid "$@" > "$log" 2>&1 &
+  local pid=$! waited=0 note=""
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $(( (cap - 6) * 10 )) ]; do sleep 0.1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then  # overran: every process's Python stacks, then stop the tree
+    note="overran ${cap}s: stacks dumped"
+    local pids; pids=$(tree_pids "$pid")
+    { echo "### $name: process tree at $(( $(date +%s) - T0 )) s"; ps -o pid,ppid,stat,wchan:32,etime,args -p "$(echo $pids | tr ' ' ,)"; } \
+      >> "$OUT/stacks.txt" 2>&1
+    # the processes under the step's root (the root, a launcher, relays their output and has no handler)
+    kill -USR1 $(echo "$pids" | tail -n +2) 2>/dev/null; sleep 3
+    kill -TERM -- -"$pid" 2>/dev/null; sleep 2; kill -KILL -- -"$pid" 2>/dev/null
+  fi
+  wait "$pid"; local rc=$?; local t1; t1=$(date +%s.%N)
+  if grep -q "Current thread\|^Thread 0x" "$log"; then
+    { echo "### $name: stacks in its log"; grep -n -A40 "Current thread\|^Thread 0x" "$log" | head -400; } >> "$OUT/stacks.txt"
+  fi
+  [ -z "$note" ] && [ "$rc" -ne 0 ] && note=$(grep -E "run stopped|Error|error:|refuse|hang" "$log" | tail -1 | cut -c1-240 | tr '\t' ' ')
+  grep -o "^result loss [0-9]* [0-9]* [-0-9a-fx.p+]*" "$log" | awk -v s="$name" '{print s "\t" $3 "\t" $4 "\t" $5}' \
+    | sort -u >> "$LOSSES"
+  printf '%s\t%s\t%.1f\t%s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$note" >> "$TSV"
+  echo "   $name: exit $rc $note"
+  return "$rc"
+}
+same() {  # what step ref [rank]: step's (rank, step, loss) rows against ref's for the same ranks (or `rank`)
+  local a b
+  a=$(awk -F'\t' -v s="$2" -v r="${4:-}" '$1 == s && (r == "" || $2 == r) {print $2, $3, $4}' "$LOSSES" | sort)
+  b=$(awk -F'\t' -v s="$3" -v r="${4:-}" 'NR == FNR { if ($1 == s2) want[$2] = 1; next }
+        $1 == s && (r == "" ? ($2 in want) : $2 == r) {print $2, $3, $4}' s2="$2" "$LOSSES" "$LOSSES" | sort)
+  local v="equal, bitwise ($(echo "$a" | grep -c .) losses)"
+  if [ -z "$a" ]; then v="no losses in $2"; elif [ "$a" != "$b" ]; then v="DIFFER: $2 [$(echo $a)] vs $3 [$(echo $b)]"; fi
+  printf '%s\t%s\n' "$1" "$v" >> "$CMP"
+}
+
+lane() {  # tag backend emulate-build-folders...: capture -> graph -> plan -> slices -> emulate (per folder)
+  local tag=$1 backend=$2; shift 2; local J=$WORK/$tag
+  step "capture_$tag" 60 "$PY" -m prism.cli launch --nproc 4 --mode capture --devices 2 --out "$J/capture" \
+      "${PROG[@]}" --backend "$backend" || return
+  step "graph_$tag" 40 "$PY" -m prism.cli graph --job "$J" --raw "$J/capture/raw" --out "$J/graph" || return
+  step "plan_$tag" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2 || return
+  local k
+  for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
+             "$J/slices/plan.parquet" 2>/dev/null); do
+    step "slice_${tag}_$k" 45 "$PY" -m prism.slices.run --job "$J" --slice "$k"
+    same "slice_${tag}_$k = capture_$tag" "slice_${tag}_$k" "capture_$tag"
+  done
+  local build n=0
+  for build in "$@"; do
+    n=$((n + 1))
+    if [ "$build" = warm ]; then  # the kernel built already (lane B)
+      local w=0; while [ "$DEVICE" = cuda ] && [ ! -e "$WORK/fold-built" ] && [ "$(left)" -gt 30 ] && [ "$w" -lt 900 ]; do sleep 0.1; w=$((w+1)); done
+      build=$WORK/fold-warm
+    fi
+    PRISM_CUDA_BUILD_DIR=$build step "emulate_${tag}_$n" 60 "$PY" -m prism.cli launch --nproc 4 --mode emulate \
+        --capture "$J/capture" --sandbox 1 --out "$J/emu$n" --force "${PROG[@]}" --backend "$backend"
+    same "emulate_${tag}_$n (sandbox 1, build $(basename "$build")) = capture_$tag rank 1" "emulate_${tag}_$n" "capture_$tag" 1
+  done
+}
+
+if [ "$DEVICE" = cuda ]; then
+  # lane B: the fold kernel into an empty folder, timed (what a first CUDA fold costs inside a run)
+  ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step fold_build 120 "$PY" -c \
+      'import time; t = time.monotonic(); from prism.runtime.emulate import fold_cuda; fold_cuda.module(); print(f"fold kernel built in {time.monotonic() - t:.1f} s")' \
+    ; touch "$WORK/fold-built" ) &
+  # lane T: the reference workload's CUDA slices and emulation (session 6's tests)
+  ( PRISM_CUDA_BUILD_DIR=$WORK/fold-test step pytest_gpu $(( BUDGET - 20 )) "$PY" -m pytest -p no:cacheprovider -q -x \
+      --basetemp="$WORK/pt" -m gpu tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py ) &
+  COLD=$WORK/fold-cold
+else
+  COLD=$WORK/fold-cold  # unused on CPU (no CUDA fold), kept so that the steps are the same
+fi
+# the stack dump itself, checked first (a hang the watchdog does not stop: it is off for this step):
+# tests/programs/hang_skipped_collective.py in real mode must overrun and leave its ranks' stacks
+PRISM_HANG_TIMEOUT=0 step dump_check 14 "$PY" -m prism.cli launch --nproc 2 --mode real --out "$WORK/dump_check" \
+    tests/programs/hang_skipped_collective.py
+grep -q "^### dump_check: stacks" "$OUT/stacks.txt" 2>/dev/null && v="stacks dumped" || v="NO STACKS (the dump path is broken)"
+printf 'dump_check\t%s\n' "$v" >> "$CMP"
+if [ "$DEVICE" = cuda ]; then  # 16 cores: both lanes at once
+  ( lane nccl nccl "$COLD" warm ) &
+  ( lane gloo gloo warm ) &
+else  # 2 cores: one after the other (each run claims the cores it pins to)
+  lane nccl nccl "$COLD" warm; lane gloo gloo warm
+fi
+wait
+
+echo "== results ($TSV)"; column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
+echo "== comparisons ($CMP)"; column -t -s $'\t' "$CMP" 2>/dev/null || cat "$CMP"
+grep -h "fold kernel built in" "$OUT/logs/fold_build.log" 2>/dev/null
+for f in "$OUT"/logs/*.log; do grep -q "run stopped\|still waiting\|replay server failed" "$f" && { echo "== $(basename "$f")"; grep -A6 "run stopped\|still waiting\|replay server failed" "$f" | head -14; }; done
+[ -s "$OUT/stacks.txt" ] && echo "== stacks: $OUT/stacks.txt ($(grep -c '^###' "$OUT/stacks.txt") dumps)"
+echo "# done in $(( $(date +%s) - T0 )) s"
