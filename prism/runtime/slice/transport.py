@@ -257,10 +257,20 @@ class _ResultWork(Forwarding, Work):
 
 
 class SliceTransport(RealTransport):
-    """The real transport of a slice rank: order-dependent reductions return the capture's result."""
+    """The real transport of a slice rank: order-dependent reductions return the capture's result.
+
+    A group with a virtual member carries CUDA tensors over gloo, whatever the program asked for: the replay
+    server's members are gloo instances (`replay_server`), so an NCCL communicator would wait for ever for
+    members that never join it (torchtitan's "nccl" default group on the H200, session 12: the slice ranks sat
+    in NCCL's initialisation inside their first CUDA collective, the server's gloo ops had no partner; the
+    reference workload's CUDA tests ask for gloo and passed). gloo copies the CUDA tensors across, as the
+    replay server's own members do. A group of slice ranks only keeps the backend the program asked for."""
 
     def __init__(self, *args, results: CapturedResults, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        slice_ranks = set(settings.SLICE_RANKS.get())
+        if slice_ranks and not slice_ranks.issuperset(self._global_ranks):
+            self._want_nccl = False  # a replayed member: gloo (above)
         self._results = results
         self._seq = 0  # collectives issued on this group (the capture's key sequence)
 

@@ -1,0 +1,59 @@
+"""Which backend a slice rank's group carries CUDA tensors over (issue 21 item 3): the replay server's members are
+gloo instances, so a group with a replayed member must use gloo even when the program asked for NCCL (session
+12's H200 call: torchtitan's "nccl" default group hung the slice ranks in NCCL's initialisation). A group of
+slice ranks only keeps what the program asked for. Checked with CUDA reported available (no GPU needed: the
+NCCL backend itself is never made here)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+from torch._C._distributed_c10d import HashStore
+
+from prism import settings
+from prism.runtime.slice.transport import SliceTransport
+from prism.runtime.transport import RealTransport
+
+
+def transports(monkeypatch, slice_ranks: str, want_nccl: bool) -> list[SliceTransport]:
+    """Both members of group [0, 1] (their gloo rendezvous needs both: one thread each)."""
+    monkeypatch.setenv(settings.SLICE_RANKS.name, slice_ranks)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(RealTransport, "_nccl", lambda self: "nccl")
+    store, made, errors = HashStore(), [None, None], []
+
+    def make(rank: int) -> None:
+        try:
+            made[rank] = SliceTransport(store, rank, 2, timedelta(seconds=20), want_nccl=want_nccl,
+                                        global_ranks=[0, 1], group_name="0", results=None)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return made
+
+
+def test_a_group_with_a_replayed_member_carries_cuda_tensors_over_gloo(monkeypatch):
+    for t in transports(monkeypatch, "0", want_nccl=True):  # rank 1 is the replay server's
+        assert t.backend_for(torch.device("cuda", 0)) is t._gloo()
+        assert t.backend_for(torch.device("cpu")) is t._gloo()
+
+
+def test_a_group_of_slice_ranks_keeps_the_nccl_it_asked_for(monkeypatch):
+    for t in transports(monkeypatch, "0,1", want_nccl=True):
+        assert t.backend_for(torch.device("cuda", 0)) == "nccl"
+        assert t.backend_for(torch.device("cpu")) is t._gloo()
+
+
+@pytest.mark.parametrize("slice_ranks", ["0", "0,1"])
+def test_a_group_that_asked_for_gloo_stays_on_gloo(monkeypatch, slice_ranks):
+    for t in transports(monkeypatch, slice_ranks, want_nccl=False):
+        assert t.backend_for(torch.device("cuda", 0)) is t._gloo()
