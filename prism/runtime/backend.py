@@ -25,13 +25,14 @@ _work_ids = itertools.count()
 _nodynamo = torch.compiler.disable
 
 
-def _flat(tensors) -> list[torch.Tensor]:
+def flat_tensors(tensors) -> list[torch.Tensor]:
+    """The tensors of an op's argument (a tensor list, or lists of them), flattened in order."""
     out = []
     for t in tensors:
         if isinstance(t, torch.Tensor):
             out.append(t)
         else:
-            out.extend(_flat(t))
+            out.extend(flat_tensors(t))
     return out
 
 
@@ -44,7 +45,7 @@ def _called_by_torch_blocking_api() -> bool:
 
 
 def _describe(tensors) -> tuple[int, str | None, str | None, torch.device]:
-    flat = _flat(tensors)
+    flat = flat_tensors(tensors)
     if not flat:
         return 0, None, None, torch.device("cpu")
     first = flat[0]
@@ -59,7 +60,7 @@ def _outputs(args: tuple) -> list[torch.Tensor]:
     if isinstance(first, torch.Tensor):
         return [first]
     if isinstance(first, (list, tuple)):
-        return _flat(first)
+        return flat_tensors(first)
     return []
 
 
@@ -294,7 +295,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         if self.uncarried is not None:
             unsupported.check_backend(*self.uncarried, op=op)
         if self.computes:
-            unsupported.check_op(op, f"{self._name} ({self._desc or 'no description'})", _flat(tensors), args,
+            unsupported.check_op(op, f"{self._name} ({self._desc or 'no description'})", flat_tensors(tensors), args,
                                   semantics.REDUCTIONS)
         nbytes, dtype, shape, device = _describe(tensors)
         rec = self._rec

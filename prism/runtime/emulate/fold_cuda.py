@@ -1,6 +1,7 @@
 """The CUDA fold kernel of `cuda/fold.cu`, built on first use with torch's extension tooling (JIT, sm_90).
 
-Imported only when a CUDA tensor reaches `compensation` (CPU runs and CI never build it). Flags: Hopper
+Built by an emulated sandbox rank on CUDA before its program's first collective (`build_before_run`), else
+when a CUDA tensor first reaches `compensation`; CPU runs and CI never build it. Flags: Hopper
 machine code (`-gencode arch=compute_90,code=sm_90`), no fast math, no FMA contraction (`--fmad=false`),
 IEEE division, no flush to zero, so each step rounds like torch's own ops. The build needs `nvcc`
 (CUDA_HOME or on PATH) and `ninja` (torch.utils.cpp_extension.load refuses to build without it);
@@ -9,6 +10,7 @@ IEEE division, no flush to zero, so each step rounds like torch's own ops. The b
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -62,6 +64,23 @@ def module():
             if _module is None:
                 _module = _build()
     return _module
+
+
+def build_before_run() -> None:
+    """On a CUDA rank: the kernel built now, before the program's first collective (emulate's sandbox calls it
+    at its first group, before the common start and the hang watchdog). Built at the first fold instead, its
+    minute of nvcc ran inside a collective: the hang watchdog saw no op complete and no compute on the
+    program's thread and stopped the run (session 12's H200 call: torchtitan's sandbox rank 1 stopped in
+    `all_reduce #0` after 60 s), and a timed emulation would count the build into that op. A host that cannot
+    build it is told here and the run goes on: a sandbox that never folds CUDA contributions needs no kernel,
+    one that does fails at that fold, naming the cause."""
+    if settings.DEVICE.get() != "cuda" and not torch.cuda.is_initialized():
+        return
+    try:
+        module()
+    except (RuntimeError, OSError) as exc:  # KernelBuildError, or the compiler's own failure
+        print(f"[prism] emulate: the CUDA fold kernel could not be built before the run: {exc}; a reduction "
+              "that folds CUDA contributions will fail with this error", file=sys.stderr, flush=True)
 
 
 def fold(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:

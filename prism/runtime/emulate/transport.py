@@ -52,7 +52,8 @@ from prism.runtime.emulate.common_start import to_local_clock
 from prism.runtime import ops, semantics, shm, watchdog
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
-from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork
+from prism.runtime.backend import flat_tensors
+from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_point
 from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
@@ -272,11 +273,14 @@ class EmulateTransport(ContributionTransport):
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
+        ready = stream_point(list(mine or []) + flat_tensors(result))
         work = EmuWork(result)
 
         def run() -> None:  # the exchange; the hold is the work's (`emulate.works`), never this thread's
             began = time.monotonic_ns()
             try:
+                if ready is not None:  # the caller's stream reached the op (its inputs written, the clones made)
+                    ready.synchronize()
                 wire = GlooWire(self.pg)
                 virtual = torch.zeros(1, dtype=torch.int64)
                 got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
@@ -472,6 +476,9 @@ def for_group(opts, name: str, members: list[int], desc: str | None, asked: str,
     (the rank's timeline starts at their common t0, `replay.clock.common_start`); then the group's transport."""
     if not _T0_NS:
         from prism.runtime.emulate.common_start import common_start
+        from prism.runtime.emulate.fold_cuda import build_before_run
+
+        build_before_run()  # before the clocks and the watchdog start (fold_cuda says why)
 
         _T0_NS.append(common_start(job_store(opts.store), len(sandbox_ranks()) + 1))
         if rec is not None:

@@ -257,3 +257,18 @@ def write_rank_stats(rank: int) -> None:
         tmp.write_text(json.dumps(dict(STATS, cuda_folds=fold_cuda.launches if fold_cuda else 0,
                                        diagnostics=diagnostics)))
         os.replace(tmp, path)
+
+
+def stream_point(tensors: list[torch.Tensor]) -> "torch.cuda.Event | None":
+    """An event on the caller's current CUDA stream where an op's tensors are CUDA (else None), recorded at the
+    op's call: the group's thread waits for it before it reads the inputs or writes the outputs. That thread's
+    stream is the device's default stream, not ordered after the side streams the program may call from
+    (FSDP2 issues its all-gathers and reduce-scatters on its own), so without it the thread could read a
+    contribution before the kernel writing it ran. A real backend orders the same way: NCCL's stream waits
+    for the caller's at the op's issue."""
+    cuda = next((t for t in tensors if t.is_cuda), None)
+    if cuda is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(cuda.device))
+    return event
