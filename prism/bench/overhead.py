@@ -34,14 +34,16 @@ def warmup_steps(steps: int) -> int:
     return max(1, steps // 5)
 
 
-def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps: int) -> tuple[list[float], int]:
-    """One run; returns (per-iteration times in ms after warm-up, bytes written)."""
+def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps: int,
+                wrap: list[str] = ()) -> tuple[list[float], int]:
+    """One run; returns (per-iteration times in ms after warm-up, bytes written). `wrap`: a program (and its
+    arguments) each rank runs instead of the driver, that runs the driver in turn (a profiler's)."""
     times = work / "times"
     profile = work / "profile"
     out = work / "job"
     for d in (times, profile):
         d.mkdir(parents=True)
-    prog = [str(DRIVER), "--times", str(times)]
+    prog = [*wrap, str(DRIVER), "--times", str(times)]
     if variant == "profiler":
         prog += ["--profile", str(profile)]
     prog += workload
