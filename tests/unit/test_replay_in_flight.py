@@ -97,3 +97,10 @@ def test_the_server_issues_a_whole_burst_of_more_than_eight_before_the_first_com
         ev.set()
     t.join(5)
     assert not t.is_alive() and server.ops == 24 and server.errors == []
+
+
+def test_a_slice_run_prints_the_bound_of_each_group_that_bursts():
+    from prism.slices.run import _in_flight
+
+    assert _in_flight({"0": 1, "9": 4, "26": 12}) == " (in flight at most: group 9 4, group 26 12)"
+    assert _in_flight({"0": 1}) == "" and _in_flight(None) == ""  # a replay server of an older prism: nothing

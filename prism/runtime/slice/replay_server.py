@@ -349,6 +349,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
                "timed": server.timed is not None, "timed_issues": len(server.issued),
+               "in_flight": {g: plan.in_flight[g] for g in server.built},  # per group, from the capture
                # what the server's own CPU cost and where (issue 24 (b): beside the slice ranks' cores or not)
                "cpu_s": sum(os.times()[:2]), "threads_cpu_s": thread_cpu.by_thread(),
                "threads_runq_wait_s": thread_cpu.runq_wait_by_thread(),
