@@ -207,7 +207,8 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
     replay = run_meta.get("replay", {})
     print(f"prism slices run: slice {k} ranks {','.join(map(str, ranks))}: {table.num_rows} events in "
           f"{run_meta.get('wall_s', 0):.1f} s; replay server: {replay.get('virtual_members', '?')} virtual members "
-          f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives, "
+          f"in {replay.get('groups', '?')} groups, {replay.get('collectives', '?')} collectives"
+          f"{_in_flight(replay.get('in_flight'))}, "
           f"{replay.get('messages', '?')} messages{' (timed)' if replay.get('timed') else ''}, device "
           f"{run_meta.get('device', 'cpu')} -> "
           f"{job_files.slice_file(job, k, folder=pass_dir)}")
@@ -220,6 +221,12 @@ def run(job: Path, k: int, config_json: str | None, capture: Path | None, pin: b
               f"runnable but waiting for a CPU {sum((replay.get('threads_runq_wait_s') or {}).values()):.2f} s:\n"
               + replay_ops.describe(late))
     return 0
+
+
+def _in_flight(bounds: dict | None) -> str:
+    """The replay server's in-flight bound per group with collectives (from the capture), as printed."""
+    shown = {g: n for g, n in (bounds or {}).items() if n > 1}
+    return f" (in flight at most: {', '.join(f'group {g} {n}' for g, n in shown.items())})" if shown else ""
 
 
 def run_all(job: Path, config_json: str | None, capture: Path | None, pin: bool, timed_by: Path | None) -> int:

@@ -213,14 +213,17 @@ class _Timed:
         self.log.append(("complete", comm))
 
 
-def _server(n: int, monkeypatch) -> tuple[replay_server.ReplayServer, list[threading.Event], list[int]]:
+def _server(n: int, monkeypatch, in_flight: int | None = None, plan: ReplayPlan | None = None
+            ) -> tuple[replay_server.ReplayServer, list[threading.Event], list[int]]:
     """A ReplayServer of one group {0 (slice), 1 (virtual)} with n all_reduces whose works complete only when
-    their event is set; returns it, the events, and the ops issued so far (their seq)."""
+    their event is set (or of `plan`, its group "g"); `in_flight`: the plan's bound (default n); returns the
+    server, the events, and the ops issued so far (their seq)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    plan = ReplayPlan(world=2, slice_ranks=[0], groups={"g": (0, 1)}, order=["g"],
-                      collectives={"g": [Collective(k, "all_reduce", -1, f"k{k}") for k in range(n)]},
-                      payload={}, channels=[])
+    if plan is None:
+        plan = ReplayPlan(world=2, slice_ranks=[0], groups={"g": (0, 1)}, order=["g"],
+                          collectives={"g": [Collective(k, "all_reduce", -1, f"k{k}") for k in range(n)]},
+                          payload={}, channels=[], in_flight={"g": n if in_flight is None else in_flight})
     server = object.__new__(replay_server.ReplayServer)
     server.plan, server.pgs, server.errors, server.state = plan, {"g": {1: None}}, [], {}
     server.ops, server.timed, server.issued, server.played = 0, _Timed(n), {}, []
@@ -268,9 +271,8 @@ def test_a_groups_collectives_are_issued_before_the_previous_completes(monkeypat
     assert server.ops == 3 and server.state["group g"] == "done"
 
 
-def test_at_most_in_flight_collectives_are_outstanding(monkeypatch):
-    monkeypatch.setattr(replay_server, "IN_FLIGHT", 2)
-    server, done, issued = _server(3, monkeypatch)
+def test_at_most_the_plans_in_flight_collectives_are_outstanding(monkeypatch):
+    server, done, issued = _server(3, monkeypatch, in_flight=2)
     t = threading.Thread(target=server._group, args=("g",), daemon=True)
     t.start()
     assert _wait_for(lambda: len(issued) == 2)

@@ -3,7 +3,9 @@
 Shared by the slice mode's replay server (`prism.runtime.slice.replay_server`) and the emulate mode's worker
 (`prism.runtime.emulate.worker`): `load_plan(capture, ranks)` reads the capture's groups, collectives (in
 group order) and point-to-point channels that involve one of `ranks` (the real ranks: the slice, the
-sandbox) and a virtual rank, and the payload index of the ranks that take part.
+sandbox) and a virtual rank, the payload index of the ranks that take part, and per group the most of its
+collectives a real member had issued and not yet completed at once (`in_flight`, from the capture's program
+order: `peak_in_flight`).
 
 Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.json`,
 `raw/rank=R/{groups,events,payloads}.arrow`.
@@ -11,6 +13,7 @@ Inputs (the capture folder, `prism launch --mode capture --out DIR`): `raw/meta.
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from prism import schemas
 from prism.runtime.ops import ROOTED
 from prism.runtime.capture.client import key_name
 
@@ -64,6 +68,10 @@ class ReplayPlan:
     collectives: dict[str, list[Collective]]
     payload: dict[tuple[int, str], str]  # (global rank, key) -> hash
     channels: list[Channel]
+    # group -> the most of its collectives one of `slice_ranks` had issued and not yet completed at once in
+    # the capture (`peak_in_flight`; 1 for a group without collectives): the replay server keeps that many in
+    # flight, so it never holds back an op the real members would already have issued
+    in_flight: dict[str, int]
 
     def virtual(self, group: str) -> list[int]:
         return [r for r in self.groups[group] if r not in self.slice_ranks]
@@ -103,11 +111,16 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
 
     # the collectives of each relevant group, from one slice member's events (every member issues them all)
     collectives: dict[str, list[Collective]] = {g: [] for g in groups}
+    in_flight: dict[str, int] = {g: 1 for g in groups}
     seen_by: dict[str, int] = {}
     peers: set[int] = set()
     for r in slice_ranks:
-        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(["kind", "op", "group_name", "group_seq", "peer"])
+        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(
+            ["seq", "kind", "op", "group_name", "group_seq", "peer", "work_id", "t_start_ns", "t_complete_ns"])
         cols = ev.to_pydict()
+        for group, most in peak_in_flight(cols).items():
+            if group in groups:
+                in_flight[group] = max(in_flight[group], most)
         for kind, op, group, gseq, peer in zip(cols["kind"], cols["op"], cols["group_name"], cols["group_seq"],
                                                cols["peer"]):
             if kind in ("send", "recv") and group in groups:
@@ -149,7 +162,46 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     for (group, src, dst, tag), items in sorted(channels.items()):
         items.sort()
         chans.append(Channel(group, src, dst, tag, [h for _, h in items]))
-    return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans)
+    return ReplayPlan(world, list(slice_ranks), groups, order, collectives, payload, chans, in_flight)
+
+
+def peak_in_flight(events: dict[str, list]) -> dict[str, int]:
+    """Per group: the most of its collectives one rank had issued and not yet completed at once.
+
+    `events`: one rank's raw events (columns seq, kind, group_name, work_id, t_start_ns, t_complete_ns). Counted
+    in program order, not on the capture's clock (a capture runs at its own pace): an op is outstanding from
+    its event until the program's wait on it (its `wait` event, same work_id), which no op of the real job
+    passes before the op completed, so the count bounds what the real member had in flight. An op never waited
+    on (consumed through its future) is outstanding until the first event that starts after its recorded
+    completion, and one with neither, to the end of the rank's events."""
+    order = sorted(range(len(events["seq"])), key=events["seq"].__getitem__)
+    kinds, groups, works = events["kind"], events["group_name"], events["work_id"]
+    waited = {works[i] for i in order if kinds[i] == schemas.KIND_WAIT and works[i] >= 0}
+    open_ops: dict[int, str] = {}  # work_id -> group
+    by_completion: list[tuple[int, int]] = []  # (t_complete_ns, work_id) of the ops never waited on, a heap
+    count: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+
+    def close(work: int) -> None:
+        group = open_ops.pop(work, None)
+        if group is not None:
+            count[group] -= 1
+
+    for i in order:
+        while by_completion and by_completion[0][0] <= events["t_start_ns"][i]:
+            close(heapq.heappop(by_completion)[1])
+        if kinds[i] == schemas.KIND_WAIT:
+            close(works[i])
+        elif kinds[i] == schemas.KIND_COLLECTIVE and groups[i] is not None:
+            group = groups[i]
+            peak[group] = max(peak[group], count[group] + 1)
+            if works[i] < 0:  # no work to wait on: complete when issued
+                continue
+            open_ops[works[i]] = group
+            count[group] += 1
+            if works[i] not in waited and events["t_complete_ns"][i] >= 0:
+                heapq.heappush(by_completion, (events["t_complete_ns"][i], works[i]))
+    return dict(peak)
 
 
 def _split_p2p(key: str) -> tuple[str, int, int, int, int]:

@@ -64,8 +64,6 @@ from prism.runtime.replay.host import VirtualRanks, keep_until_exit
 from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
 from prism.runtime.transport import slice_store
 
-IN_FLIGHT = 8  # a group's collectives issued and not yet complete, at most (the job queues them the same way)
-
 
 # -- replaying one op --------------------------------------------------------------------------------------
 def _red(meta: dict) -> dist.ReduceOp:
@@ -217,13 +215,16 @@ class ReplayServer(VirtualRanks):
                 root_payload = mine.get(root_rank) or self._load(payload[(root_rank, c.key)])
             return mine, root_payload
 
-        # Issued without waiting for the previous one (up to IN_FLIGHT): the real job's ranks issue a burst
-        # of async collectives (DDP's buckets) and gloo runs them in order; a member that issued op k+1 only
-        # after op k completed made every op of a burst wait for the server's turnaround (the slice then
-        # measured transfers 1.75x the truth's on dp8, docs/fidelity.md). A second thread waits for them in
-        # order and says when each completed.
+        # Issued without waiting for the previous one: the real job's ranks issue a burst of async collectives
+        # (DDP's buckets) and gloo runs them in order; a member that issued op k+1 only after op k completed
+        # made every op of a burst wait for the server's turnaround (the slice then measured transfers 1.75x the
+        # truth's on dp8, docs/fidelity.md). At most as many in flight as a real member had in the capture
+        # (`plan.in_flight`): a real member issues op k only once op k - in_flight completed, and so does the
+        # server, so it never holds back an op the job's ranks would have issued (a fixed 8 held back 4 of
+        # dp8-var's 12 EDP ops an iteration, session 12). A second thread waits for them in order and says
+        # when each completed.
         in_flight: deque = deque()
-        slots = threading.Semaphore(IN_FLIGHT)
+        slots = threading.Semaphore(self.plan.in_flight[group])
         more = threading.Condition()
         finished = []
 
@@ -348,6 +349,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
                "timed": server.timed is not None, "timed_issues": len(server.issued),
+               "in_flight": {g: plan.in_flight[g] for g in server.built},  # per group, from the capture
                # what the server's own CPU cost and where (issue 24 (b): beside the slice ranks' cores or not)
                "cpu_s": sum(os.times()[:2]), "threads_cpu_s": thread_cpu.by_thread(),
                "threads_runq_wait_s": thread_cpu.runq_wait_by_thread(),
