@@ -1,7 +1,8 @@
 """Where PrismTrace's cost per step goes (issue 21 item 6): the bench's reference workload at W=1 (pinned), with
 no recording (variant `none`, `--mode off`) and with PrismTrace (`prismtrace`, `--mode real`, PRISM_DEVICE=DEVICE),
 each run through the bench's driver (`prism bench overhead`'s `run_variant`) three times: without a profiler
-(the times; PrismTrace also as `prismtrace-cpuclock`, PRISM_DEVICE=cpu: no CUDA events, no allocator statistics,
+(the times; PrismTrace also as `prismtrace-nomarkers`: the global hooks patched out, real mode's process groups
+alone; as `prismtrace-cpuclock`, PRISM_DEVICE=cpu: no CUDA events, no allocator statistics,
 as `prismtrace-noevents`: the CUDA clock's events patched out in the rank, the allocator statistics kept, and as
 `prismtrace-flatmem`: the allocator statistics read as before a82c40d, three flattening readers a marker),
 under cProfile of the rank for its steps after the warm-up, and under torch.profiler (CPU activities, and CUDA
@@ -40,11 +41,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-# (profiler, variant): first without a profiler (the times), PrismTrace also with its CPU clock (no CUDA events,
-# no allocator statistics: what the CUDA clock costs, against `prismtrace`), without the CUDA events alone, and
-# with the memory probe before a82c40d; then under each profiler
-RUNS = (("plain", "none"), ("plain", "prismtrace"), ("plain", "prismtrace-cpuclock"), ("plain", "prismtrace-noevents"),
-        ("plain", "prismtrace-flatmem"),
+# (profiler, variant): first without a profiler (the times), PrismTrace also without its markers (real mode's
+# process groups alone), with its CPU clock (no CUDA events, no allocator statistics: what the CUDA clock costs,
+# against `prismtrace`), without the CUDA events alone, and with the memory probe before a82c40d; then under
+# each profiler
+RUNS = (("plain", "none"), ("plain", "prismtrace"), ("plain", "prismtrace-nomarkers"), ("plain", "prismtrace-cpuclock"),
+        ("plain", "prismtrace-noevents"), ("plain", "prismtrace-flatmem"),
         ("cprofile", "none"), ("cprofile", "prismtrace"), ("torch", "none"), ("torch", "prismtrace"))
 WAITING = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaStreamWaitEvent",
            "cudaMemcpy", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaEventQuery", "cudaEventRecord",
@@ -96,7 +98,11 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     patch = os.environ.get("OVERHEAD_PROFILE_PATCH", "")
-    if patch == "noevents":  # the Recorder is made at the program's first group: after this
+    if patch == "nomarkers":  # real mode's process groups alone: no global hooks, so no marker and no event
+        from prism.runtime import markers
+
+        markers.install = lambda rec, on_boundary=None: []
+    elif patch == "noevents":  # the Recorder is made at the program's first group: after this
         from prism.runtime import recorder
 
         recorder._DeviceClock = _NoDeviceClock
@@ -303,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 durations, _ = overhead.run_variant(variant.split("-")[0], Path(tmp) / f"run-{variant}-{kind}", 1,
                                                     workload, args.steps, wrap=wrap)
             except RuntimeError as exc:  # one failed run: the others still say something
-                summary.append(f"{kind:<8} {variant:<19} FAILED: {exc}")
+                summary.append(f"{kind:<8} {variant:<20} FAILED: {exc}")
                 print(summary[-1], file=sys.stderr, flush=True)
                 continue
             finally:
@@ -316,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps_lines.append(f"{variant}\t{kind}\t{warm + k + 2}\t{ms:.3f}\t{int(k < window)}")
             median = statistics.median(durations)
             seen = (folder / "window.txt").read_text().split() if (folder / "window.txt").exists() else []
-            note = f"{kind:<8} {variant:<19} run {time.monotonic() - t0:6.1f} s, median step {median:8.3f} ms"
+            note = f"{kind:<8} {variant:<20} run {time.monotonic() - t0:6.1f} s, median step {median:8.3f} ms"
             if kind == "plain":
                 plain[variant] = median
                 base = plain.get("none")
