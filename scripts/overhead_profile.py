@@ -11,7 +11,8 @@ where there is one) for a few steps.
     python3 scripts/overhead_profile.py OUT [--device cuda] [--steps 15] [--torch-steps 3] [--workload "--microbatches 4"]
 
 Writes to OUT (text, every number per profiled step):
-  threads.tsv                      each rank thread's CPU ms and context switches per profiled step
+  threads.tsv                      each rank thread's CPU ms and context switches per profiled step, and the
+                                   cyclic collector's runs and time per step
   steps.tsv                        every run's iteration times (ms), profiled steps marked (the medians: summary)
   <variant>-cprofile-tottime.txt   pstats, top 60 by tottime;  <variant>-cprofile-cumtime.txt  by cumtime
   <variant>-prism-calls.tsv        prism's functions and torch.cuda's: calls, tottime and cumtime per step
@@ -28,6 +29,7 @@ CUDA); 3.11's sees only the main thread's (on CPU the backward runs there too).
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import io
 import os
@@ -117,6 +119,17 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
         cpu_sample, MemoryProbe.sample = MemoryProbe.sample, sample
     state = {"ends": 0, "prof": None, "t0": 0}
 
+    gc_runs = {0: [0, 0], 1: [0, 0], 2: [0, 0]}  # generation -> [collections, ns] inside the window
+
+    def on_gc(phase, info) -> None:
+        if phase == "start":
+            state["gc_t0"] = time.perf_counter_ns()
+        elif "t0" in state and "done" not in state:
+            gc_runs[info["generation"]][0] += 1
+            gc_runs[info["generation"]][1] += time.perf_counter_ns() - state["gc_t0"]
+
+    gc.callbacks.append(on_gc)
+
     def start() -> None:
         state["threads"] = thread_times()
         if kind == "cprofile":
@@ -165,6 +178,8 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
     lines = ["tid\tthread\tcpu_ms_per_step\tvoluntary_switches_per_step\tinvoluntary_switches_per_step"]
     lines += [f"{tid}\t{name}\t{cpu / count:.3f}\t{vol / count:.1f}\t{invol / count:.1f}"
               for tid, (name, cpu, vol, invol) in sorted(state["threads"].items(), key=lambda kv: -kv[1][1])]
+    lines.append("# the collector inside the window: " + ", ".join(
+        f"gen{g} {n / count:.2f} runs {ns / 1e6 / count:.3f} ms" for g, (n, ns) in gc_runs.items()) + " per step")
     (folder / "threads.tsv").write_text("\n".join(lines) + "\n")
     (folder / "window.txt").write_text(f"{count} {state['wall_ms']:.3f}\n")
 
@@ -346,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 "are time taken from the program)"]
     for run, lines in threads.items():
         if run.startswith("plain"):
-            summary += [f"-- {run}"] + [line for line in lines[:9]]
+            summary += [f"-- {run}"] + lines[:9] + lines[-1:]
     syncs = sync_table(torch_rows)
     (out / "syncs.tsv").write_text("\n".join(syncs) + "\n")
     summary += ["", "== CUDA runtime calls that wait, copy, record or launch, per step (torch.profiler; syncs.tsv)"]
