@@ -4,13 +4,15 @@ each run through the bench's driver (`prism bench overhead`'s `run_variant`) thr
 (the times; PrismTrace also as `prismtrace-nomarkers`: the global hooks patched out, real mode's process groups
 alone; as `prismtrace-cpuclock`, PRISM_DEVICE=cpu: no CUDA events, no allocator statistics,
 as `prismtrace-noevents`: the CUDA clock's events patched out in the rank, the allocator statistics kept, and as
-`prismtrace-flatmem`: the allocator statistics read as before a82c40d, three flattening readers a marker),
+`prismtrace-flatmem`: the allocator statistics read as before a82c40d, three flattening readers a marker; and as
+`prismtrace-timed`: the wall time inside PrismTrace's hooks, markers, memory reads and CUDA events),
 under cProfile of the rank for its steps after the warm-up, and under torch.profiler (CPU activities, and CUDA
 where there is one) for a few steps.
 
     python3 scripts/overhead_profile.py OUT [--device cuda] [--steps 15] [--torch-steps 3] [--workload "--microbatches 4"]
 
 Writes to OUT (text, every number per profiled step):
+  timed.tsv                        wall time inside PrismTrace's hooks, markers, memory reads, CUDA events per step
   threads.tsv                      each rank thread's CPU ms and context switches per profiled step, and the
                                    cyclic collector's runs and time per step
   steps.tsv                        every run's iteration times (ms), profiled steps marked (the medians: summary)
@@ -45,10 +47,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 # (profiler, variant): first without a profiler (the times), PrismTrace also without its markers (real mode's
 # process groups alone), with its CPU clock (no CUDA events, no allocator statistics: what the CUDA clock costs,
-# against `prismtrace`), without the CUDA events alone, and with the memory probe before a82c40d; then under
-# each profiler
+# against `prismtrace`), without the CUDA events alone, with the memory probe before a82c40d, and with a clock
+# around each of its entry points; then under each profiler
 RUNS = (("plain", "none"), ("plain", "prismtrace"), ("plain", "prismtrace-nomarkers"), ("plain", "prismtrace-cpuclock"),
-        ("plain", "prismtrace-noevents"), ("plain", "prismtrace-flatmem"),
+        ("plain", "prismtrace-noevents"), ("plain", "prismtrace-flatmem"), ("plain", "prismtrace-timed"),
         ("cprofile", "none"), ("cprofile", "prismtrace"), ("torch", "none"), ("torch", "prismtrace"))
 WAITING = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaStreamWaitEvent",
            "cudaMemcpy", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaEventQuery", "cudaEventRecord",
@@ -93,6 +95,40 @@ def thread_times(since: dict | None = None) -> dict[int, tuple[str, float, int, 
     return out
 
 
+def time_prism_calls() -> dict[str, list[int]]:
+    """Wrap PrismTrace's entry points in this rank (variant prismtrace-timed) with a wall clock: name -> [calls,
+    ns inside, inclusive] (the hooks contain the markers, a marker its memory read and CUDA events)."""
+    from prism.runtime import markers, recorder
+    from prism.runtime.memory import MemoryProbe
+
+    spent: dict[str, list[int]] = {}
+
+    def timed(name, fn):
+        cell = spent.setdefault(name, [0, 0])
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cell[0] += 1
+                cell[1] += time.perf_counter_ns() - t0
+
+        return wrapper
+
+    for register in ("register_module_forward_pre_hook", "register_module_forward_hook",
+                     "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook"):
+        original = getattr(markers, register)
+        setattr(markers, register, lambda fn, original=original, name=register: original(
+            timed(f"markers hook {name.removeprefix('register_')}", fn)))
+    markers._bwd_begin = timed("markers._bwd_begin (a backward's first gradient)", markers._bwd_begin)
+    recorder.Recorder.marker = timed("Recorder.marker", recorder.Recorder.marker)
+    MemoryProbe.sample = timed("MemoryProbe.sample", MemoryProbe.sample)
+    for name in ("mark", "resolve"):
+        setattr(recorder._DeviceClock, name, timed(f"_DeviceClock.{name}", getattr(recorder._DeviceClock, name)))
+    return spent
+
+
 def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[str]) -> None:
     """Run the driver with a profiler of `kind` on from the `first`-th optimizer step end to `count` later
     (`plain`: none)."""
@@ -117,6 +153,7 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
             return cpu_sample(self)
 
         cpu_sample, MemoryProbe.sample = MemoryProbe.sample, sample
+    spent = time_prism_calls() if patch == "timed" else {}
     state = {"ends": 0, "prof": None, "t0": 0}
 
     gc_runs = {0: [0, 0], 1: [0, 0], 2: [0, 0]}  # generation -> [collections, ns] inside the window
@@ -132,6 +169,7 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
 
     def start() -> None:
         state["threads"] = thread_times()
+        state["spent"] = {name: list(cell) for name, cell in spent.items()}
         if kind == "cprofile":
             import cProfile
 
@@ -153,6 +191,8 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
         elif kind == "torch":
             prof.stop()
         state["threads"] = thread_times(state["threads"])
+        state["spent"] = {name: (cell[0] - state["spent"][name][0], cell[1] - state["spent"][name][1])
+                          for name, cell in spent.items()}
         state["done"] = prof
 
     def on_step(*_):
@@ -181,6 +221,11 @@ def in_rank(kind: str, folder: Path, first: int, count: int, driver_argv: list[s
     lines.append("# the collector inside the window: " + ", ".join(
         f"gen{g} {n / count:.2f} runs {ns / 1e6 / count:.3f} ms" for g, (n, ns) in gc_runs.items()) + " per step")
     (folder / "threads.tsv").write_text("\n".join(lines) + "\n")
+    if spent:
+        rows = ["function\tcalls_per_step\twall_us_per_call\twall_ms_per_step (inclusive)"]
+        rows += [f"{name}\t{calls / count:.2f}\t{ns / max(calls, 1) / 1e3:.2f}\t{ns / count / 1e6:.3f}"
+                 for name, (calls, ns) in sorted(state["spent"].items(), key=lambda kv: -kv[1][1])]
+        (folder / "timed.tsv").write_text("\n".join(rows) + "\n")
     (folder / "window.txt").write_text(f"{count} {state['wall_ms']:.3f}\n")
 
 
@@ -309,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = [f"overhead_profile: device {args.device}, W=1 pinned, workload `{' '.join(workload[2:])}`, "
                f"warm-up {warm} steps; cProfile over {windows['cprofile']} steps, torch.profiler over "
                f"{windows['torch']} steps (from the first step after the warm-up)", ""]
-    torch_rows, prism_tables, plain, threads = {}, {}, {}, {}
+    torch_rows, prism_tables, plain, threads, timed_rows = {}, {}, {}, {}, []
     with tempfile.TemporaryDirectory(prefix="prism-ovh-") as tmp:
         for kind, variant in RUNS:
             folder = Path(tmp) / f"{variant}-{kind}"
@@ -346,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                 note += f", profiled window: {' '.join(seen)} (steps, ms)"
             print(note, file=sys.stderr, flush=True)
             summary.append(note)
+            if (folder / "timed.tsv").exists():
+                timed_rows = (folder / "timed.tsv").read_text().splitlines()
+                shutil.copy(folder / "timed.tsv", out / "timed.tsv")
             if (folder / "threads.tsv").exists():
                 threads[f"{kind} {variant}"] = (folder / "threads.tsv").read_text().splitlines()
             if kind == "cprofile" and (folder / "cprofile.pstats").exists():
@@ -364,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             summary += [f"-- {run}"] + lines[:9] + lines[-1:]
     syncs = sync_table(torch_rows)
     (out / "syncs.tsv").write_text("\n".join(syncs) + "\n")
+    summary += ["", "== wall time inside PrismTrace's entry points per profiled step (prismtrace-timed, timed.tsv: each "
+                "wrapped in a clock in the rank, inclusive)"] + timed_rows
     summary += ["", "== CUDA runtime calls that wait, copy, record or launch, per step (torch.profiler; syncs.tsv)"]
     summary += syncs
     summary += ["", "== PrismTrace: prism's functions (not the workload's) and torch.cuda's by tottime per step (top 40 "
