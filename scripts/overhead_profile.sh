@@ -64,7 +64,7 @@ stage bench-larger 60 $py -m prism.cli bench overhead --device "$device" --nproc
 stage bench-reference 50 $py -m prism.cli bench overhead --device "$device" --nproc 1 --steps "$steps" --repeats 1 \
     "--workload=--microbatches 4"
 for b in bench-larger bench-reference; do
-    [ -f "$work/$b.log" ] && { echo "== $b"; grep -v "^step=" "$work/$b.log" | grep -v "grad_norm=" | tail -n 12; }
+    [ -f "$work/$b.log" ] && { echo "== $b"; grep -v -e "^step=" -e "grad_norm=" -e "^USDT" -e "^moe_gpt: rank" "$work/$b.log" | tail -n 12; }
 done > "$out/bench.txt"
 cat "$out/summary.txt" "$out/bench.txt" | head -n 120
 cp "$log" "$work/"
