@@ -315,6 +315,39 @@ def sync_table(per_variant: dict[str, dict[str, tuple[float, float]]]) -> list[s
     return lines
 
 
+def write_tables(out: Path, notes: list[str], steps_lines: list[str], threads: dict, timed_rows: list[str],
+                 torch_rows: dict, prism_tables: dict) -> list[str]:
+    """steps.tsv, threads.tsv, syncs.tsv and summary.txt from the runs so far (rewritten after each run: a call
+    stopped at its budget keeps what was measured); returns the summary's lines."""
+    summary = list(notes)
+    (out / "steps.tsv").write_text("\n".join(steps_lines) + "\n")
+    (out / "threads.tsv").write_text("".join(f"# {run}\n" + "\n".join(lines) + "\n" for run, lines in threads.items()))
+    summary += ["", "== the rank's threads over the profiled steps, runs without a profiler (threads.tsv: all runs; the "
+                "rank is pinned to one core: another thread's CPU time and the main thread's involuntary switches "
+                "are time taken from the program)"]
+    for run, lines in threads.items():
+        if run.startswith("plain"):
+            summary += [f"-- {run}"] + lines[:9] + lines[-1:]
+    syncs = sync_table(torch_rows)
+    (out / "syncs.tsv").write_text("\n".join(syncs) + "\n")
+    summary += ["", "== wall time inside PrismTrace's entry points per profiled step (prismtrace-timed, timed.tsv: each "
+                "wrapped in a clock in the rank, inclusive)"] + timed_rows
+    summary += ["", "== CUDA runtime calls that wait, copy, record or launch, per step (torch.profiler; syncs.tsv)"]
+    summary += syncs
+    summary += ["", "== PrismTrace: prism's functions (not the workload's) and torch.cuda's by tottime per step (top 40 "
+                "of prismtrace-prism-calls.tsv; cProfile inflates each call by its own cost)",
+                "function\tcalls/step\ttottime us/call\ttottime us/step\tcumtime us/step"]
+    runtime = [r for r in prism_tables.get("prismtrace", []) if "prism/workloads/" not in r[0]]  # the workload's: both
+    summary += [f"{r[0]}\t{r[1]:.2f}\t{r[2]:.2f}\t{r[3]:.1f}\t{r[4]:.1f}" for r in runtime[:40]]
+    summary += ["", "== the top 30 ops by self CPU time per step, each variant (torch.profiler)"]
+    for variant, rows in torch_rows.items():
+        summary.append(f"-- {variant}: name\tcalls/step\tself CPU us/step")
+        top = sorted(rows.items(), key=lambda kv: -kv[1][1])[:30]
+        summary += [f"{name}\t{calls:.2f}\t{cpu:.1f}" for name, (calls, cpu) in top]
+    (out / "summary.txt").write_text("\n".join(summary) + "\n")
+    return summary
+
+
 # -- the runs --------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -402,32 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name in ("torch-ops.txt", "torch-ops.tsv", "torch-trace.json.gz"):
                     shutil.copy(folder / name, out / f"{variant}-{name}")
                 torch_rows[variant] = read_torch_rows(folder / "torch-ops.tsv")
-    (out / "steps.tsv").write_text("\n".join(steps_lines) + "\n")
-    (out / "threads.tsv").write_text("".join(f"# {run}\n" + "\n".join(lines) + "\n" for run, lines in threads.items()))
-    summary += ["", "== the rank's threads over the profiled steps, runs without a profiler (threads.tsv: all runs; the "
-                "rank is pinned to one core: another thread's CPU time and the main thread's involuntary switches "
-                "are time taken from the program)"]
-    for run, lines in threads.items():
-        if run.startswith("plain"):
-            summary += [f"-- {run}"] + lines[:9] + lines[-1:]
-    syncs = sync_table(torch_rows)
-    (out / "syncs.tsv").write_text("\n".join(syncs) + "\n")
-    summary += ["", "== wall time inside PrismTrace's entry points per profiled step (prismtrace-timed, timed.tsv: each "
-                "wrapped in a clock in the rank, inclusive)"] + timed_rows
-    summary += ["", "== CUDA runtime calls that wait, copy, record or launch, per step (torch.profiler; syncs.tsv)"]
-    summary += syncs
-    summary += ["", "== PrismTrace: prism's functions (not the workload's) and torch.cuda's by tottime per step (top 40 "
-                "of prismtrace-prism-calls.tsv; cProfile inflates each call by its own cost)",
-                "function\tcalls/step\ttottime us/call\ttottime us/step\tcumtime us/step"]
-    runtime = [r for r in prism_tables.get("prismtrace", []) if "prism/workloads/" not in r[0]]  # the workload's: both
-    summary += [f"{r[0]}\t{r[1]:.2f}\t{r[2]:.2f}\t{r[3]:.1f}\t{r[4]:.1f}" for r in runtime[:40]]
-    summary += ["", "== the top 30 ops by self CPU time per step, each variant (torch.profiler)"]
-    for variant, rows in torch_rows.items():
-        summary.append(f"-- {variant}: name\tcalls/step\tself CPU us/step")
-        top = sorted(rows.items(), key=lambda kv: -kv[1][1])[:30]
-        summary += [f"{name}\t{calls:.2f}\t{cpu:.1f}" for name, (calls, cpu) in top]
-    (out / "summary.txt").write_text("\n".join(summary) + "\n")
-    print("\n".join(summary))
+            write_tables(out, summary, steps_lines, threads, timed_rows, torch_rows, prism_tables)
+    print("\n".join(write_tables(out, summary, steps_lines, threads, timed_rows, torch_rows, prism_tables)))
     return 0
 
 
