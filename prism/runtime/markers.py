@@ -23,8 +23,9 @@ The rules (`named_boundaries.rules`; the launcher writes the ones in force into 
 - named: `PRISM_ITERATION_FN` / `PRISM_MICROBATCH_FN` (`prism launch --iteration-fn/--microbatch-fn`,
   `prism.runtime.named_boundaries`) replace the iteration (microbatch) rule by the outermost calls of a
   function the user names.
-The hooks are hidden from Dynamo (`torch.compiler.disable`): a step or a forward inside a compiled region
-runs them eagerly, at the point where they fire in the eager program.
+The hooks are hidden from Dynamo (`torch.compiler.disable`; the module hooks only while Dynamo traces, so that an
+eager forward pays no wrapper): a step or a forward inside a compiled region runs them eagerly, at the point
+where they fire in the eager program.
 
 The same hooks serve capture mode's drain points (`on_boundary`): the end of a backward pass and the start
 of an outermost optimizer step, where torch may wait on futures of ops prism must complete first.
@@ -153,8 +154,7 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     # Forwards run by a backward (activation checkpointing's recomputation) are left out entirely: a
     # non-reentrant checkpoint stops its recomputation with an exception once it has what it needs, so
     # their post-hooks may never run.
-    @torch.compiler.disable
-    def pre(module, args):
+    def pre_body(module, args):
         if torch._C._current_graph_task_id() != -1:
             return
         depth = _get("depth")
@@ -168,8 +168,7 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         elif depth == 0:
             _state.counted = None
 
-    @torch.compiler.disable
-    def post(module, args, output):
+    def post_body(module, args, output):
         if torch._C._current_graph_task_id() != -1:
             return
         _state.depth = _get("depth") - 1
@@ -182,6 +181,18 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
             first = _first_grad_tensor(output)
             if first is not None:  # its backward ends a backward pass, a drain point as a microbatch's is
                 first.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(on_boundary))
+
+    # The module hooks run on every module forward: in eager mode as plain calls (Dynamo's disable wrapper costs
+    # several us a call); when Dynamo traces a forward, `is_compiling()` is true there and the disabled copy is
+    # what it meets, so the body runs eagerly where the hook fires, as in the eager program.
+    pre_hidden, post_hidden = torch.compiler.disable(pre_body), torch.compiler.disable(post_body)
+    is_compiling = torch.compiler.is_compiling
+
+    def pre(module, args):
+        return pre_hidden(module, args) if is_compiling() else pre_body(module, args)
+
+    def post(module, args, output):
+        return post_hidden(module, args, output) if is_compiling() else post_body(module, args, output)
 
     @torch.compiler.disable
     def step_pre(optimizer, args, kwargs):
