@@ -13,9 +13,10 @@ graph), `prism0/slices[_timed]/slice=K/events.parquet` and `transfers.parquet`, 
 - **compute CPU**: the compute events' own ``device_ns`` (on CPU the thread's CPU time, what calibration
   takes as a compute duration) per rank-iteration, beside the wall span;
 - **sweep of truth0's own measurements**: the calibration sweep run on the truth's graph with the truth's
-  own durations (the bare-graph rules: compute its CPU time) and transfers (the slice rule over all its
-  ranks), its iteration time beside the truth's (`prism.iterations`): what the model gives when its inputs
-  are right;
+  own durations and transfers, its iteration time beside the truth's (`prism.iterations`): what the model
+  gives when its inputs are right; by the method's rule (`durations.measured_run`, what the slice runs'
+  measurements go through: `prism.bench.fidelity_model`) and, after it, by the bare rule used before
+  session 9 (compute its CPU time, a comm's transfer the mean member delay of the slice rule);
 - **transfer**: the sum over the comms of iterations >= 1 of their transfer, per iteration: the truth's by
   the slice rule (`from_slices.slice_delays` over all its ranks: every member's delay from the last issue
   to when it saw completion, averaged), the slice passes' from their ``transfers.parquet``.
@@ -111,7 +112,7 @@ def breakdown(config_dir: Path) -> list[str]:
     mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
     use = np.array([comm_it.get(int(cid), -1) >= 1 for cid in tj.comm_ids])
     lines.append(f"  {'transfer, truth0':22s} {mean[use].sum() / 1e6 / n_it:8.2f} ms per iteration")
-    lines.append(self_sweep(tj, mean))
+    lines.append(self_sweep(config_dir / "truth0"))
     for folder in (job_files.SLICES, job_files.TIMED_SLICES):
         paths = job_files.slice_files(job, folder=folder)
         if not paths:
@@ -129,23 +130,16 @@ def breakdown(config_dir: Path) -> list[str]:
     return lines
 
 
-def self_sweep(tj, transfer: np.ndarray) -> str:
-    """The sweep on the truth's graph with its own durations and `transfer` (ns per comm): iteration times."""
-    from prism.calibrate import durations as rules
-    from prism.calibrate.stage import iterations_table
-    from prism.calibrate.sweep import discover
-    from prism.iterations import iteration_times
+def self_sweep(truth: Path) -> str:
+    """The sweep on the truth's graph with its own inputs (`fidelity_model.self_sweep`): by the method's rule
+    (`measured_run`, the clock rule of the slice runs) and by the pre-session-9 bare rule, beside the truth's own."""
+    from prism.bench.fidelity_model import self_sweep as sweep
 
-    g, c = tj.graph, tj.columns
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
-                              c["t_complete_ns"], g.n_comms)
-    _, timeline = discover(g, dur, transfer.astype(np.int64))
-    it = iterations_table(tj, timeline)
-    swept = iteration_times(it["iteration"].to_numpy(), it["end_ns"].to_numpy())
-    ends = np.flatnonzero(tj.iteration_end)
-    truth = iteration_times(tj.iteration[ends], c["t_end_ns"][ends])
-    return (f"  {'sweep of truth0':22s} {swept.median_ms:8.2f} ms per iteration (truth0 itself "
-            f"{truth.median_ms:.2f} ms, {100 * (swept.median_ms - truth.median_ms) / truth.median_ms:+.1f} %)")
+    own, measured = sweep(truth, "measured")
+    _, bare = sweep(truth, "bare")
+    pct = lambda v: f"{100 * (v - own) / own:+.1f} %"  # noqa: E731
+    return (f"  {'sweep of truth0':22s} {measured:8.2f} ms per iteration (truth0 itself {own:.2f} ms, "
+            f"{pct(measured)}; the bare rule: {bare:.2f} ms, {pct(bare)})")
 
 
 def rank_row(kind, iteration, start_ns, end_ns, cpu_ns) -> dict[str, float]:

@@ -49,6 +49,9 @@ def test_the_committed_breakdown_is_what_the_committed_tables_give(tmp_path: Pat
     ops_at = [i for i, line in enumerate(log) if line == "a/dp8-var"][1]
     assert got[9:] == log[ops_at + 1:ops_at + 1 + len(got) - 9]
     assert "(truth0 itself 213.25 ms" in got[model[0]]
+    # the method's rule first (exact on a real run's own inputs, docs/fidelity.md), then the pre-session-9 bare rule
+    measured, bare = (float(got[model[0]].split(part)[1].split()[0]) for part in ("sweep of truth0", "the bare rule:"))
+    assert abs(measured - 213.25) / 213.25 < 0.002 and abs(bare - 213.25) / 213.25 > 0.01
 
 
 def test_rank_row_is_ms_per_iteration_after_iteration_0():
