@@ -13,15 +13,21 @@ graph), `prism0/slices[_timed]/slice=K/events.parquet` and `transfers.parquet`, 
 - **compute CPU**: the compute events' own ``device_ns`` (on CPU the thread's CPU time, what calibration
   takes as a compute duration) per rank-iteration, beside the wall span;
 - **sweep of truth0's own measurements**: the calibration sweep run on the truth's graph with the truth's
-  own durations (the bare-graph rules: compute its CPU time) and transfers (the slice rule over all its
-  ranks), its iteration time beside the truth's (`prism.iterations`): what the model gives when its inputs
-  are right;
+  own durations and transfers, its iteration time beside the truth's (`prism.iterations`): what the model
+  gives when its inputs are right; by the method's rule (`durations.measured_run`, what the slice runs'
+  measurements go through: `prism.bench.fidelity_model`) and, after it, by the bare rule used before
+  session 9 (compute its CPU time, a comm's transfer the mean member delay of the slice rule);
 - **transfer**: the sum over the comms of iterations >= 1 of their transfer, per iteration: the truth's by
   the slice rule (`from_slices.slice_delays` over all its ranks: every member's delay from the last issue
   to when it saw completion, averaged), the slice passes' from their ``transfers.parquet``.
 
 With ``--ops K``: rank 0's collectives of iteration K one per line (op, bytes, async, issue time from the
 rank's first event of K in the truth), each comm's transfer in the truth, the untimed and the timed pass.
+
+With ``--ranks``: one markdown table per directory, a row per rank and source (every truth run ``truthN/graph``,
+each slice pass): ms per iteration (iterations >= 1) of the rank's compute CPU time (``device_ns``), compute wall
+span, waits and collective issue spans, and the rank's compute CPU over truth0's on the same events (rank, seq):
+whether a slice pass's compute speed is one rank's, one slice's or the whole run's.
 
 Nothing here feeds a prediction; it is the data behind the diagnosis in docs/fidelity.md.
 """
@@ -106,7 +112,7 @@ def breakdown(config_dir: Path) -> list[str]:
     mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
     use = np.array([comm_it.get(int(cid), -1) >= 1 for cid in tj.comm_ids])
     lines.append(f"  {'transfer, truth0':22s} {mean[use].sum() / 1e6 / n_it:8.2f} ms per iteration")
-    lines.append(self_sweep(tj, mean))
+    lines.append(self_sweep(config_dir / "truth0"))
     for folder in (job_files.SLICES, job_files.TIMED_SLICES):
         paths = job_files.slice_files(job, folder=folder)
         if not paths:
@@ -124,23 +130,81 @@ def breakdown(config_dir: Path) -> list[str]:
     return lines
 
 
-def self_sweep(tj, transfer: np.ndarray) -> str:
-    """The sweep on the truth's graph with its own durations and `transfer` (ns per comm): iteration times."""
-    from prism.calibrate import durations as rules
-    from prism.calibrate.stage import iterations_table
-    from prism.calibrate.sweep import discover
-    from prism.iterations import iteration_times
+def self_sweep(truth: Path) -> str:
+    """The sweep on the truth's graph with its own inputs (`fidelity_model.self_sweep`): by the method's rule
+    (`measured_run`, the clock rule of the slice runs) and by the pre-session-9 bare rule, beside the truth's own."""
+    from prism.bench.fidelity_model import self_sweep as sweep
 
-    g, c = tj.graph, tj.columns
-    dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
-                              c["t_complete_ns"], g.n_comms)
-    _, timeline = discover(g, dur, transfer.astype(np.int64))
-    it = iterations_table(tj, timeline)
-    swept = iteration_times(it["iteration"].to_numpy(), it["end_ns"].to_numpy())
-    ends = np.flatnonzero(tj.iteration_end)
-    truth = iteration_times(tj.iteration[ends], c["t_end_ns"][ends])
-    return (f"  {'sweep of truth0':22s} {swept.median_ms:8.2f} ms per iteration (truth0 itself "
-            f"{truth.median_ms:.2f} ms, {100 * (swept.median_ms - truth.median_ms) / truth.median_ms:+.1f} %)")
+    own, measured = sweep(truth, "measured")
+    _, bare = sweep(truth, "bare")
+    pct = lambda v: f"{100 * (v - own) / own:+.1f} %"  # noqa: E731
+    return (f"  {'sweep of truth0':22s} {measured:8.2f} ms per iteration (truth0 itself {own:.2f} ms, "
+            f"{pct(measured)}; the bare rule: {bare:.2f} ms, {pct(bare)})")
+
+
+def rank_row(kind, iteration, start_ns, end_ns, cpu_ns) -> dict[str, float]:
+    """One rank's ms per iteration (iterations >= 1): compute CPU and wall, waits and collective issue spans."""
+    kind, iteration = np.asarray(kind), np.asarray(iteration)
+    span = np.asarray(end_ns, dtype=np.int64) - np.asarray(start_ns, dtype=np.int64)
+    sel = iteration >= 1
+    n = max(1, len(np.unique(iteration[sel])))
+    compute = sel & (kind == "compute")
+    return {"compute CPU": float(np.asarray(cpu_ns, dtype=np.int64)[compute].sum()) / 1e6 / n,
+            "compute wall": float(span[compute].sum()) / 1e6 / n,
+            "wait": float(span[sel & (kind == "wait")].sum()) / 1e6 / n,
+            "collective": float(span[sel & (kind == "collective")].sum()) / 1e6 / n}
+
+
+def cpu_ratio(base: dict[int, int], other: dict[int, int]) -> float:
+    """Compute CPU of `other` over `base` on the events (seq -> CPU ns) both have; nan if none."""
+    common = [k for k in other if k in base]
+    den = sum(base[k] for k in common)
+    return sum(other[k] for k in common) / den if den > 0 else float("nan")
+
+
+def ranks(config_dir: Path) -> list[str]:
+    """Per rank and source (truth runs, slice passes): the `rank_row` figures and the compute CPU vs truth0; a
+    row 'all' per source (the mean over its ranks), and when the source began (its first event, host monotonic s:
+    the streams of one device call share that clock, so a speed that moves with the time is the host's)."""
+    cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns", "device_ns"]
+    sources = [(d.name, [job_files.graph_file(d)]) for d in sorted(config_dir.glob("truth*"))
+               if job_files.graph_file(d).is_file()]
+    sources += [(f, p) for f in (job_files.SLICES, job_files.TIMED_SLICES)
+                if (p := job_files.slice_files(config_dir / "prism0", folder=f))]
+    per: dict[str, dict[int, tuple[dict, dict]]] = {}
+    began: dict[str, float] = {}
+    for name, paths in sources:
+        t = pa.concat_tables([pq.read_table(p, columns=cols) for p in paths])
+        kind, rank = t["kind"].to_numpy(zero_copy_only=False), t["rank"].to_numpy()
+        it, seq = t["iteration"].to_numpy(), t["seq"].to_numpy()
+        start, end, cpu = t["t_start_ns"].to_numpy(), t["t_end_ns"].to_numpy(), t["device_ns"].to_numpy()
+        began[name] = float(start.min()) / 1e9
+        per[name] = {}
+        for r in np.unique(rank):
+            m = rank == r
+            c = m & (kind == "compute") & (it >= 1)
+            per[name][int(r)] = (rank_row(kind[m], it[m], start[m], end[m], cpu[m]),
+                                 dict(zip(seq[c].tolist(), cpu[c].tolist())))
+    lines = [str(config_dir), "| rank | source | began s | compute CPU | compute wall | wait | collective | "
+             "CPU vs truth0 |", "|---|---|---|---|---|---|---|---|"]
+    base = per.get("truth0", {})
+
+    def row(r, name: str, figures: dict, ratio: float) -> str:
+        return (f"| {r} | {name} | {began[name]:.1f} | " + " | ".join(f"{v:.2f}" for v in figures.values())
+                + f" | {ratio:.3f} |")
+
+    for r in sorted({r for p in per.values() for r in p}):
+        for name in per:
+            if r in per[name]:
+                figures, cpu = per[name][r]
+                lines.append(row(r, name, figures, cpu_ratio(base[r][1], cpu) if r in base else float("nan")))
+    for name, by_rank in per.items():
+        mean = {k: float(np.mean([f[k] for f, _ in by_rank.values()])) for k in next(iter(by_rank.values()))[0]}
+        both = [(base[r][1], cpu) for r, (_, cpu) in by_rank.items() if r in base]
+        whole = cpu_ratio({(i, k): v for i, (b, _) in enumerate(both) for k, v in b.items()},
+                          {(i, k): v for i, (_, o) in enumerate(both) for k, v in o.items()})
+        lines.append(row("all", name, mean, whole))
+    return lines
 
 
 def ops(config_dir: Path, iteration: int) -> list[str]:
@@ -178,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prism.bench.fidelity_breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+", metavar="CONFIG_DIR")
-    parser.add_argument("--ops", type=int, metavar="ITERATION", help="rank 0's collectives of this iteration")
+    view = parser.add_mutually_exclusive_group()
+    view.add_argument("--ops", type=int, metavar="ITERATION", help="rank 0's collectives of this iteration")
+    view.add_argument("--ranks", action="store_true", help="per rank and source: compute CPU and wall, waits")
     args = parser.parse_args(argv)
     status = 0
     for d in args.dirs:
@@ -187,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                   "of `prism bench fidelity --work DIR`)", file=sys.stderr)
             status = 2
             continue
-        print("\n".join(ops(d, args.ops) if args.ops is not None else breakdown(d)), flush=True)
+        lines = ops(d, args.ops) if args.ops is not None else ranks(d) if args.ranks else breakdown(d)
+        print("\n".join(lines), flush=True)
     return status
 
 
