@@ -30,8 +30,8 @@ from prism.calibrate.sweep import Timeline
 from prism.job_paths import (  # noqa: F401  (re-exported: the analysis names its paths through prism.job)
     META, table_file, stream_file, meta_file, graph_dir, graph_file, graph_table, CALIBRATED, calibrated_dir,
     calibrated, emulation, baseline, SLICES, TIMED_SLICES, UNTIMED_CALIBRATION, slices_dir, slice_plan, slice_dir,
-    slice_file, slice_files, own_durations, slice_transfers, report_dir, report, raw_dir, rank_dir, rank_stream,
-    rank_streams, replay_stream, meta_path, raw_meta, capture_dir, payloads_dir, capture_candidates,
+    slice_file, slice_files, own_durations, slice_transfers, summary, report_dir, report, raw_dir, rank_dir,
+    rank_stream, rank_streams, replay_stream, meta_path, raw_meta, capture_dir, payloads_dir, capture_candidates,
 )
 from prism.runtime import modes
 

@@ -110,6 +110,11 @@ def slice_transfers(job: Path, folder: str = SLICES) -> Path:
     return slices_dir(job, folder) / "transfers.parquet"
 
 
+def summary(folder: Path) -> Path:
+    """FOLDER/summary.txt: the text summary of a job (JOB), of its emulation or of its baseline."""
+    return Path(folder) / "summary.txt"
+
+
 def report_dir(job: Path) -> Path:
     """JOB/report: the report stage's output."""
     return Path(job) / "report"

@@ -185,7 +185,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
         if not logs and launch_log.is_file():  # a launcher that keeps no per-rank logs: its whole output
             shutil.copy2(launch_log, result / "logs" / "launch.log")
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
-        (result / "summary.txt").write_text(text)
+        job_files.summary(result).write_text(text)
         shutil.copy2(job_files.meta_path(run_dir), job_files.meta_file(result))  # the launch's stats
         _publish(result, final)
     finally:

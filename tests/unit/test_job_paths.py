@@ -5,6 +5,7 @@ the benchmarks and the runtime alike."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import prism
@@ -88,3 +89,37 @@ def test_job_paths_is_neutral_and_the_facade_re_exports_it():
     assert [n for n in public if getattr(job, n, None) is not getattr(job_paths, n)] == []
     runtime_users = [p for p in (root / "runtime").rglob("*.py") if "prism.job_paths" in imported_modules(p)]
     assert len(runtime_users) >= 5, runtime_users
+
+
+def workflow_paths() -> set[str]:
+    """The job artifacts the workflow's rules declare, relative to the job folder: every f"{JOB_DIR}/<an artifact
+    folder>/..." of workflow/ (Snakemake's {{k}} read as {k}; a folder given by a variable is left out)."""
+    root = Path(prism.__file__).parent.parent / "workflow"
+    found = set()
+    for smk in [root / "Snakefile", *sorted((root / "rules").glob("*.smk"))]:
+        for rel in re.findall(r'f"\{JOB_DIR\}/([^"]*)"', smk.read_text()):
+            rel = rel.replace("{{", "{").replace("}}", "}").rstrip("/")
+            if rel.split("/")[0] in FOLDERS:
+                found.add(rel)
+    return found
+
+
+def test_the_workflow_declares_the_artifacts_where_job_paths_puts_them():
+    """The rules' inputs and outputs stay Snakemake's plain strings; each is a path job_paths builds, so the two
+    cannot drift apart (a folder renamed in job_paths fails here, naming the rule's path)."""
+    from prism import job_paths as jp
+
+    job = Path("JOB")
+    built = [jp.graph_dir(job), jp.report(job), jp.slice_plan(job), jp.emulation(job), jp.raw_dir(jp.capture_dir(job)),
+             jp.payloads_dir(jp.capture_dir(job)), jp.raw_dir(jp.baseline(job)), jp.graph_dir(jp.baseline(job)),
+             jp.graph_file(jp.baseline(job)), jp.summary(jp.emulation(job)), jp.summary(jp.baseline(job)),
+             *(jp.graph_file(job, n) for n in ("events", "comms", "groups", "ranks"))]
+    for folder in (jp.CALIBRATED, jp.UNTIMED_CALIBRATION):
+        built += [jp.calibrated(job, n, folder) for n in ("timeline", "iterations", "critical_path")]
+    for folder in (jp.SLICES, jp.TIMED_SLICES):
+        built += [jp.own_durations(job, folder), jp.slice_transfers(job, folder)]
+        built += [jp.slice_file(job, "{k}", n, folder) for n in ("events.parquet", "replay.parquet", "replay_ops.parquet")]
+    known = {path.relative_to(job).as_posix() for path in built}
+    declared = workflow_paths()
+    assert len(declared) >= 20, declared  # the scan reads the rules
+    assert sorted(declared - known) == []
