@@ -135,7 +135,8 @@ def _check_durations(table: pa.Table, rank_dirs: list[Path]) -> None:
             rank, seq = table.column("rank")[row].as_py(), table.column("seq")[row].as_py()
             raise GraphError(
                 f"{job_files.stream_file(rank_dirs[rank], 'events')}: event seq {seq} of rank {rank} "
-                f"({table.column('kind')[row]} {table.column('op')[row]}) has a negative duration ({name}); {len(rows)} such events: the "
+                f"({table.column('kind')[row]} {table.column('op')[row]}) has a negative duration ({name}); "
+                f"{len(rows)} such events: the "
                 "recorder that wrote it is broken (re-record with this prism)"
             )
 

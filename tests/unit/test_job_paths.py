@@ -118,7 +118,8 @@ def test_the_workflow_declares_the_artifacts_where_job_paths_puts_them():
         built += [jp.calibrated(job, n, folder) for n in ("timeline", "iterations", "critical_path")]
     for folder in (jp.SLICES, jp.TIMED_SLICES):
         built += [jp.own_durations(job, folder), jp.slice_transfers(job, folder)]
-        built += [jp.slice_file(job, "{k}", n, folder) for n in ("events.parquet", "replay.parquet", "replay_ops.parquet")]
+        built += [jp.slice_file(job, "{k}", n, folder) for n in ("events.parquet", "replay.parquet",
+                                                                  "replay_ops.parquet")]
     known = {path.relative_to(job).as_posix() for path in built}
     declared = workflow_paths()
     assert len(declared) >= 20, declared  # the scan reads the rules
