@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from prism import schemas
+from prism import job_paths, schemas
 
 
 RUN_ID_KEY = b"prism.run_id"
@@ -118,7 +118,7 @@ def write_outputs(
     table_schemas = table_schemas or schemas.ALL
     conformed = {name: conform(table, table_schemas[name], run_id) for name, table in tables.items()}
     for name, table in conformed.items():
-        check_timeline(table, folder / f"{name}.parquet")
+        check_timeline(table, job_paths.table_file(folder, name))
     if not folder.exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = _temp_name(folder)
@@ -126,15 +126,15 @@ def write_outputs(
         staging.mkdir()
         try:
             for name, table in conformed.items():
-                _write_table(table, staging / f"{name}.parquet")
+                _write_table(table, job_paths.table_file(staging, name))
             os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return [folder / f"{name}.parquet" for name in conformed]
+        return [job_paths.table_file(folder, name) for name in conformed]
     temps: dict[Path, Path] = {}
     try:
         for name, table in conformed.items():
-            path = folder / f"{name}.parquet"
+            path = job_paths.table_file(folder, name)
             temps[path] = _temp_name(path)
             _write_table(table, temps[path])
         for path, temp in temps.items():
@@ -331,7 +331,7 @@ def read_run_id(path: str | Path) -> str | None:
     (a raw folder: its ``meta.json``); None when it declares none."""
     path = Path(path)
     if path.is_dir():
-        path = path / "meta.json"
+        path = job_paths.raw_meta(path)
     if not path.exists():
         raise ArtifactError(f"{path}: missing artifact (run the stage that writes it: {writer_of(path)})")
     try:
@@ -358,7 +358,7 @@ def _stale_of(a: Path, b: Path) -> Path:
     which every later stage derives from (a folder copied in from another run has a new time, so the time
     alone blamed the capture); otherwise the older file."""
     def is_capture(path: Path) -> bool:
-        return path.name == "meta.json" and path.parent.name == "raw"
+        return path == job_paths.meta_path(path.parent.parent)  # RUN/raw/meta.json
 
     if is_capture(a) != is_capture(b):
         return b if is_capture(a) else a
@@ -370,7 +370,7 @@ def same_run(inputs: Sequence[str | Path]) -> str:
     older prism) or two come from different runs (naming both files and the stage to re-run)."""
     found: list[tuple[Path, str]] = []
     for path in map(Path, inputs):
-        path = path / "meta.json" if path.is_dir() else path  # a raw folder: its meta.json
+        path = job_paths.raw_meta(path) if path.is_dir() else path  # a raw folder: its meta.json
         run_id = read_run_id(path)
         if run_id is None:
             raise ArtifactError(

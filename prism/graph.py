@@ -88,8 +88,8 @@ def _decode(table: pa.Table) -> pa.Table:
 def _read_ranks(rank_dirs: list[Path]) -> tuple[pa.Table, pa.Table]:
     """All ranks' events (rank-major, seq order, with ``event_id``) and group rows, checked for order."""
     def read(d: Path) -> tuple[pa.Table, pa.Table]:
-        return (_decode(read_raw_stream(d / "events.arrow", schemas.RAW_EVENTS)),
-                read_raw_stream(d / "groups.arrow", schemas.RAW_GROUPS))
+        return (_decode(read_raw_stream(job_files.stream_file(d, "events"), schemas.RAW_EVENTS)),
+                read_raw_stream(job_files.stream_file(d, "groups"), schemas.RAW_GROUPS))
 
     # one rank's streams cost ~10 ms of Arrow work (read, cast), which releases the GIL: at thousands of
     # ranks, reading them on every core is what keeps this stage's cost per event flat
@@ -115,7 +115,7 @@ def _read_ranks(rank_dirs: list[Path]) -> tuple[pa.Table, pa.Table]:
         row = int(bad[0])
         rank = int(table.column("rank")[row].as_py())
         raise GraphError(
-            f"{rank_dirs[rank] / 'events.arrow'}: row {row - starts[row]} has seq {seq[row]}, expected "
+            f"{job_files.stream_file(rank_dirs[rank], 'events')}: row {row - starts[row]} has seq {seq[row]}, expected "
             f"{row - starts[row]}; events must be in program order without gaps (a lost batch?)"
         )
     _check_durations(table, rank_dirs)
@@ -134,8 +134,9 @@ def _check_durations(table: pa.Table, rank_dirs: list[Path]) -> None:
             row = int(rows[0])
             rank, seq = table.column("rank")[row].as_py(), table.column("seq")[row].as_py()
             raise GraphError(
-                f"{rank_dirs[rank] / 'events.arrow'}: event seq {seq} of rank {rank} ({table.column('kind')[row]} "
-                f"{table.column('op')[row]}) has a negative duration ({name}); {len(rows)} such events: the "
+                f"{job_files.stream_file(rank_dirs[rank], 'events')}: event seq {seq} of rank {rank} "
+                f"({table.column('kind')[row]} {table.column('op')[row]}) has a negative duration ({name}); "
+                f"{len(rows)} such events: the "
                 "recorder that wrote it is broken (re-record with this prism)"
             )
 
@@ -337,7 +338,7 @@ def build_graph(raw_dir: str | Path) -> dict[str, pa.Table]:
 
 def default_raw_dir(job: Path) -> Path:
     """``JOB/raw``, or ``JOB/capture/raw`` when only that exists."""
-    raw, captured = job_files.raw_dir(job), job_files.raw_dir(job / "capture")
+    raw, captured = job_files.raw_dir(job), job_files.raw_dir(job_files.capture_dir(job))
     if not raw.exists() and captured.exists():
         return captured
     return raw

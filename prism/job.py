@@ -5,7 +5,8 @@ A job folder (``results/<job>/``, `JOB` below) holds, stage by stage: ``capture/
 folder of its own), ``graph/{events,comms,groups,ranks}.parquet``, ``slices/plan.parquet`` and
 ``slices/slice=K/``, ``calibrated/{timeline,iterations}.parquet`` (or another calibrated folder),
 ``emulation/``, ``baseline/``, ``report/report.html``. The stages, the report and the benchmarks name
-those paths through the functions here, read the graph as sweep arrays with `load_graph`, and build the
+those paths through the functions of `prism.job_paths` (re-exported here; the runtime imports that module
+itself, as it may not import this one), read the graph as sweep arrays with `load_graph`, and build the
 calibrated tables' shape with `timeline_table` / `iterations_table`.
 
 Errors name the file at fault and the fix (`JobError`, an `ArtifactError`; `GraphTablesError` for the graph).
@@ -26,138 +27,17 @@ from prism.artifacts import ArtifactError, read_parquet
 from prism.calibrate import durations as dur_rules
 from prism.calibrate.arrays import K_MARKER, KINDS, SweepGraph
 from prism.calibrate.sweep import Timeline
+from prism.job_paths import (  # noqa: F401  (re-exported: the analysis names its paths through prism.job)
+    META, table_file, stream_file, meta_file, graph_dir, graph_file, graph_table, CALIBRATED, calibrated_dir,
+    calibrated, emulation, baseline, SLICES, TIMED_SLICES, UNTIMED_CALIBRATION, slices_dir, slice_plan, slice_dir,
+    slice_file, slice_files, own_durations, slice_transfers, summary, report_dir, report, raw_dir, rank_dir,
+    rank_stream, rank_streams, replay_stream, meta_path, raw_meta, capture_dir, payloads_dir, capture_candidates,
+)
 from prism.runtime import modes
 
 
 class JobError(ArtifactError):
     """A job's artifact is missing or inconsistent; the message names the file and the fix."""
-
-
-# -- where the artifacts are -----------------------------------------------------------------------------
-def graph_dir(job: Path) -> Path:
-    """JOB/graph: the graph stage's tables."""
-    return Path(job) / "graph"
-
-
-def graph_file(job: Path, name: str = "events") -> Path:
-    """JOB/graph/NAME.parquet (events, comms, groups, ranks)."""
-    return graph_table(graph_dir(job), name)
-
-
-def graph_table(graph: Path, name: str = "events") -> Path:
-    """GRAPH/NAME.parquet of a graph folder (`graph_dir`, or one a caller was handed)."""
-    return Path(graph) / f"{name}.parquet"
-
-
-CALIBRATED = "calibrated"  # the calibrate stage's output folder (the job's prediction)
-
-
-def calibrated_dir(job: Path, folder: str = CALIBRATED) -> Path:
-    """JOB/calibrated: the calibrate stage's output (another FOLDER: a calibration of the slices, a what-if)."""
-    return Path(job) / folder
-
-
-def calibrated(job: Path, name: str = "timeline", folder: str = CALIBRATED) -> Path:
-    """JOB/FOLDER/NAME.parquet (timeline, iterations) of a calibrated folder."""
-    return calibrated_dir(job, folder) / f"{name}.parquet"
-
-
-def emulation(job: Path, name: str | None = None) -> Path:
-    """JOB/emulation (or a file in it)."""
-    return Path(job) / "emulation" if name is None else Path(job) / "emulation" / name
-
-
-def baseline(job: Path) -> Path:
-    """JOB/baseline: the real run of the job (its own raw/ and graph/)."""
-    return Path(job) / "baseline"
-
-
-SLICES = "slices"  # the slice plan and the (untimed) slice runs
-TIMED_SLICES = "slices_timed"  # the timed pass's slice runs (`prism slices run --timed-by`) and what they measured
-UNTIMED_CALIBRATION = "calibrated_untimed"  # the untimed pass's calibration, which times the second pass
-
-
-def slices_dir(job: Path, folder: str = SLICES) -> Path:
-    """JOB/slices (or JOB/slices_timed): the slice runs of one pass and what they measured."""
-    return Path(job) / folder
-
-
-def slice_plan(job: Path) -> Path:
-    return slices_dir(job) / "plan.parquet"
-
-
-def slice_dir(job: Path, k: int, folder: str = SLICES) -> Path:
-    """JOB/FOLDER/slice=K: a slice run's outputs."""
-    return slices_dir(job, folder) / f"slice={k}"
-
-
-def slice_file(job: Path, k: int, name: str = "events.parquet", folder: str = SLICES) -> Path:
-    """JOB/FOLDER/slice=K/NAME: one of a slice run's outputs."""
-    return slice_dir(job, k, folder) / name
-
-
-def slice_files(job: Path, name: str = "events.parquet", folder: str = SLICES) -> list[Path]:
-    """Every JOB/FOLDER/slice=K/NAME there is, sorted by path."""
-    return sorted(slices_dir(job, folder).glob(f"slice=*/{name}"))
-
-
-def own_durations(job: Path, folder: str = SLICES) -> Path:
-    """JOB/FOLDER/durations.parquet: every event's measured duration (the slices' calibration)."""
-    return slices_dir(job, folder) / "durations.parquet"
-
-
-def slice_transfers(job: Path, folder: str = SLICES) -> Path:
-    """JOB/FOLDER/transfers.parquet: every comm's transfer the slices measured."""
-    return slices_dir(job, folder) / "transfers.parquet"
-
-
-def report(job: Path) -> Path:
-    return Path(job) / "report" / "report.html"
-
-
-def raw_dir(run: Path) -> Path:
-    """RUN/raw: a run folder's raw streams (a capture, a slice run, an emulation's launch)."""
-    return Path(run) / "raw"
-
-
-def rank_stream(run: Path, rank: int, name: str = "events.arrow") -> Path:
-    """RUN/raw/rank=R/NAME: a rank's raw stream."""
-    return raw_dir(run) / f"rank={rank}" / name
-
-
-def rank_streams(run: Path, name: str = "events.arrow") -> list[Path]:
-    """Every RUN/raw/rank=R/NAME there is, by rank."""
-    return sorted(raw_dir(run).glob(f"rank=*/{name}"), key=lambda p: int(p.parent.name.split("=")[1]))
-
-
-def replay_stream(run: Path, name: str = "events.arrow") -> Path:
-    """RUN/raw/replay/NAME: what a run's replay worker or server recorded."""
-    return raw_dir(run) / "replay" / name
-
-
-def meta_path(run: Path) -> Path:
-    """RUN/raw/meta.json of a run folder."""
-    return raw_meta(raw_dir(run))
-
-
-def raw_meta(raw: Path) -> Path:
-    """RAW/meta.json of a raw folder (the launcher's record of the run)."""
-    return Path(raw) / "meta.json"
-
-
-def capture_dir(job: Path) -> Path:
-    """JOB/capture: the capture's run folder in a job folder."""
-    return Path(job) / "capture"
-
-
-def payloads_dir(run: Path) -> Path:
-    """RUN/payloads: a capture's content-addressed payloads."""
-    return Path(run) / "payloads"
-
-
-def capture_candidates(job: Path) -> list[Path]:
-    """Where a job's capture may be: JOB/capture, or JOB itself (a bare capture folder)."""
-    return [capture_dir(job), Path(job)]
 
 
 # -- meta.json ------------------------------------------------------------------------------------------
@@ -196,7 +76,7 @@ def find_capture(job: Path, payloads: bool = True, candidates: list[Path] | None
         if meta_path(cand).is_file():
             meta = read_meta(cand)
             if not modes.captured(meta):
-                raise JobError(f"{cand / 'raw'}: a {meta.get('mode')!r} run, not a capture: capture the job "
+                raise JobError(f"{raw_dir(cand)}: a {meta.get('mode')!r} run, not a capture: capture the job "
                                "(the pipeline's capture rule, or `prism launch --mode capture --out DIR ...`)")
             if payloads and (not meta.get("payloads", False) or not payloads_dir(cand).is_dir()):
                 raise JobError(f"{cand}: no payloads/ (captured with --no-payloads?): capture again with payloads")

@@ -48,7 +48,7 @@ from typing import Callable
 import duckdb
 
 from prism import folder_lock
-from prism import artifacts, settings, sql_views
+from prism import artifacts, job_paths, settings, sql_views
 
 DEFAULT_JOB = Path("results/default")
 CATALOG = "prism.duckdb"
@@ -106,7 +106,8 @@ def discover(job_dir: str | Path) -> list[View]:
             plain.setdefault(name, []).append((parts[0] if parts else "", path))
         elif all("=" in part for part in parts[1:]):
             keys = tuple(part.split("=", 1)[0] for part in parts[1:])
-            hive[parts[0], keys, name] = job_dir / parts[0] / Path(*(f"{k}=*" for k in keys)) / f"{name}.parquet"
+            partitions = job_dir / parts[0] / Path(*(f"{k}=*" for k in keys))
+            hive[parts[0], keys, name] = job_paths.table_file(partitions, name)
     views: list[View] = []
     for name, entries in plain.items():
         entries.sort(key=lambda entry: _stage_rank(entry[0]))
@@ -143,7 +144,7 @@ def discover_schemas(job_dir: str | Path) -> list[View]:
         if list(middle) != subs + [f"{k}={part.split('=', 1)[1]}" for k, part in zip(keys, middle[len(subs):])]:
             continue  # a partition folder above a plain one: not a layout prism writes
         name = "_".join([s for s in subs if s != "graph"] + [path.stem])
-        pattern = job_dir / folder / Path(*subs, *(f"{k}=*" for k in keys)) / f"{path.stem}.parquet"
+        pattern = job_paths.table_file(job_dir / folder / Path(*subs, *(f"{k}=*" for k in keys)), path.stem)
         found.setdefault((schema, name), View(name, pattern, bool(keys), schema))
     return sorted(found.values(), key=lambda view: (view.schema, view.name))
 

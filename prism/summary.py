@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", type=Path, required=True, help="job folder holding graph/")
     parser.add_argument("--show", action="store_true", help="print the existing summary")
     args = parser.parse_args(argv)
-    out = args.job / "summary.txt"
+    out = job_files.summary(args.job)
     if args.show:
         if not out.is_file():
             print(f"prism summary: no summary at {out}: run `make demo` (or the pipeline) first",

@@ -169,8 +169,8 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     row = {
         "W": w, "P": devices, "layout": layout_name(layouts[w]), "wall_s": wall,
         "pss_peak": sampler.peak, "cgroup_peak": cg_peak, "switches": cap["context_switches"],
-        "raw_bytes": folder_bytes(job / "raw"), "payload_bytes": folder_bytes(job / "payloads"),
-        "payload_files": len(list((job / "payloads").rglob("*.bin"))) if payloads else 0,
+        "raw_bytes": folder_bytes(job_files.raw_dir(job)), "payload_bytes": folder_bytes(job_files.payloads_dir(job)),
+        "payload_files": len(list(job_files.payloads_dir(job).rglob("*.bin"))) if payloads else 0,
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
         "warmup": warmup,
@@ -187,7 +187,7 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
     try:
         _after_capture(job, devices, pipeline, emulate, slices, stages)
     finally:
-        report = job / "report" / "report.html"
+        report = job_files.report(job)
         if keep_report is not None and report.is_file():
             keep_report.mkdir(parents=True, exist_ok=True)
             shutil.copy2(report, keep_report / f"report-w{w}.html")
@@ -209,7 +209,7 @@ def _after_capture(job: Path, devices: int, pipeline: bool, emulate: bool, slice
         return
     if stages.run("plan", [py, "-m", "prism.slices.plan", "--job", str(job), "--devices", str(devices),
                            "--representative"], f"plan at W={w}"):
-        row["slices_bytes"] = folder_bytes(job / "slices")
+        row["slices_bytes"] = folder_bytes(job_files.slices_dir(job))
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job)], f"calibrate at W={w}"):
         row["calibrated_bytes"] = folder_bytes(job_files.calibrated_dir(job))
     if slices:  # the representative slices run, then the calibration from them (`scale_slices`)

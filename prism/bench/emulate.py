@@ -74,8 +74,8 @@ def synthetic(w: int, work: Path, iterations: int = 2) -> dict:
     n = g.n_events
     rank = np.repeat(np.arange(w, dtype=np.int32), np.diff(g.rank_ptr))
     folder = work / f"synthetic-w{w}"
-    (folder / "graph").mkdir(parents=True, exist_ok=True)
-    (folder / "calibrated").mkdir(parents=True, exist_ok=True)
+    job_files.graph_dir(folder).mkdir(parents=True, exist_ok=True)
+    job_files.calibrated_dir(folder).mkdir(parents=True, exist_ok=True)
     ids = np.arange(n, dtype=np.int64)
     seq = ids - g.rank_ptr[rank]
     pq.write_table(pa.table({

@@ -64,7 +64,7 @@ def breakdown(job: Path, folder: str, rank: int) -> dict:
     """Where rank `rank`'s emulated iterations (1 .. last-1) differ from the calibrated timeline's."""
     from prism.calibrate import durations as rules
 
-    em = pq.read_table(job / folder / "events.parquet")
+    em = pq.read_table(job_files.table_file(job / folder, "events"))
     em = em.filter(pa.array(_strings(em.column("source")) != "computed"))
     src = _strings(em.column("source"))
     kind, op, grp = (_strings(em.column(c)) for c in ("kind", "op", "group_name"))
@@ -132,7 +132,7 @@ def score(job: Path, variant: str) -> dict:
     if out.get("sandbox_ms") and out.get("computed_rank_ms"):
         out["sandbox_minus_computed_pct"] = (100.0 * (out["sandbox_ms"] - out["computed_rank_ms"])
                                              / out["computed_rank_ms"])
-    meta = json.loads((folder / "meta.json").read_text()).get("emulation", {})
+    meta = json.loads(job_files.meta_file(folder).read_text()).get("emulation", {})
     out["transfer_holds"], out["transfer_hold_s"] = meta.get("transfer_holds"), meta.get("transfer_hold_s")
     diag = (meta.get("rank_diagnostics") or {}).get(str(out["rank"])) or {}  # the whole run's
     out["threads_cpu_s"], out["hops"] = diag.pop("threads_cpu_s", None), diag or None

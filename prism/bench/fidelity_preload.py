@@ -118,7 +118,7 @@ def held(capture: Path) -> list[str]:
     bytes: what the rank holds loaded before a slice run's program runs (PRISM_SLICE_PRELOAD_MB permitting)."""
     lines, sizes = [], []
     for folder in sorted(job_files.raw_dir(capture).glob("rank=*"), key=lambda p: int(p.name.split("=")[1])):
-        with pa.OSFile(str(folder / "payloads.arrow")) as source:
+        with pa.OSFile(str(job_files.stream_file(folder, "payloads"))) as source:
             rows = pa.ipc.open_stream(source).read_all().to_pylist()
         outs = [r for r in rows if r["role"] == "out"]
         payloads = job_files.payloads_dir(capture)

@@ -169,7 +169,8 @@ def slice_inputs_by_rule(config_dir: Path, truth, pass_dir: str, rule: str) -> t
     for name, t in runs:
         rows = np.flatnonzero(t["t_end_ns"] >= 0)
         own[rows] = rules.own_ns(g.kind, t["device_ns"], t["cpu_ns"])[rows]
-        issues.append(_replayed(config_dir / "prism0" / pass_dir / name / "replay.parquet", cpos))
+        issues.append(_replayed(job_files.table_file(job_files.slices_dir(config_dir / "prism0", pass_dir) / name,
+                                                      "replay"), cpos))
         firsts.append(member_delays(g.kind, g.comm, g.wait_op, t["t_start_ns"], t["t_end_ns"], t["t_complete_ns"],
                                     rows, g.n_comms, issues[-1]))
     f = np.stack(firsts)

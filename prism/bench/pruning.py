@@ -67,13 +67,13 @@ def measure(name: str, w: int, steps: int, work: Path) -> dict:
     label, args, sandbox = layout(name, w)
     prog = ["-m", "prism.workloads.moe_gpt", *args, *SMALL, "--steps", str(steps)]
     job = work / f"{label}-w{w}"
-    _launch(["--nproc", str(w), "--mode", "capture", "--devices", "2", "--out", str(job / "capture"), *prog],
+    _launch(["--nproc", str(w), "--mode", "capture", "--devices", "2", "--out", str(job_files.capture_dir(job)), *prog],
             f"capture of {label} at W={w}")
     row = {"layout": label, "W": w, "sandbox": sandbox}
     printed = {}
     for on in (True, False):
         out = job / ("on" if on else "off")
-        wall, text = _launch(["--nproc", str(w), "--mode", "emulate", "--capture", str(job / "capture"),
+        wall, text = _launch(["--nproc", str(w), "--mode", "emulate", "--capture", str(job_files.capture_dir(job)),
                               "--sandbox", str(sandbox), "--devices", "1", *([] if on else ["--no-pruning"]),
                               "--out", str(out), *prog], f"emulation of {label} at W={w} (pruning {on})")
         emu = json.loads(job_files.meta_path(out).read_text())["emulation"]

@@ -37,7 +37,8 @@ def calibrated_iteration_s(job: Path, folder: str = "calibrated") -> float | Non
     """The job's iteration time: per iteration >= 1, its slowest rank's duration; the median of those."""
     import pyarrow.parquet as pq
 
-    it = pq.read_table(job / folder / "iterations.parquet", columns=["rank", "iteration", "duration_ns"]).to_pylist()
+    it = pq.read_table(job_files.calibrated(job, "iterations", folder),
+                       columns=["rank", "iteration", "duration_ns"]).to_pylist()
     per: dict[int, int] = {}
     for r in it:
         if r["iteration"] >= 1:
@@ -53,11 +54,10 @@ def replay_lateness(job: Path, k: int) -> list[dict]:
     from prism import artifacts
     from prism.slices import replay_ops
 
-    folder = job_files.slice_file(job, k).parent
-    ops = replay_ops.read(folder / "replay_ops.parquet")
+    ops = replay_ops.read(job_files.slice_file(job, k, "replay_ops.parquet"))
     if ops is None:
         return []
-    return replay_ops.lateness(ops, artifacts.read_parquet(folder / "events.parquet"))
+    return replay_ops.lateness(ops, artifacts.read_parquet(job_files.slice_file(job, k)))
 
 
 def run(job: Path, stages) -> None:
@@ -82,14 +82,13 @@ def run(job: Path, stages) -> None:
         row["slice_run_max_s"] = max(row["slice_run_max_s"], row.pop("slice_s"))
         row["slices_run_rss"] = max(row["slices_run_rss"], row.pop("slice_rss"))
         stages.save(row)
-    sl = job / "slices"
     stages.run("from_slices", [py, "-m", "prism.calibrate.from_slices", "--job", str(job)],
                "durations from the slices")
     if stages.run("calibrate", [py, "-m", "prism.cli", "calibrate", "--job", str(job), "--durations",
-                                str(sl / "durations.parquet"), "--transfers", str(sl / "transfers.parquet")],
+                                str(job_files.own_durations(job)), "--transfers", str(job_files.slice_transfers(job))],
                   "calibrate from the slices"):
         row["calibrated_bytes"] = folder_bytes(job_files.calibrated_dir(job))
-        row["slices_bytes"] = folder_bytes(sl)
+        row["slices_bytes"] = folder_bytes(job_files.slices_dir(job))
         row["iteration_s"] = calibrated_iteration_s(job)
         stages.save(row)
 
@@ -98,5 +97,5 @@ def after_emulate(job: Path, stages) -> None:
     py = sys.executable
     stages.run("summary", [py, "-m", "prism.cli", "summary", "--job", str(job)], "summary")
     if stages.run("report", [py, "-m", "prism.cli", "report", "--job", str(job)], "report"):
-        stages.row["report_bytes"] = folder_bytes(job / "report")
+        stages.row["report_bytes"] = folder_bytes(job_files.report_dir(job))
         stages.save(stages.row)

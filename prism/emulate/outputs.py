@@ -273,7 +273,7 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
     ]
     if stats:
         lines += ["", "emulation: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))]
-    lines += ["", f"artifacts: {job_dir / 'emulation'}/{{events,iterations,memory}}.parquet, logs/rank=R.log",
+    lines += ["", f"artifacts: {job_files.emulation(job_dir)}/{{events,iterations,memory}}.parquet, logs/rank=R.log",
               f"query: prism sql --job {job_dir} \"SELECT source, count(*) FROM emulation.events GROUP BY 1\""]
     return "\n".join(lines) + "\n"
 

@@ -140,7 +140,7 @@ def emulate(job_dir: Path, spec: str | None, devices: int | None = None, steps: 
 
 def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, launch, what_if, hang_timeout):
     began = time.monotonic()
-    final = job_dir / "emulation"
+    final = job_files.emulation(job_dir)
     if final.exists() and any(final.iterdir()) and not force:
         raise EmulateError(f"{final} exists and is not empty: pass --force to replace it")
     if steps is not None and steps < 1:
@@ -176,7 +176,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
             raise LaunchFailed(code, ranks)
         em = outputs.with_figures(outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps),
                                   calibrated)
-        result = staging / "emulation"
+        result = job_files.emulation(staging)
         artifacts.write_outputs(result, em.tables, outputs.SCHEMAS, run_id=job.meta["run_id"])
         logs = sorted((run_dir / "logs").glob("rank=*.log"))
         (result / "logs").mkdir()
@@ -185,8 +185,8 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
         if not logs and launch_log.is_file():  # a launcher that keeps no per-rank logs: its whole output
             shutil.copy2(launch_log, result / "logs" / "launch.log")
         text = outputs.summary(em, job_dir, calibrated, devices, time.monotonic() - began)
-        (result / "summary.txt").write_text(text)
-        shutil.copy2(job_files.meta_path(run_dir), result / "meta.json")  # the launch's stats
+        job_files.summary(result).write_text(text)
+        shutil.copy2(job_files.meta_path(run_dir), job_files.meta_file(result))  # the launch's stats
         _publish(result, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

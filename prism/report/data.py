@@ -54,11 +54,11 @@ def _read(path: Path, stage: str, columns: list[str] | None = None) -> pl.DataFr
 
 
 def _graph_events(folder: Path, stage: str) -> pl.DataFrame:
-    return _read(folder / "events.parquet", stage, EVENT_COLUMNS + ["t_start_ns", "t_end_ns"])
+    return _read(job_files.graph_table(folder, "events"), stage, EVENT_COLUMNS + ["t_start_ns", "t_end_ns"])
 
 
 def _comms(folder: Path, stage: str) -> pl.DataFrame:
-    return _read(folder / "comms.parquet", stage, ["comm_id", "kind", "op", "event_ids"])
+    return _read(job_files.graph_table(folder, "comms"), stage, ["comm_id", "kind", "op", "event_ids"])
 
 
 def _from_host_clock(events: pl.DataFrame) -> pl.DataFrame:
@@ -76,7 +76,7 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
         events = _from_host_clock(_graph_events(job_files.graph_dir(job), graph_stage))
         comms = _comms(job_files.graph_dir(job), graph_stage)
     elif name == "baseline":
-        stage = f"the baseline (prism baseline, then prism graph --job {job / 'baseline'})"
+        stage = f"the baseline (prism baseline, then prism graph --job {job_files.baseline(job)})"
         events = _from_host_clock(_graph_events(job_files.graph_dir(job_files.baseline(job)), stage))
         comms = _comms(job_files.graph_dir(job_files.baseline(job)), stage)
     elif name == "calibrated":
@@ -85,7 +85,7 @@ def load_timeline(job: str | Path, name: str) -> Timeline:
                       ["event_id", "start_ns", "end_ns"])
         events = events.join(times, on="event_id", how="inner")
         if events.height != times.height:
-            raise ReportError(f"{job / 'calibrated' / 'timeline.parquet'}: its event ids are not the graph's: "
+            raise ReportError(f"{job_files.calibrated(job)}: its event ids are not the graph's: "
                               f"re-run prism calibrate --job {job}")
         comms = _comms(job_files.graph_dir(job), graph_stage)
     else:

@@ -53,6 +53,7 @@ import numpy as np
 import polars as pl
 
 from prism import folder_lock
+from prism import job as job_files
 from prism.artifacts import ArtifactError, check_out, stage_error
 from prism.report.data import TIMELINES, Timeline, load_timeline
 
@@ -68,8 +69,7 @@ def _us(ns) -> float:
 def group_names(job: str | Path, timeline: str) -> dict[str, str]:
     """{group id: its name and ranks, e.g. "tp[0,1]"} from the graph's ``groups.parquet`` of the timeline
     (``baseline/graph/`` for the baseline, ``graph/`` otherwise); {} when it is not there."""
-    folder = Path(job) / ("baseline/graph" if timeline == "baseline" else "graph")
-    path = folder / "groups.parquet"
+    path = job_files.graph_file(job_files.baseline(job) if timeline == "baseline" else job, "groups")
     if not path.is_file():
         return {}
     groups = pl.read_parquet(path, columns=["group_name", "group_desc", "members"])

@@ -196,7 +196,7 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
             page.text(f"No baseline: {decided['reason']} (decided on {decided.get('host', '?')}, "
                       f"{job / 'baseline-decision.json'}). The prediction above is not compared with a real run.")
         else:
-            page.text(f"No baseline: {job / 'baseline' / 'graph' / 'events.parquet'} is absent (the config's "
+            page.text(f"No baseline: {job_files.graph_file(job_files.baseline(job))} is absent (the config's "
                       "baseline.run is never, or the job was not run by the pipeline). The prediction above is not "
                       "compared with a real run.")
     if baseline is not None and base_iters is not None:
@@ -222,7 +222,7 @@ def _emulation_section(page: Page, job: Path) -> None:
     page.heading("Emulation: sandbox ranks measured vs predicted")
     fig = results.read_figures(job)
     if not fig.ranks:
-        page.text(f"No sandbox rank with iteration times in {job / 'emulation'}.", "note")
+        page.text(f"No sandbox rank with iteration times in {job_files.emulation(job)}.", "note")
         return
     page.text(f"Sandbox ranks (ran for real in the emulation): {', '.join(str(r.rank) for r in fig.ranks)}; "
               f"iterations compared: {', '.join(map(str, fig.iterations))}.")

@@ -23,7 +23,7 @@ def write_report(job: Path, out: Path | None = None, ranks: list[int] | None = N
 
     out = check_out(out or job_files.report(job))
     # one run's artifacts (an emulation/ or calibrated/ copied from another run is named, not shown)
-    inputs = [p for p in (job_files.meta_path(job), job_files.meta_path(job / "capture"),
+    inputs = [p for p in (job_files.meta_path(job), job_files.meta_path(job_files.capture_dir(job)),
                           job_files.graph_file(job), job_files.calibrated(job),
                           job_files.emulation(job, "events.parquet")) if p.is_file()]
     if len(inputs) > 1:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from prism import schemas
+from prism import job_paths, schemas
 from prism.runtime.memory import MemoryProbe
 
 _wall = time.monotonic_ns
@@ -292,7 +292,7 @@ class Recorder:
             self._writer = pa.ipc.new_stream(self._sink, self._schema)
         self._writer.close()
         self._sink.close()
-        os.replace(self.dir / "events.arrow.tmp", self.dir / "events.arrow")
+        os.replace(self.dir / "events.arrow.tmp", job_paths.stream_file(self.dir, "events"))
         gschema = schemas.with_version(schemas.RAW_GROUPS)
         table = pa.Table.from_pylist(
             [dict(zip(gschema.names, g)) for g in self._groups], schema=gschema
@@ -300,7 +300,7 @@ class Recorder:
         tmp = self.dir / "groups.arrow.tmp"
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, gschema) as writer:
             writer.write_table(table)
-        os.replace(tmp, self.dir / "groups.arrow")
+        os.replace(tmp, job_paths.stream_file(self.dir, "groups"))
 
     @property
     def peak_rss_bytes(self) -> int:

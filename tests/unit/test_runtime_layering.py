@@ -15,7 +15,7 @@ import prism
 import prism.runtime
 
 FORBIDDEN = ("prism.workloads", "prism.graph", "prism.calibrate", "prism.report", "prism.slices", "prism.bench",
-             "prism.sql", "prism.summary")
+             "prism.sql", "prism.summary", "prism.job")  # prism.job: the facade imports calibrate; use job_paths
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -6,6 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from prism import config as prism_config
+from prism import job_paths
 
 if not workflow.overwrite_configfiles:
     # No --configfile: the default job (config/config.yaml, the same job as prism/configs/default.yaml), with any
@@ -28,11 +29,11 @@ def foreign_run(job_dir):
     """Why `job_dir` cannot be this pipeline's job folder, or None. A folder holding another run (a `prism
     launch --out` folder: raw/ at its top, with its own run id) is refused before any job of the pipeline
     writes into it, which would overwrite that run's graph/ and then refuse "different runs" half-way."""
-    raw = os.path.join(job_dir, "raw")
+    raw = job_paths.raw_dir(job_dir)
     if not os.path.exists(raw):
         return None
     try:
-        with open(os.path.join(raw, "meta.json")) as f:
+        with open(job_paths.meta_path(job_dir)) as f:
             run = f"run {json.load(f).get('run_id', '?')}"
     except (OSError, ValueError):
         run = "a run"
@@ -70,7 +71,7 @@ def measured_slices(wildcards, folder="slices"):
     plan = checkpoints.slice_plan.get().output[0]
     rows = artifacts.read_parquet(plan, columns=["slice", "measured"]).to_pylist()
     ks = sorted({r["slice"] for r in rows if r["measured"]})
-    return [f"{JOB_DIR}/{folder}/slice={k}/events.parquet" for k in ks]
+    return [str(job_paths.slice_file(JOB_DIR, k, folder=folder)) for k in ks]
 
 
 def emulate_options():

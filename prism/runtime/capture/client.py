@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from prism import settings
+from prism import job_paths, settings
 from prism import schemas
 from prism.runtime import memory, shm
 from prism.runtime.work_parts import OwnResult
@@ -185,7 +185,7 @@ class CaptureClient:
         tmp = folder / "payloads.arrow.tmp"
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(table)
-        os.replace(tmp, folder / "payloads.arrow")
+        os.replace(tmp, job_paths.stream_file(folder, "payloads"))
 
 
 class _CaptureFuture(torch.futures.Future):

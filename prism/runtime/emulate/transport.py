@@ -41,12 +41,11 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from prism import settings
+from prism import job_paths, settings
 from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate.common_start import to_local_clock
 from prism.runtime import ops, semantics, shm, watchdog
@@ -455,7 +454,7 @@ def anysource_peers(rank: int) -> dict[tuple[str, int], list[int]]:
 
         from prism import schemas
 
-        path = Path(settings.CAPTURE.get()) / "raw" / f"rank={rank}" / "events.arrow"
+        path = job_paths.rank_stream(settings.CAPTURE.get(), rank)
         with pa.OSFile(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         cols = [table[c].cast(pa.string()) if pa.types.is_dictionary(table[c].type) else table[c]

@@ -28,6 +28,7 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism import job_paths
 from prism.runtime import shm, watchdog
 from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate import pruned
@@ -288,7 +289,7 @@ def serve(spec: ZygoteSpec) -> int:
         table = worker.timed.table()
         with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
-        (folder / "events.arrow.tmp").replace(folder / "events.arrow")
+        (folder / "events.arrow.tmp").replace(job_paths.stream_file(folder, "events"))
     summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": worker.timed.events_run if timed else 0,
                "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
                "groups": len(worker.built),

@@ -39,7 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism import settings
+from prism import job_paths, settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch.progress import LOG_PERIOD_S
 
@@ -322,7 +322,7 @@ def _validate_hosts(spec: LaunchSpec) -> None:
 
 def timed_graph(timeline: Path) -> Path:
     """The graph events a calibrated timeline (JOB/<folder>/timeline.parquet) belongs to: JOB/graph/events.parquet."""
-    return timeline.resolve().parent.parent / "graph" / "events.parquet"
+    return job_paths.graph_file(timeline.resolve().parent.parent)
 
 
 def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
@@ -353,10 +353,10 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
     if spec.capture is None:
         raise LaunchError(f"--mode {mode.name} needs --capture CAPDIR (the output folder of "
                           "`prism launch --mode capture`, or a job folder holding it)")
-    if mode.sandbox and not (spec.capture / "raw" / "meta.json").is_file() \
-            and (spec.capture / "capture" / "raw" / "meta.json").is_file():
-        spec.capture = spec.capture / "capture"  # a job folder: its capture lives in JOB/capture
-    meta_path = spec.capture / "raw" / "meta.json"
+    if mode.sandbox and not job_paths.meta_path(spec.capture).is_file() \
+            and job_paths.meta_path(job_paths.capture_dir(spec.capture)).is_file():
+        spec.capture = job_paths.capture_dir(spec.capture)  # a job folder: its capture lives in JOB/capture
+    meta_path = job_paths.meta_path(spec.capture)
     if not meta_path.is_file():
         raise LaunchError(f"--capture {spec.capture}: no raw/meta.json (not a capture folder, or the capture "
                           "did not finish); run `prism launch --mode capture --out CAPDIR` first")
@@ -367,7 +367,7 @@ def _validate_slice(spec: LaunchSpec, mode: modes.Mode) -> None:
         asked = f"--nproc {spec.nproc} x --nnodes {spec.nnodes} is {world}" if spec.nnodes > 1 else f"--nproc is {world}"
         raise LaunchError(f"--capture {spec.capture} has {meta.get('world_size')} ranks, {asked}: "
                           f"{'an emulation' if mode.sandbox else 'a slice'} runs the captured job at its own size")
-    if not meta.get("payloads", False) or not (spec.capture / "payloads").is_dir():
+    if not meta.get("payloads", False) or not job_paths.payloads_dir(spec.capture).is_dir():
         raise LaunchError(f"--capture {spec.capture} has no payloads (captured with --no-payloads): "
                           "capture again with payloads")
     spec.capture = spec.capture.resolve()

@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from prism import schemas, settings
+from prism import job_paths, schemas, settings
 from prism.runtime import modes, named_boundaries, oom, watchdog
 from prism.runtime.launch import cores
 from prism.runtime.launch import limits
@@ -194,7 +194,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
             _publish(staging, spec, run_id, started, stats, {**(hosts_run.meta() if hosts_run else {}),
                                                              "pinned_cores": list(cores)})
             if payload_staging is not None:
-                _replace_dir(payload_staging, spec.out / "payloads", run_id)
+                _replace_dir(payload_staging, job_paths.payloads_dir(spec.out), run_id)
             if log_staging is not None:
                 _replace_dir(log_staging, spec.out / "logs", run_id)
 
@@ -226,7 +226,7 @@ def _iterations_expected(spec: LaunchSpec) -> int | None:
     import pyarrow.compute as pc
     import pyarrow.ipc as ipc
 
-    path = Path(spec.capture) / "raw" / f"rank={spec.slice_ranks[0]}" / "events.arrow"
+    path = job_paths.rank_stream(spec.capture, spec.slice_ranks[0])
     try:
         with pa.OSFile(str(path)) as f:
             ops = ipc.open_stream(f).read_all().column("op")
@@ -242,7 +242,7 @@ def boundary_functions(spec: LaunchSpec) -> dict[str, str]:
     chosen = {}
     inherited = {}
     if spec.capture is not None:
-        meta = spec.capture / "raw" / "meta.json"
+        meta = job_paths.meta_path(spec.capture)
         if meta.is_file():
             inherited = json.loads(meta.read_text()).get("boundary_functions") or {}
     for var, value in ((named_boundaries.ITERATION_ENV, spec.iteration_fn),
@@ -382,8 +382,8 @@ def _publish(staging: Path, spec: LaunchSpec, run_id: str, started: float, stats
         meta.update(sandbox=spec.slice_ranks, capture_dir=str(spec.capture), devices=spec.devices,
                     t0_ns=stats["replay"].get("t0_ns"), emulation=_emulation_stats(spec, stats))
     meta.update(extra or {})  # a capture over hosts: the job's world size, its hosts, each rank's host
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    _replace_dir(staging, spec.out / "raw", run_id)
+    job_paths.raw_meta(staging).write_text(json.dumps(meta, indent=2) + "\n")
+    _replace_dir(staging, job_paths.raw_dir(spec.out), run_id)
 
 
 def _emulation_stats(spec: LaunchSpec, stats: dict) -> dict:

@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numba import njit
 
-from prism import schemas
+from prism import job_paths, schemas
 from prism.clock_rule import collective_done, ends, p2p_done, wait_ends
 from prism.runtime.replay import cone as cones
 from prism.runtime.replay.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
@@ -65,7 +65,7 @@ from prism.runtime.replay.cone import ARRIVE_RECV, ARRIVE_SEND, NEG, PLAIN, WAIT
 def find_artifacts(capture: Path) -> tuple[Path, Path] | None:
     """graph/events.parquet and calibrated/timeline.parquet of the job holding `capture` (in it or its parent)."""
     for job in (capture, capture.parent):
-        events, timeline = job / "graph" / "events.parquet", job / "calibrated" / "timeline.parquet"
+        events, timeline = job_paths.graph_file(job), job_paths.calibrated(job)
         if events.is_file() and timeline.is_file():
             return events, timeline
     return None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from prism import job_paths
 from prism.runtime import shm
 from prism.runtime.replay.plan import Channel, ReplayError, ReplayPlan
 
@@ -95,7 +96,7 @@ class VirtualRanks:
 
     def __init__(self, plan: ReplayPlan, capture: Path, timeout: timedelta) -> None:
         self.plan = plan
-        self.payloads = shm.PayloadStore(capture / "payloads")
+        self.payloads = shm.PayloadStore(job_paths.payloads_dir(capture))
         self.timeout = timeout
         self.pgs: dict[str, dict[int, object]] = {}
         self.loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prism-replay-load")

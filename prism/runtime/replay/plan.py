@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from prism import schemas
+from prism import job_paths, schemas
 from prism.runtime.ops import ROOTED
 from prism.runtime.capture.client import key_name
 
@@ -93,8 +93,7 @@ def _group_order(name: str) -> tuple:
 
 def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     """Read the capture: the groups, collectives and messages that involve a slice rank and a virtual one."""
-    raw = capture / "raw"
-    meta_path = raw / "meta.json"
+    meta_path = job_paths.meta_path(capture)
     if not meta_path.is_file():
         raise ReplayError(f"{meta_path}: missing (not a capture folder, or the capture did not finish)")
     world = int(json.loads(meta_path.read_text())["world_size"])
@@ -102,7 +101,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     groups: dict[str, tuple[int, ...]] = {}
     # a group holding a slice rank is in that rank's groups table
     for r in slice_ranks:
-        for name, members in zip(*_read_stream(raw / f"rank={r}" / "groups.arrow")
+        for name, members in zip(*_read_stream(job_paths.rank_stream(capture, r, "groups.arrow"))
                                  .select(["group_name", "members"]).to_pydict().values()):
             members = tuple(members)
             if any(m not in slice_set for m in members):
@@ -115,7 +114,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     seen_by: dict[str, int] = {}
     peers: set[int] = set()
     for r in slice_ranks:
-        ev = _read_stream(raw / f"rank={r}" / "events.arrow").select(
+        ev = _read_stream(job_paths.rank_stream(capture, r)).select(
             ["seq", "kind", "op", "group_name", "group_seq", "peer", "work_id", "t_start_ns", "t_complete_ns"])
         cols = ev.to_pydict()
         for group, most in peak_in_flight(cols).items():
@@ -125,7 +124,7 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
                                                cols["peer"]):
             if kind in ("send", "recv") and group in groups:
                 if peer < 0:  # a recv from any source records its sender once it completed
-                    raise ReplayError(f"{raw / f'rank={r}' / 'events.arrow'}: a {op} without its sender "
+                    raise ReplayError(f"{job_paths.rank_stream(capture, r)}: a {op} without its sender "
                                       "(captured by an older prism, or never waited on): capture again")
                 peers.add(peer)
             if kind != "collective" or group not in groups or seen_by.setdefault(group, r) != r:
@@ -146,7 +145,8 @@ def load_plan(capture: Path, slice_ranks: list[int]) -> ReplayPlan:
     payload: dict[tuple[int, str], str] = {}
     channels: dict[tuple[str, int, int, int], list[tuple[int, str]]] = defaultdict(list)
     for r in sorted(readers):
-        table = _read_stream(raw / f"rank={r}" / "payloads.arrow").select(["key", "role", "hash"]).to_pydict()
+        table = _read_stream(job_paths.rank_stream(capture, r, "payloads.arrow"))
+        table = table.select(["key", "role", "hash"]).to_pydict()
         for key, role, digest in zip(table["key"], table["role"], table["hash"]):
             if role != "in":  # results kept for the slice ranks themselves (prism.runtime.slice.transport)
                 continue

@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from prism import job_paths
 from prism.runtime import thread_cpu
 from prism.runtime.replay.host import VirtualRanks, keep_until_exit
 from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
@@ -345,7 +346,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
         for name, table in tables.items():
             with pa.OSFile(str(folder / f"{name}.arrow.tmp"), "wb") as sink, ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
-            (folder / f"{name}.arrow.tmp").replace(folder / f"{name}.arrow")
+            (folder / f"{name}.arrow.tmp").replace(job_paths.stream_file(folder, name))
     summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
                "timed": server.timed is not None, "timed_issues": len(server.issued),

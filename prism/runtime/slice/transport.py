@@ -39,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from torch._C._distributed_c10d import Work
 
-from prism import schemas
+from prism import job_paths, schemas
 from prism import settings
 from prism.runtime import semantics, shm, thread_cpu, watchdog
 from prism.runtime.capture.client import key_name
@@ -57,7 +57,7 @@ class SliceDivergence(RuntimeError):
 
 def captured_ops(capture: Path, rank: int) -> list[tuple]:
     """The rank's communication ops in the capture, in program order: (kind, op, group, ..., bytes)."""
-    path = Path(capture) / "raw" / f"rank={rank}" / "events.arrow"
+    path = job_paths.rank_stream(capture, rank)
     with pa.OSFile(str(path)) as source:
         table = ipc.open_stream(source).read_all()
     cols = {name: table[name].cast(pa.string()) if pa.types.is_dictionary(table[name].type) else table[name]
@@ -125,7 +125,7 @@ class CapturedResults:
     program runs); the rest read ahead of use by one helper thread."""
 
     def __init__(self, capture: Path, rank: int, preload_bytes: int = 0) -> None:
-        path = Path(capture) / "raw" / f"rank={rank}" / "payloads.arrow"
+        path = job_paths.rank_stream(capture, rank, "payloads.arrow")
         with pa.OSFile(str(path)) as source:
             table = ipc.open_stream(source).read_all()
         rows = sorted((w, k, h) for w, k, r, h in zip(*(table[c].to_pylist() for c in
@@ -134,7 +134,7 @@ class CapturedResults:
         self._hash = {k: h for _, k, h in rows}
         self._order = [k for _, k, _ in rows]
         self._pos = {k: i for i, k in enumerate(self._order)}
-        self._store = shm.PayloadStore(Path(capture) / "payloads")
+        self._store = shm.PayloadStore(job_paths.payloads_dir(capture))
         self._preload_bytes = max(0, int(preload_bytes))
         self._pool: ThreadPoolExecutor | None = None  # started only for results past the preload
         self._loading: dict[str, Future] = {}
