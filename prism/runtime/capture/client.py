@@ -171,6 +171,7 @@ class CaptureClient:
 
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
+                 "process_cpu_ns": time.process_time_ns(),  # every thread's: what else the rank ran
                  "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
                  "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))

@@ -44,6 +44,7 @@ class CoordinatorLink:
         self.immortal = spec.immortal
         self.heap_holes = spec.heap_holes
         self.fork_s = spec.fork_s
+        self.warm_s = spec.warm_s
         self.fork_helpers = spec.fork_helpers
         self.socks = ctl
         self.shm_dir = Path(spec.shm_dir)
@@ -184,6 +185,9 @@ class CoordinatorLink:
         self.devices.close()
         self._doomed.put(None)
         self._unlinker.join(timeout=30)
+        # where the wall went: the zygote's warm-up and forks, then the coordinator's phases (`Coordinator.phases`)
+        stats["phases_s"] = {"warm": self.warm_s, "fork": self.fork_s,
+                             **self.coord.phases(self.started[0], time.monotonic())}
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():
             sock.close()
