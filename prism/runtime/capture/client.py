@@ -27,6 +27,7 @@ from prism.runtime.work_parts import OwnResult
 
 
 _client: "CaptureClient | None" = None
+SHARED = "-sum"  # a collective's file of its value, left by the member that computed it (`CaptureTransport._reduced`)
 
 
 class GroupCount:
@@ -283,6 +284,16 @@ class Contributions:
     def __iter__(self):
         return (self.client.path(self.key, f"-r{i}") for i in self.members)
 
+    def ready(self) -> bool:
+        """Whether this rank can complete the op at once: its value is already shared, or every contribution
+        is there. The members are looked at last first: the slots run ranks in rank order, so a collective
+        still incomplete misses its last members, found at the first look instead of after every member
+        that arrived (O(1) a waiting member, not O(members))."""
+        stem = f"{self.client.shm_dir}/{key_name(self.key)}"
+        if os.path.exists(stem + SHARED):
+            return True
+        return all(os.path.exists(f"{stem}-r{i}") for i in reversed(self.members))
+
 
 class CaptureWork(OwnResult):
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
@@ -305,6 +316,8 @@ class CaptureWork(OwnResult):
 
     def ready(self) -> bool:
         """Every contribution this rank needs is already there: no need to give the slot back."""
+        if isinstance(self.needs, Contributions):
+            return self.needs.ready()
         return self.needs is not None and all(p.exists() for p in self.needs)
 
     def finish(self) -> None:
