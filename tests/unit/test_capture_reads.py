@@ -110,3 +110,15 @@ def test_the_shared_value_file_goes_with_the_collectives_files(tmp_path):
     link._apply([])
     stem = f"{tmp_path}/c-g-0"
     assert link._doomed == [[f"{stem}-r0", f"{stem}-r1", f"{stem}-r2", stem + SHARED]]
+
+
+def test_a_coalesced_all_reduce_shares_every_tensor_with_its_dtype_and_shape(members):
+    ranks = list(members(4))
+    inputs = [[torch.full((2, 3), float(r) + 0.25), torch.arange(5, dtype=torch.int64) * r] for r in range(4)]
+    outs = [[t.clone() for t in ins] for ins in inputs]
+    works = [t.call("allreduce_coalesced", None, out, _Opts(dist.ReduceOp.SUM), work_id=1) for t, out in zip(ranks, outs)]
+    for w in works:
+        w.finish()
+    for out in outs:
+        assert out[0].dtype == torch.float32 and out[0].shape == (2, 3) and torch.equal(out[0], torch.full((2, 3), 7.0))
+        assert out[1].dtype == torch.int64 and torch.equal(out[1], torch.arange(5, dtype=torch.int64) * 6)
