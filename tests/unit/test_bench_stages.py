@@ -97,3 +97,19 @@ def test_the_capture_table_says_where_the_capture_went(capsys):
     del row["phases_s"]  # a row of an older capture: the line as before
     scale_tables.print_table([row], args)
     assert "phases" not in capsys.readouterr().out
+
+
+def test_the_tables_of_a_json_file_show_the_phases(tmp_path):
+    """`python -m prism.bench.scale_tables FILE` (the device script's last step) prints the capture's phases."""
+    import subprocess
+
+    row = {"W": 16, "P": 2, "layout": "tp2·pp2·dp4·ep2", "wall_s": 18.3, "pss_peak": 2**29, "cgroup_peak": None,
+           "rank_private_mib_median": 14.2, "rank_private_mib_max": 14.4, "switches": 554, "payload_bytes": 0,
+           "payload_files": 0, "fork_s": 0.25, "fork_helpers": 0, "coordinator_cpu_s": 0.2,
+           "coordinator_wall_s": 3.2, "ranks_cpu_s": 2.6, "setup_cpu_s": 0.3, "slot_held_s": 6.4,
+           "phases_s": {"warm": 4.9, "fork": 0.25, "setup": 0.4, "steps": 2.8}}
+    rows = tmp_path / "w16.json"
+    rows.write_text(json.dumps([row]))
+    proc = subprocess.run([PY, "-m", "prism.bench.scale_tables", str(rows)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "phases: warm 4.9 fork 0.2 setup 0.4 steps 2.8, set-up CPU 0.3 s, slots held 6.4 s" in proc.stdout
