@@ -46,6 +46,8 @@ def main() -> int:
     parser.add_argument("--after", required=True)
     parser.add_argument("--predict", default="2048,4096,8192")
     parser.add_argument("--sizes", default="128,1024", help="the host rows to fit")
+    parser.add_argument("--factor", type=float, action="append", default=[],
+                        help="also predict with this factor on b (repeatable; e.g. from scripts/rank_cpu_parts.py)")
     args = parser.parse_args()
     wanted = [int(w) for w in args.sizes.split(",")]
     rows = {r["W"]: r for r in json.load(open(args.host)) if r.get("coordinator_wall_s")}
@@ -65,10 +67,11 @@ def main() -> int:
           f"fixed {fixed:.1f} s, forks {fork_per_rank * 1e3:.2f} ms a rank")
     print(f"here, a rank's CPU (median): before {a0:.4f} + {b0 * 1e6:.1f}e-6·W s, after {a1:.4f} + {b1 * 1e6:.1f}e-6·W s: "
           f"factor on b {factor:.2f}")
-    print("W\tbefore_s\tafter_s")
+    factors = [1.0, factor] + args.factor
+    print("W\t" + "\t".join(f"factor_{f:.2f}_s" for f in factors) + "\t(factor 1: before)")
     for w in (int(x) for x in args.predict.split(",")):
         base = fixed + fork_per_rank * w
-        print(f"{w}\t{base + w / p * (a + b * w):.0f}\t{base + w / p * (a + factor * b * w):.0f}")
+        print(f"{w}\t" + "\t".join(f"{base + w / p * (a + f * b * w):.0f}" for f in factors))
     return 0
 
 
