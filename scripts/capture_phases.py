@@ -27,7 +27,8 @@ from prism.bench.capture_scale import WARMUP, layout_args, layout_name
 from prism.bench.scale_slices import WEAK
 
 PHASES = ("warm", "fork", "setup", "steps", "close", "launcher")
-COLUMNS = ("W", "layout", "wall_s", "queued_s", *(f"{p}_s" for p in PHASES), "exits_s", "hello_s", "setup_cpu_s", "rank_cpu_s",
+COLUMNS = ("W", "layout", "wall_s", "queued_s", *(f"{p}_s" for p in PHASES), "exits_s", "hello_s", "setup_cpu_s",
+           "rank_cpu_s",
            "rank_process_cpu_s", "slot_held_s", "logical_s_median",
            "coordinator_cpu_s", "messages", "completed_comms", "rank_private_mib_median", "load1_before",
            "load1_after")
@@ -52,8 +53,10 @@ def capture(w: int, devices: int, steps: int, work: Path, extra_env: dict) -> di
     # other runs claim them too, and a launch waits for them; that wait, and the launcher's imports, are `queued`)
     row = {"W": w, "layout": layout_name(WEAK[w]), "wall_s": round(meta["wall_s"], 2),
            "queued_s": round(wall - meta["wall_s"], 2),
-           **{f"{p}_s": ph.get(p) for p in PHASES if p != "launcher"}, "exits_s": ph.get("exits"), "hello_s": ph.get("hello"),
-           "setup_cpu_s": cap.get("setup_cpu_s"), "slot_held_s": cap.get("slot_held_s"), "logical_s_median": cap.get("logical_s_median"),
+           **{f"{p}_s": ph.get(p) for p in PHASES if p != "launcher"}, "exits_s": ph.get("exits"),
+           "hello_s": ph.get("hello"),
+           "setup_cpu_s": cap.get("setup_cpu_s"), "slot_held_s": cap.get("slot_held_s"),
+           "logical_s_median": cap.get("logical_s_median"),
            "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "messages": cap.get("messages"),
            "completed_comms": cap.get("completed_comms"), "rank_private_mib_median": cap.get("rank_private_mib_median"),
            "load1_before": round(load, 2), "load1_after": round(os.getloadavg()[0], 2)}

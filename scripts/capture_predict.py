@@ -65,7 +65,8 @@ def main() -> int:
     factor = b1 / b0
     print(f"host slot time a rank s(W) = {a:.4f} + {b * 1e6:.1f}e-6·W s (W={','.join(map(str, wanted))}, P={p}); "
           f"fixed {fixed:.1f} s, forks {fork_per_rank * 1e3:.2f} ms a rank")
-    print(f"here, a rank's CPU (median): before {a0:.4f} + {b0 * 1e6:.1f}e-6·W s, after {a1:.4f} + {b1 * 1e6:.1f}e-6·W s: "
+    print(f"here, a rank's CPU (median): before {a0:.4f} + {b0 * 1e6:.1f}e-6·W s, "
+          f"after {a1:.4f} + {b1 * 1e6:.1f}e-6·W s: "
           f"factor on b {factor:.2f}")
     factors = [1.0, factor] + args.factor
     print("W\t" + "\t".join(f"factor_{f:.2f}_s" for f in factors) + "\t(factor 1: before)")

@@ -93,7 +93,8 @@ def test_the_capture_table_says_where_the_capture_went(capsys):
     args = type("Args", (), {"devices": 2, "steps": 2, "no_payloads": False, "no_warmup": False})
     scale_tables.print_table([row], args)
     out = capsys.readouterr().out
-    assert "phases: warm 2.4 fork 0.5 hello 0.0 setup 5.8 steps 3.8 exits 0.4, set-up CPU 1.2 s, slots held 18.4 s" in out
+    assert ("phases: warm 2.4 fork 0.5 hello 0.0 setup 5.8 steps 3.8 exits 0.4, set-up CPU 1.2 s, "
+            "slots held 18.4 s") in out
     del row["phases_s"]  # a row of an older capture: the line as before
     scale_tables.print_table([row], args)
     assert "phases" not in capsys.readouterr().out

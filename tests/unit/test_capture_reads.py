@@ -101,7 +101,8 @@ def test_the_shared_value_file_goes_with_the_collectives_files(tmp_path):
     link._key_name, link._shared, link._shm = key_name, SHARED, str(tmp_path)
 
     class Coord:
-        file_moves, device_actions, finished_keys, groups, crashed = [], [], [("c", "g", 0)], {"g": ("dp", (0, 1, 2))}, True
+        file_moves, device_actions, finished_keys = [], [], [("c", "g", 0)]
+        groups, crashed = {"g": ("dp", (0, 1, 2))}, True
 
     class Doomed(list):
         put = list.append
@@ -116,7 +117,8 @@ def test_a_coalesced_all_reduce_shares_every_tensor_with_its_dtype_and_shape(mem
     ranks = list(members(4))
     inputs = [[torch.full((2, 3), float(r) + 0.25), torch.arange(5, dtype=torch.int64) * r] for r in range(4)]
     outs = [[t.clone() for t in ins] for ins in inputs]
-    works = [t.call("allreduce_coalesced", None, out, _Opts(dist.ReduceOp.SUM), work_id=1) for t, out in zip(ranks, outs)]
+    works = [t.call("allreduce_coalesced", None, out, _Opts(dist.ReduceOp.SUM), work_id=1)
+             for t, out in zip(ranks, outs)]
     for w in works:
         w.finish()
     for out in outs:

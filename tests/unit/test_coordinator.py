@@ -256,4 +256,5 @@ def test_phases_mark_the_last_first_wait_and_the_exits(monkeypatch):
 def test_phases_that_did_not_end_are_none():
     c, _ = started(2, 2)
     c.handle(0, ("wait", [], 1))
-    assert c.phases(0.0, 10.0) == {"hello": round(c.marks["all_hello"], 3), "setup": None, "steps": None, "exits": None, "close": None}
+    assert c.phases(0.0, 10.0) == {"hello": round(c.marks["all_hello"], 3), "setup": None, "steps": None,
+                                   "exits": None, "close": None}

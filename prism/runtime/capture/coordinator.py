@@ -403,20 +403,22 @@ class Coordinator:
             "completed_comms": self.completed_keys,
             "groups": len(self.groups),  # the groups ranks used (an unused group never reaches the coordinator)
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
-            "setup_cpu_s": round(self.setup_cpu_ns / 1e9, 3),
-            "slot_held_s": round(self.slot_held_s, 3),  # the ranks' CPU from their start to their first wait
+            "setup_cpu_s": round(self.setup_cpu_ns / 1e9, 3),  # the ranks' CPU from their start to their first wait
+            "slot_held_s": round(self.slot_held_s, 3),  # the slots' time held by a rank, all slots
         }
 
     def phases(self, began: float, now: float) -> dict:
         """Wall seconds of the capture's phases from `began` (the forks' end) to `now` (the coordinator's close):
-        `hello` until every rank had asked for its first slot, `setup` until every rank had blocked once, `steps` from then until the last rank exited, `exits` from
-        the first exit to the last (inside `steps`), `close` after the last exit. A phase that did not end: None."""
+        `hello` until every rank had asked for its first slot, `setup` until every rank had blocked once, `steps`
+        from then until the last rank exited, `exits` from the first exit to the last (inside `steps`), `close`
+        after the last exit. A phase that did not end: None."""
         m = self.marks
 
         def span(a, b):
             return None if a is None or b is None else round(b - a, 3)
 
-        return {"hello": span(began, m.get("all_hello")), "setup": span(began, m.get("all_waited")), "steps": span(m.get("all_waited"), m.get("last_exit")),
+        return {"hello": span(began, m.get("all_hello")), "setup": span(began, m.get("all_waited")),
+                "steps": span(m.get("all_waited"), m.get("last_exit")),
                 "exits": span(m.get("first_exit"), m.get("last_exit")), "close": span(m.get("last_exit"), now)}
 
 
