@@ -181,6 +181,9 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         # the ranks' own CPU seconds (their logical time) against P x the coordinator's wall: the slots' use
         "ranks_cpu_s": cap["logical_s_median"] * w if cap.get("logical_s_median") is not None else None,
         "switch_cost_us": cap.get("switch_cost_us"),
+        # where the capture's wall went (meta's capture.phases_s), the ranks' CPU until their first wait, and the
+        # slots' time held by a rank (against P x the coordinator's wall)
+        "phases_s": cap.get("phases_s"), "setup_cpu_s": cap.get("setup_cpu_s"), "slot_held_s": cap.get("slot_held_s"),
     }
     stages = Stages(row, left, save)
     stages.save(row)

@@ -32,7 +32,7 @@ def print_table(rows: list[dict], args) -> None:
         for r in done:
             print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
                   f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
-                  f"{r.get('ranks_cpu_s') or 0:8.1f}")
+                  f"{r.get('ranks_cpu_s') or 0:8.1f}" + _phases(r))
     staged = [r for r in rows if "plan_s" in r and ("calibrate_s" in r or "bare_calibrate_s" in r) and "events" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")
@@ -117,6 +117,17 @@ def print_tables(rows: list[dict]) -> None:
                   f"{x['late_n']:>3} max {x['late_max_ms']:7.2f}  delay {x['delay_median_ms'] or 0:8.2f} / "
                   f"{x['delay_mean_ms'] or 0:8.2f}")
 
+def _phases(row: dict) -> str:
+    """A capture row's phases (meta's capture.phases_s: wall s of set-up until every rank first blocked, of the
+    steps until the last exit, ...) and its slots' time held, when the capture recorded them."""
+    ph = row.get("phases_s")
+    if not ph:
+        return ""
+    shown = " ".join(f"{k} {v:.1f}" for k, v in ph.items() if v is not None)
+    held = f", slots held {row['slot_held_s']:.1f} s" if row.get("slot_held_s") is not None else ""
+    setup = f", set-up CPU {row['setup_cpu_s']:.1f} s" if row.get("setup_cpu_s") is not None else ""
+    return f"  phases: {shown}{setup}{held}"
+
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m prism.bench.scale_tables ROWS.json ...`: the per-stage tables of the bench's --json files (what
@@ -141,3 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -62,11 +62,15 @@ class ContributionTransport:
                 f.add(t)
         return [f.result() for f in folds or []]
 
+    def _reduced(self, key: tuple, red) -> list[torch.Tensor]:
+        """An all-reduce's value: the members' contributions folded in group order (the same for every member)."""
+        return self._fold(key, red, lambda ts: ts)
+
     def _allreduce(self, work_id, op, tensors, opts):
         red = semantics.red_op(opts)
 
         def complete(key):
-            for t, r in zip(tensors, self._fold(key, red, lambda ts: ts)):
+            for t, r in zip(tensors, self._reduced(key, red)):
                 semantics.write(t, r)
             self._keep(key, tensors, work_id)
 

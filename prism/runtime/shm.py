@@ -56,7 +56,7 @@ class ShmFull(OSError):
 def write(path: Path, data: bytes) -> None:
     """Write a whole file, visible under its name only once complete. A full file system (/dev/shm's size
     is a mount option) raises `ShmFull` naming the limit and the fix, and leaves no partial file."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers of one name never share a temporary
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

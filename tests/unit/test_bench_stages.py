@@ -81,3 +81,36 @@ def test_a_size_is_extrapolated_from_a_fixed_part_and_one_per_rank():
     assert extrapolated_s(2048, [_done(1024, 100.0)])[0] == 200.0
     # a size whose stage failed (or was skipped) is not a measure of a whole size
     assert extrapolated_s(2048, [_done(16, 60.0), {"W": 128, "wall_s": 5.0, "failed_stage": "graph"}]) is None
+
+
+def test_the_capture_table_says_where_the_capture_went(capsys):
+    row = {"W": 64, "layout": "tp2·pp2·dp16·ep2", "wall_s": 12.9, "pss_peak": 2**30, "cgroup_peak": None,
+           "rank_private_mib_median": 14.0, "rank_private_mib_max": 15.0, "switches": 10, "payload_bytes": 0,
+           "payload_files": 0, "fork_s": 0.5, "fork_helpers": 0, "coordinator_cpu_s": 0.7,
+           "coordinator_wall_s": 9.7, "ranks_cpu_s": 7.0, "setup_cpu_s": 1.2, "slot_held_s": 18.4,
+           "phases_s": {"warm": 2.4, "fork": 0.5, "hello": 0.0, "setup": 5.8, "steps": 3.8, "exits": 0.4,
+                        "close": None}}
+    args = type("Args", (), {"devices": 2, "steps": 2, "no_payloads": False, "no_warmup": False})
+    scale_tables.print_table([row], args)
+    out = capsys.readouterr().out
+    assert ("phases: warm 2.4 fork 0.5 hello 0.0 setup 5.8 steps 3.8 exits 0.4, set-up CPU 1.2 s, "
+            "slots held 18.4 s") in out
+    del row["phases_s"]  # a row of an older capture: the line as before
+    scale_tables.print_table([row], args)
+    assert "phases" not in capsys.readouterr().out
+
+
+def test_the_tables_of_a_json_file_show_the_phases(tmp_path):
+    """`python -m prism.bench.scale_tables FILE` (the device script's last step) prints the capture's phases."""
+    import subprocess
+
+    row = {"W": 16, "P": 2, "layout": "tp2·pp2·dp4·ep2", "wall_s": 18.3, "pss_peak": 2**29, "cgroup_peak": None,
+           "rank_private_mib_median": 14.2, "rank_private_mib_max": 14.4, "switches": 554, "payload_bytes": 0,
+           "payload_files": 0, "fork_s": 0.25, "fork_helpers": 0, "coordinator_cpu_s": 0.2,
+           "coordinator_wall_s": 3.2, "ranks_cpu_s": 2.6, "setup_cpu_s": 0.3, "slot_held_s": 6.4,
+           "phases_s": {"warm": 4.9, "fork": 0.25, "setup": 0.4, "steps": 2.8}}
+    rows = tmp_path / "w16.json"
+    rows.write_text(json.dumps([row]))
+    proc = subprocess.run([PY, "-m", "prism.bench.scale_tables", str(rows)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "phases: warm 4.9 fork 0.2 setup 0.4 steps 2.8, set-up CPU 0.3 s, slots held 6.4 s" in proc.stdout

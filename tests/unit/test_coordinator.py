@@ -228,3 +228,33 @@ def test_any_source_recv_never_sent_is_diagnosed():
     c.handle(0, ("exit", 0))
     assert c.stuck()
     assert "receive #0 from any rank by rank 1 (tag 3)" in c.diagnose()
+
+
+def test_phases_mark_the_last_first_wait_and_the_exits(monkeypatch):
+    clock = iter(range(100, 200))
+    monkeypatch.setattr("prism.runtime.capture.coordinator.time.monotonic", lambda: float(next(clock)))
+    c, _ = started(3, 3)
+    key = ("c", "g", 0)
+    for r in range(3):
+        arrive(c, r, key, (0, 1, 2))
+    c.handle(0, ("wait", [key], 7_000_000))
+    c.handle(1, ("wait", [key], 5_000_000))
+    assert "all_waited" not in c.marks  # rank 2 is still in its set-up
+    c.handle(1, ("wait", [key], 9_000_000))  # a second wait of rank 1 is not a first one
+    assert "all_waited" not in c.marks
+    c.handle(2, ("wait", [key], 6_000_000))
+    waited = c.marks["all_waited"]
+    for r in range(3):
+        c.handle(r, ("exit", 0))
+    assert c.stats()["setup_cpu_s"] == 0.018  # the CPU at each rank's first wait: 7 + 5 + 6 ms
+    assert c.marks["last_exit"] - c.marks["first_exit"] > 0
+    phases = c.phases(waited - 4.0, c.marks["last_exit"] + 1.0)
+    assert phases == {"hello": c.marks["all_hello"] - waited + 4.0, "setup": 4.0, "steps": c.marks["last_exit"] - waited,
+                      "exits": c.marks["last_exit"] - c.marks["first_exit"], "close": 1.0}
+
+
+def test_phases_that_did_not_end_are_none():
+    c, _ = started(2, 2)
+    c.handle(0, ("wait", [], 1))
+    assert c.phases(0.0, 10.0) == {"hello": round(c.marks["all_hello"], 3), "setup": None, "steps": None,
+                                   "exits": None, "close": None}

@@ -27,6 +27,7 @@ from prism.runtime.work_parts import OwnResult
 
 
 _client: "CaptureClient | None" = None
+SHARED = "-sum"  # a collective's file of its value, left by the member that computed it (`CaptureTransport._reduced`)
 
 
 class GroupCount:
@@ -171,6 +172,7 @@ class CaptureClient:
 
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
+                 "process_cpu_ns": time.process_time_ns(),  # every thread's: what else the rank ran
                  "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
                  "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
@@ -282,6 +284,16 @@ class Contributions:
     def __iter__(self):
         return (self.client.path(self.key, f"-r{i}") for i in self.members)
 
+    def ready(self) -> bool:
+        """Whether this rank can complete the op at once: its value is already shared, or every contribution
+        is there. The members are looked at last first: the slots run ranks in rank order, so a collective
+        still incomplete misses its last members, found at the first look instead of after every member
+        that arrived (O(1) a waiting member, not O(members))."""
+        stem = f"{self.client.shm_dir}/{key_name(self.key)}"
+        if os.path.exists(stem + SHARED):
+            return True
+        return all(os.path.exists(f"{stem}-r{i}") for i in reversed(self.members))
+
 
 class CaptureWork(OwnResult):
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
@@ -304,6 +316,8 @@ class CaptureWork(OwnResult):
 
     def ready(self) -> bool:
         """Every contribution this rank needs is already there: no need to give the slot back."""
+        if isinstance(self.needs, Contributions):
+            return self.needs.ready()
         return self.needs is not None and all(p.exists() for p in self.needs)
 
     def finish(self) -> None:

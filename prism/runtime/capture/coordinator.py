@@ -80,6 +80,8 @@ class RankState:
     switches: int = 0
     exit_code: int | None = None
     ready_at_wait: bool = False
+    waited: bool = False  # has sent a "wait" (its set-up, from its fork to its first block, is over)
+    granted_at: float = 0.0  # when it got its slot
 
 
 class Coordinator:
@@ -115,6 +117,12 @@ class Coordinator:
         self.messages = 0
         self.completed_keys = 0
         self.finished_keys: list[tuple] = []  # keys whose files can be deleted (all members done)
+        # where a capture's time goes (`phases`): when the last rank first blocked (every rank's set-up over:
+        # init, group creation, the model, up to its first wait) and its CPU until then; the first and last exits
+        self.marks: dict[str, float] = {}
+        self.first_waits = 0
+        self.slot_held_s = 0.0  # the slots' time held by a rank (against slots x wall: how busy they were)
+        self.setup_cpu_ns = 0
 
     # -- message handling -------------------------------------------------------------------------------
     def handle(self, rank: int, msg: tuple) -> list[tuple[int, tuple]]:
@@ -125,6 +133,8 @@ class Coordinator:
         if kind == "hello":
             self._set(rank, "runnable")
             heapq.heappush(self.runnable, (0, rank))
+            if self.counts["new"] == 0:
+                self.marks["all_hello"] = time.monotonic()
         elif kind == "group":
             _, name, desc, members = msg
             self.groups.setdefault(name, (desc, tuple(members)))
@@ -133,6 +143,12 @@ class Coordinator:
             self._arrive(rank, key, tuple(members), Arrival(*info))
         elif kind == "wait":
             _, keys, logical_ns, *mem = msg
+            if not rs.waited:
+                rs.waited = True
+                self.first_waits += 1
+                self.setup_cpu_ns += logical_ns
+                if self.first_waits == self.world - self.counts["remote"]:
+                    self.marks["all_waited"] = time.monotonic()
             if mem:
                 self.footprint[rank] = mem[0]
                 if self.policy is not None:
@@ -171,6 +187,9 @@ class Coordinator:
             return
         self._release(rank)
         self._set(rank, "exited")
+        self.marks.setdefault("first_exit", time.monotonic())
+        if self.all_exited():
+            self.marks["last_exit"] = time.monotonic()
         if self.policy is not None:  # its device memory went with it
             self.policy.forget(rank)
         rs.exit_code = code
@@ -182,6 +201,7 @@ class Coordinator:
         if rs.slot >= 0:
             heapq.heappush(self.free_slots, rs.slot)
             rs.slot = -1
+            self.slot_held_s += time.monotonic() - rs.granted_at
 
     def _arrive(self, rank: int, key: tuple, members: tuple[int, ...], info: Arrival) -> None:
         st = self.keys.get(key)
@@ -283,6 +303,7 @@ class Coordinator:
             # round trip is the pure cost of a context switch
             immediate = rank == self._current and rs.ready_at_wait
             rs.slot, rs.waiting, rs.ready_at_wait = slot, (), False
+            rs.granted_at = time.monotonic()
             out.append((rank, ("go", slot, immediate)))
         for entry in deferred:
             heapq.heappush(self.runnable, entry)
@@ -382,7 +403,23 @@ class Coordinator:
             "completed_comms": self.completed_keys,
             "groups": len(self.groups),  # the groups ranks used (an unused group never reaches the coordinator)
             "blocked_s_total": sum(rs.blocked_s for rs in self.ranks),
+            "setup_cpu_s": round(self.setup_cpu_ns / 1e9, 3),  # the ranks' CPU from their start to their first wait
+            "slot_held_s": round(self.slot_held_s, 3),  # the slots' time held by a rank, all slots
         }
+
+    def phases(self, began: float, now: float) -> dict:
+        """Wall seconds of the capture's phases from `began` (the forks' end) to `now` (the coordinator's close):
+        `hello` until every rank had asked for its first slot, `setup` until every rank had blocked once, `steps`
+        from then until the last rank exited, `exits` from the first exit to the last (inside `steps`), `close`
+        after the last exit. A phase that did not end: None."""
+        m = self.marks
+
+        def span(a, b):
+            return None if a is None or b is None else round(b - a, 3)
+
+        return {"hello": span(began, m.get("all_hello")), "setup": span(began, m.get("all_waited")),
+                "steps": span(m.get("all_waited"), m.get("last_exit")),
+                "exits": span(m.get("first_exit"), m.get("last_exit")), "close": span(m.get("last_exit"), now)}
 
 
 def _disagreement(a: Arrival, b: Arrival) -> str | None:

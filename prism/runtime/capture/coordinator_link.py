@@ -44,6 +44,7 @@ class CoordinatorLink:
         self.immortal = spec.immortal
         self.heap_holes = spec.heap_holes
         self.fork_s = spec.fork_s
+        self.warm_s = spec.warm_s
         self.fork_helpers = spec.fork_helpers
         self.socks = ctl
         self.shm_dir = Path(spec.shm_dir)
@@ -55,10 +56,11 @@ class CoordinatorLink:
         # hosts: in host 0's launcher, for as long as any host runs)
         self.store = dist.TCPStore(spec.master_addr, spec.master_port, spec.nproc,
                                    is_master=self.view is None, wait_for_workers=False)
-        from prism.runtime.capture.client import key_name
+        from prism.runtime.capture.client import SHARED, key_name
         from prism.runtime.capture.coordinator import CaptureError
 
         self._key_name, self._errors = key_name, (CaptureError, device_state.SwapError)
+        self._shared = SHARED
         # the finished operations' files are deleted by a thread (an unlink releases the GIL): the
         # coordinator's one thread goes on with the next message meanwhile
         self._doomed: queue.SimpleQueue = queue.SimpleQueue()
@@ -155,7 +157,7 @@ class CoordinatorLink:
                 if key[0] in ("p", "a"):
                     paths.append(stem)
                 else:
-                    paths += [f"{stem}-r{i}" for i in range(self._group_size(key))]
+                    paths += [f"{stem}-r{i}" for i in range(self._group_size(key))] + [stem + self._shared]
             self._doomed.put(paths)
             self.coord.finished_keys.clear()
         if self.error is None and not self.coord.crashed and self.coord.stuck() and self.route is None:
@@ -184,6 +186,9 @@ class CoordinatorLink:
         self.devices.close()
         self._doomed.put(None)
         self._unlinker.join(timeout=30)
+        # where the wall went: the zygote's warm-up and forks, then the coordinator's phases (`Coordinator.phases`)
+        stats["phases_s"] = {"warm": self.warm_s, "fork": self.fork_s,
+                             **self.coord.phases(self.started[0], time.monotonic())}
         (self.status_dir / "capture_stats.json").write_text(json.dumps(stats))
         for sock in self.socks.values():
             sock.close()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from prism.runtime import semantics
+from prism.runtime import semantics, shm
 from prism.runtime.contributions import ContributionTransport
-from prism.runtime.capture.client import CaptureClient, CaptureWork, Contributions, GroupCount, client
+from prism.runtime.capture.client import SHARED, CaptureClient, CaptureWork, Contributions, GroupCount, client
 
 
 def _shapes(result) -> list:
@@ -95,6 +95,19 @@ class CaptureTransport(ContributionTransport):
         """A reduction's result, kept for slice runs where its value depends on the order (> 2 members)."""
         if self.n > 2:
             self.c.keep_result(key, list(outputs), work_id)
+
+    def _reduced(self, key: tuple, red) -> list[torch.Tensor]:
+        """An all-reduce's value, folded once a collective: the first member to complete it folds the N
+        contributions (in group order, as every member would) and leaves the value in the key's shared file;
+        the other members read that one file instead of folding N each (a DP all-reduce of 2,048 members:
+        2,048 reads a member, ~4.2 M a collective, before). The value is the same to the bit either way."""
+        try:
+            return self.c.read(key, SHARED)[1]
+        except FileNotFoundError:
+            pass
+        value = self._fold(key, red, lambda ts: ts)
+        shm.write(self.c.path(key, SHARED), shm.encode(value))
+        return value
 
     def _inputs(self, key: tuple, members=None):
         """The members' contributions, read one at a time (group order): a rank holds one member's bytes

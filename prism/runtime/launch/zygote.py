@@ -402,6 +402,7 @@ def _check_cuda_uninitialised(spec: ZygoteSpec) -> None:
 
 
 def main() -> int:
+    began = time.monotonic()
     spec = ZygoteSpec.read(Path(sys.argv[1]))
     mode = modes.get(spec.mode)
     forked_rank.die_with_parent()
@@ -433,6 +434,7 @@ def main() -> int:
         spec.heap_holes = (memory.fill_heap_holes() or {"skipped": "no glibc mallinfo2"}) \
             if settings.HEAP_HOLES.get() else {"skipped": f"{settings.HEAP_HOLES.name}=0"}
     gc.freeze()
+    spec.warm_s = round(time.monotonic() - began, 3)  # imports, preloads, warm-up, immortalising: before the forks
     return supervise(spec)
 
 

@@ -53,12 +53,13 @@ class ZygoteSpec:
     host_records: list[dict] | None = None
     # zygote-filled: its notes for the children and the coordinator (not in spec.json)
     pids: dict[int, int] = field(default_factory=dict)  # rank (REPLAY: the replay process) -> pid
+    warm_s: float | None = None  # from the zygote's start to its forks
     fork_s: float | None = None
     fork_helpers: int = 0
     immortal: dict | None = None
     heap_holes: dict | None = None  # capture: the C heap's free chunks the zygote took (`memory.fill_heap_holes`)
 
-    ZYGOTE_FILLED = ("pids", "fork_s", "fork_helpers", "immortal", "heap_holes")
+    ZYGOTE_FILLED = ("pids", "warm_s", "fork_s", "fork_helpers", "immortal", "heap_holes")
 
     def write(self, path: Path) -> None:
         data = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.ZYGOTE_FILLED}
