@@ -12,7 +12,8 @@
 #                    the kernel already built (lane B's folder);
 #   lane nccl_devid  ("nccl" and init_process_group(device_id=cuda:0): eager init, bound device): the same;
 #   lane B  the CUDA fold kernel (prism/runtime/emulate/fold_cuda.py) built once into an empty folder, timed;
-#   lane T  pytest tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py (the reference path, for contrast).
+#   lane T  pytest tests/gpu/test_stream_order_cuda.py (the emulate group thread vs the caller's side stream, ~5 s),
+#           then tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py (the reference path, for contrast).
 # The lanes run at once (16 cores; the GPU is shared as capture shares it). A step still running
 # 6 s before its cap gets SIGUSR1 in every process of its tree (prism's runs dump every thread's Python stack on
 # it, `prism.runtime.launch.stall.enable_dumps`) and then is stopped; the stacks are in its log.
@@ -141,9 +142,11 @@ if [ "$DEVICE" = cuda ]; then  # 16 cores: every lane at once
   ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step fold_build 150 "$PY" -c \
       'import time; t = time.monotonic(); from prism.runtime.emulate import fold_cuda; fold_cuda.module(); print(f"fold kernel built in {time.monotonic() - t:.1f} s")' \
     ; touch "$WORK/fold-built" ) &
-  # lane T: the reference workload's CUDA slices and emulation (session 6's tests), the kernel from lane B
-  ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step pytest_gpu $(( BUDGET - 20 )) "$PY" -m pytest -p no:cacheprovider -q \
-      --basetemp="$WORK/pt" -m gpu tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py ) &
+  # lane T: the stream-order test, then the reference workload's CUDA slices and emulation (session 6's tests),
+  # the kernel from lane B
+  ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step pytest_gpu $(( BUDGET - 20 )) "$PY" -m pytest -p no:cacheprovider -v \
+      --basetemp="$WORK/pt" -m gpu tests/gpu/test_stream_order_cuda.py tests/gpu/test_slices_cuda.py \
+      tests/gpu/test_emulate_cuda.py ) &
   ( lane nccl cold --backend nccl ) &                    # torchtitan's backend; the kernel built in the run
   ( lane gloo warm --backend gloo ) &                    # the reference workload's backend
   ( lane nccl_devid warm --backend nccl --device-id ) &  # + init_process_group(device_id=...): eager init
@@ -155,6 +158,7 @@ wait
 echo "== results ($TSV)"; column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
 echo "== comparisons ($CMP)"; column -t -s $'\t' "$CMP" 2>/dev/null || cat "$CMP"
 grep -h "fold kernel built in" "$OUT/logs/fold_build.log" 2>/dev/null
+[ -f "$OUT/logs/pytest_gpu.log" ] && { echo "== pytest_gpu"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/logs/pytest_gpu.log" | tail -12; }
 for f in "$OUT"/logs/*.log; do grep -q "run stopped\|still waiting\|replay server failed" "$f" && { echo "== $(basename "$f")"; grep -A6 "run stopped\|still waiting\|replay server failed" "$f" | head -14; }; done
 [ -s "$OUT/stacks.txt" ] && echo "== stacks: $OUT/stacks.txt ($(grep -c '^###' "$OUT/stacks.txt") dumps)"
 echo "# done in $(( $(date +%s) - T0 )) s"
