@@ -6,8 +6,8 @@
 # replayed member carries CUDA tensors over gloo, not the NCCL the program asked for; emulate: the CUDA fold
 # kernel built before the program runs, and the group thread ordered after the caller's CUDA stream) and
 # measures the emulate cause's one figure (the kernel's build time, against the 20/60 s hang timeouts):
-#   lane nccl        (the program asks for "nccl", as torchtitan does): capture, emulate sandbox 1 with an EMPTY
-#                    fold-kernel build folder (built inside the run, as in session 12's call), graph, plan, slices;
+#   lane nccl        (the program asks for "nccl", as torchtitan does): capture, graph, plan, every slice, emulate
+#                    sandbox 1 with an EMPTY fold-kernel build folder (built in the run, as in session 12's call);
 #   lane gloo        (the same program asking for "gloo", as the reference workload's CUDA tests do): the same,
 #                    the kernel already built (lane B's folder);
 #   lane nccl_devid  ("nccl" and init_process_group(device_id=cuda:0): eager init, bound device): the same;
@@ -19,7 +19,8 @@
 # it, `prism.runtime.launch.stall.enable_dumps`) and then is stopped; the stacks are in its log.
 # Results (text, re-analysable offline): $OUT/results.tsv (step, exit, wall_s, note), $OUT/losses.tsv (step,
 # rank, step number, hex loss), $OUT/compare.tsv (emulate vs capture, slices vs capture: equal or not),
-# $OUT/env.txt, $OUT/logs/*.log (every step's full log), $OUT/stacks.txt (the dumped stacks, by step).
+# $OUT/env.txt, $OUT/logs.tgz (logs/NAME.log: every step's full log), $OUT/stacks.txt (the dumped stacks, by
+# step): 6 files (the device tool returns at most 8).
 # Carried: .whl (prism's wheels: polars, duckdb, jsonschema, ...); no torchtitan needed.
 # Usage: scripts/frameworks/cuda_hang_probe.sh OUT [BUDGET_S]   (from the repository root; default 200)
 #   DEVICE=cpu  lanes nccl and gloo on a CPU-only torch (gloo), one after the other; the others skipped (the
@@ -31,7 +32,7 @@ OUT=$(realpath -m "${1:?usage: cuda_hang_probe.sh OUT [BUDGET_S]}"); BUDGET=${2:
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO" || exit 2
 DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}; T0=$(date +%s)
 WORK=$(mktemp -d /tmp/cuda-probe-XXXX)
-mkdir -p "$OUT/logs"
+LOGS=$WORK/logs; mkdir -p "$OUT" "$LOGS"  # the logs come back packed: $OUT/logs.tgz (the device returns 8 files)
 TSV=$OUT/results.tsv; LOSSES=$OUT/losses.tsv; CMP=$OUT/compare.tsv
 printf 'step\texit\twall_s\tnote\n' > "$TSV"; printf 'step\trank\tstep_no\tloss_hex\n' > "$LOSSES"
 printf 'what\tresult\n' > "$CMP"
@@ -66,7 +67,7 @@ catches_usr1() {  # PID: whether it has a handler for SIGUSR1 (bit 10 of SigCgt 
 }
 step() {  # name cap_s command...: time-boxed; on overrun the tree's Python stacks, then stopped; a table row
   local name=$1 cap=$(( $2 * CAP_SCALE )); shift 2; local t; t=$(left); [ "$t" -lt "$cap" ] && cap=$t
-  local log=$OUT/logs/$name.log
+  local log=$LOGS/$name.log
   if [ "$cap" -le 8 ]; then printf '%s\tskip\t0\tno budget left\n' "$name" >> "$TSV"; return 1; fi
   echo "== $name (cap ${cap}s): $*"
   local t0; t0=$(date +%s.%N)
@@ -104,12 +105,20 @@ same() {  # what step ref [rank]: step's (rank, step, loss) rows against ref's f
   printf '%s\t%s\n' "$1" "$v" >> "$CMP"
 }
 
-lane() {  # tag build program-args...: capture -> emulate (sandbox 1) -> graph -> plan -> every slice
+lane() {  # tag build program-args...: capture -> graph -> plan -> every slice -> emulate (sandbox 1)
   # build: the fold kernel's folder for the emulation: "cold" (empty: built inside the run, as on a new host)
   # or "warm" (lane B's, once it finished)
   local tag=$1 build=$2; shift 2; local J=$WORK/$tag
   step "capture_$tag" 60 "$PY" -m prism.cli launch --nproc 4 --mode capture --devices 2 --out "$J/capture" \
       "${PROG[@]}" "$@" || return
+  step "graph_$tag" 40 "$PY" -m prism.cli graph --job "$J" --raw "$J/capture/raw" --out "$J/graph" \
+    && step "plan_$tag" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2
+  local k
+  for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
+             "$J/slices/plan.parquet" 2>/dev/null); do
+    step "slice_${tag}_$k" 45 "$PY" -m prism.slices.run --job "$J" --slice "$k" ${SLICE_OPTS[@]+"${SLICE_OPTS[@]}"}
+    same "slice_${tag}_$k = capture_$tag" "slice_${tag}_$k" "capture_$tag"
+  done
   local cap=60
   if [ "$build" = warm ]; then
     local w=0; while [ "$DEVICE" = cuda ] && [ ! -e "$WORK/fold-built" ] && [ "$(left)" -gt 40 ] && [ "$w" -lt 1200 ]; do sleep 0.1; w=$((w+1)); done
@@ -120,14 +129,6 @@ lane() {  # tag build program-args...: capture -> emulate (sandbox 1) -> graph -
   PRISM_CUDA_BUILD_DIR=$build step "emulate_$tag" "$cap" "$PY" -m prism.cli launch --nproc 4 --mode emulate \
       --capture "$J/capture" --sandbox 1 --out "$J/emu" --force "${PROG[@]}" "$@"
   same "emulate_$tag (sandbox 1, fold kernel $(basename "$build")) = capture_$tag rank 1" "emulate_$tag" "capture_$tag" 1
-  step "graph_$tag" 40 "$PY" -m prism.cli graph --job "$J" --raw "$J/capture/raw" --out "$J/graph" || return
-  step "plan_$tag" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2 || return
-  local k
-  for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
-             "$J/slices/plan.parquet" 2>/dev/null); do
-    step "slice_${tag}_$k" 45 "$PY" -m prism.slices.run --job "$J" --slice "$k" ${SLICE_OPTS[@]+"${SLICE_OPTS[@]}"}
-    same "slice_${tag}_$k = capture_$tag" "slice_${tag}_$k" "capture_$tag"
-  done
 }
 
 # the stack dump itself, checked first (a hang the watchdog does not stop: it is off for this step):
@@ -157,8 +158,9 @@ wait
 
 echo "== results ($TSV)"; column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
 echo "== comparisons ($CMP)"; column -t -s $'\t' "$CMP" 2>/dev/null || cat "$CMP"
-grep -h "fold kernel built in" "$OUT/logs/fold_build.log" 2>/dev/null
-[ -f "$OUT/logs/pytest_gpu.log" ] && { echo "== pytest_gpu"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/logs/pytest_gpu.log" | tail -12; }
-for f in "$OUT"/logs/*.log; do grep -q "run stopped\|still waiting\|replay server failed" "$f" && { echo "== $(basename "$f")"; grep -A6 "run stopped\|still waiting\|replay server failed" "$f" | head -14; }; done
+grep -h "fold kernel built in" "$LOGS/fold_build.log" 2>/dev/null
+[ -f "$LOGS/pytest_gpu.log" ] && { echo "== pytest_gpu"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$LOGS/pytest_gpu.log" | tail -12; }
+for f in "$LOGS"/*.log; do grep -q "run stopped\|still waiting\|replay server failed" "$f" && { echo "== $(basename "$f")"; grep -A6 "run stopped\|still waiting\|replay server failed" "$f" | head -14; }; done
 [ -s "$OUT/stacks.txt" ] && echo "== stacks: $OUT/stacks.txt ($(grep -c '^###' "$OUT/stacks.txt") dumps)"
+tar -czf "$OUT/logs.tgz" -C "$WORK" logs
 echo "# done in $(( $(date +%s) - T0 )) s"
