@@ -131,13 +131,16 @@ lane() {  # tag build program-args...: capture -> graph -> plan -> every slice -
   same "emulate_$tag (sandbox 1, fold kernel $(basename "$build")) = capture_$tag rank 1" "emulate_$tag" "capture_$tag" 1
 }
 
-# the stack dump itself, checked first (a hang the watchdog does not stop: it is off for this step):
-# tests/programs/hang_skipped_collective.py in real mode must overrun and leave its ranks' stacks
-PRISM_HANG_TIMEOUT=0 step dump_check 14 "$PY" -m prism.cli launch --nproc 2 --mode real --out "$WORK/dump_check" \
-    tests/programs/hang_skipped_collective.py
-grep -q "^### dump_check: stacks" "$OUT/stacks.txt" 2>/dev/null && v="stacks dumped" || v="NO STACKS (the dump path is broken)"
-printf 'dump_check\t%s\n' "$v" >> "$CMP"
+dump_check() {  # the stack dump itself (a hang the watchdog does not stop: it is off for this step):
+  # tests/programs/hang_skipped_collective.py in real mode must overrun and leave its ranks' stacks
+  PRISM_HANG_TIMEOUT=0 step dump_check 14 "$PY" -m prism.cli launch --nproc 2 --mode real --out "$WORK/dump_check" \
+      tests/programs/hang_skipped_collective.py
+  local v="NO STACKS (the dump path is broken)"; grep -q "^### dump_check: stacks" "$OUT/stacks.txt" 2>/dev/null && v="stacks dumped"
+  printf 'dump_check\t%s\n' "$v" >> "$CMP"
+}
+
 if [ "$DEVICE" = cuda ]; then  # 16 cores: every lane at once
+  ( dump_check ) &
   # lane B: the fold kernel into an empty folder, timed (what the first CUDA fold cost inside a run before
   # fold_cuda.build_before_run: more than the hang timeout, and the watchdog stopped the run)
   ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step fold_build 150 "$PY" -c \
@@ -152,7 +155,7 @@ if [ "$DEVICE" = cuda ]; then  # 16 cores: every lane at once
   ( lane gloo warm --backend gloo ) &                    # the reference workload's backend
   ( lane nccl_devid warm --backend nccl --device-id ) &  # + init_process_group(device_id=...): eager init
 else  # 2 cores: one after the other (each run claims the cores it pins to); no CUDA kernel, no device_id on CPU
-  lane nccl cold --backend nccl; lane gloo warm --backend gloo
+  dump_check; lane nccl cold --backend nccl; lane gloo warm --backend gloo
 fi
 wait
 
