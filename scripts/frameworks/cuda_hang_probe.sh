@@ -7,10 +7,11 @@
 # kernel built before the program runs, and the group thread ordered after the caller's CUDA stream) and
 # measures the emulate cause's one figure (the kernel's build time, against the 20/60 s hang timeouts):
 #   lane nccl        (the program asks for "nccl", as torchtitan does): capture, graph, plan, every slice, emulate
-#                    sandbox 1 with an EMPTY fold-kernel build folder (built in the run, as in session 12's call);
-#   lane gloo        (the same program asking for "gloo", as the reference workload's CUDA tests do): the same,
-#                    the kernel already built (lane B's folder);
-#   lane nccl_devid  ("nccl" and init_process_group(device_id=cuda:0): eager init, bound device): the same;
+#                    sandbox 1 (the fold kernel already built: lane B's folder);
+#   lane nccl_cold   the same capture and emulate only, with an EMPTY fold-kernel build folder (built in the
+#                    run, as in session 12's call: now before the program, `fold_cuda.build_before_run`);
+#   lane gloo        (the same program asking for "gloo", as the reference workload's CUDA tests do): as nccl;
+#   lane nccl_devid  ("nccl" and init_process_group(device_id=cuda:0): eager init, bound device): as nccl;
 #   lane B  the CUDA fold kernel (prism/runtime/emulate/fold_cuda.py) built once into an empty folder, timed;
 #   lane T  pytest tests/gpu/test_stream_order_cuda.py (the emulate group thread vs the caller's side stream, ~5 s),
 #           then tests/gpu/test_slices_cuda.py tests/gpu/test_emulate_cuda.py (the reference path, for contrast).
@@ -105,12 +106,27 @@ same() {  # what step ref [rank]: step's (rank, step, loss) rows against ref's f
   printf '%s\t%s\n' "$1" "$v" >> "$CMP"
 }
 
-lane() {  # tag build program-args...: capture -> graph -> plan -> every slice -> emulate (sandbox 1)
+lane() {  # tag build stages program-args...: capture [-> graph -> plan -> every slice] -> emulate (sandbox 1)
   # build: the fold kernel's folder for the emulation: "cold" (empty: built inside the run, as on a new host)
-  # or "warm" (lane B's, once it finished)
-  local tag=$1 build=$2; shift 2; local J=$WORK/$tag
+  # or "warm" (lane B's, once it finished); stages: "all", or "emulate" (capture and emulate only)
+  local tag=$1 build=$2 stages=$3; shift 3; local J=$WORK/$tag
   step "capture_$tag" 60 "$PY" -m prism.cli launch --nproc 4 --mode capture --devices 2 --out "$J/capture" \
       "${PROG[@]}" "$@" || return
+  [ "$stages" = all ] && slices "$tag" "$J"
+  local cap=60
+  if [ "$build" = warm ]; then
+    local w=0; while [ "$DEVICE" = cuda ] && [ ! -e "$WORK/fold-built" ] && [ "$(left)" -gt 40 ] && [ "$w" -lt 1200 ]; do sleep 0.1; w=$((w+1)); done
+    build=$WORK/fold-warm
+  else
+    build=$WORK/fold-$tag; cap=170  # the build (~a minute?) runs before the program, inside this step
+  fi
+  PRISM_CUDA_BUILD_DIR=$build step "emulate_$tag" "$cap" "$PY" -m prism.cli launch --nproc 4 --mode emulate \
+      --capture "$J/capture" --sandbox 1 --out "$J/emu" --force "${PROG[@]}" "$@"
+  same "emulate_$tag (sandbox 1, fold kernel $(basename "$build")) = capture_$tag rank 1" "emulate_$tag" "capture_$tag" 1
+}
+
+slices() {  # tag job: graph -> plan -> every slice, each compared with the capture
+  local tag=$1 J=$2
   step "graph_$tag" 40 "$PY" -m prism.cli graph --job "$J" --raw "$J/capture/raw" --out "$J/graph" \
     && step "plan_$tag" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2
   local k
@@ -119,16 +135,6 @@ lane() {  # tag build program-args...: capture -> graph -> plan -> every slice -
     step "slice_${tag}_$k" 45 "$PY" -m prism.slices.run --job "$J" --slice "$k" ${SLICE_OPTS[@]+"${SLICE_OPTS[@]}"}
     same "slice_${tag}_$k = capture_$tag" "slice_${tag}_$k" "capture_$tag"
   done
-  local cap=60
-  if [ "$build" = warm ]; then
-    local w=0; while [ "$DEVICE" = cuda ] && [ ! -e "$WORK/fold-built" ] && [ "$(left)" -gt 40 ] && [ "$w" -lt 1200 ]; do sleep 0.1; w=$((w+1)); done
-    build=$WORK/fold-warm
-  else
-    build=$WORK/fold-$tag; cap=150  # the build (~a minute?) runs before the program, inside this step
-  fi
-  PRISM_CUDA_BUILD_DIR=$build step "emulate_$tag" "$cap" "$PY" -m prism.cli launch --nproc 4 --mode emulate \
-      --capture "$J/capture" --sandbox 1 --out "$J/emu" --force "${PROG[@]}" "$@"
-  same "emulate_$tag (sandbox 1, fold kernel $(basename "$build")) = capture_$tag rank 1" "emulate_$tag" "capture_$tag" 1
 }
 
 dump_check() {  # the stack dump itself (a hang the watchdog does not stop: it is off for this step):
@@ -151,11 +157,12 @@ if [ "$DEVICE" = cuda ]; then  # 16 cores: every lane at once
   ( PRISM_CUDA_BUILD_DIR=$WORK/fold-warm step pytest_gpu $(( BUDGET - 20 )) "$PY" -m pytest -p no:cacheprovider -v \
       --basetemp="$WORK/pt" -m gpu tests/gpu/test_stream_order_cuda.py tests/gpu/test_slices_cuda.py \
       tests/gpu/test_emulate_cuda.py ) &
-  ( lane nccl cold --backend nccl ) &                    # torchtitan's backend; the kernel built in the run
-  ( lane gloo warm --backend gloo ) &                    # the reference workload's backend
-  ( lane nccl_devid warm --backend nccl --device-id ) &  # + init_process_group(device_id=...): eager init
+  ( lane nccl warm all --backend nccl ) &                    # torchtitan's backend
+  ( lane nccl_cold cold emulate --backend nccl ) &           # the kernel built in the run, as on a new host
+  ( lane gloo warm all --backend gloo ) &                    # the reference workload's backend
+  ( lane nccl_devid warm all --backend nccl --device-id ) &  # + init_process_group(device_id=...): eager init
 else  # 2 cores: one after the other (each run claims the cores it pins to); no CUDA kernel, no device_id on CPU
-  dump_check; lane nccl cold --backend nccl; lane gloo warm --backend gloo
+  dump_check; lane nccl cold all --backend nccl; lane gloo warm all --backend gloo
 fi
 wait
 
