@@ -102,3 +102,12 @@ def test_emulated_work_is_held_to_its_floor_but_not_its_group_thread():
         failed.wait()
     with pytest.raises(RuntimeError, match="gloo says no"):
         future.wait()
+
+
+def test_cpu_tensors_need_no_stream_ordering():
+    """The group thread orders itself after the caller's CUDA stream only for CUDA tensors
+    (tests/gpu/test_stream_order_cuda.py checks the CUDA side)."""
+    from prism.runtime.emulate.works import stream_order
+
+    assert stream_order([torch.zeros(2), torch.ones(3)]) is None
+    assert stream_order([]) is None

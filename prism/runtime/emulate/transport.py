@@ -52,7 +52,7 @@ from prism.runtime import ops, semantics, shm, watchdog
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.backend import flat_tensors
-from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_point
+from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
 from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
@@ -272,27 +272,35 @@ class EmulateTransport(ContributionTransport):
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
-        ready = stream_point(list(mine or []) + flat_tensors(result))
+        order = stream_order(list(mine or []) + flat_tensors(result))
         work = EmuWork(result)
+
+        def exchange() -> tuple[int, int, torch.Tensor]:
+            wire = GlooWire(self.pg)
+            virtual = torch.zeros(1, dtype=torch.int64)
+            got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
+            outcome = pruned.run(proto, self.index, own, wire, red)
+            wire.flush()
+            data = time.monotonic_ns()
+            if got_floor is not None:
+                got_floor.wait()
+            told = time.monotonic_ns()
+            self.got[key] = (outcome or {}).get("got", outcome)
+            with torch.no_grad():
+                complete(key)
+            del self.got[key]
+            return data, told, virtual
 
         def run() -> None:  # the exchange; the hold is the work's (`emulate.works`), never this thread's
             began = time.monotonic_ns()
             try:
-                if ready is not None:  # the caller's stream reached the op (its inputs written, the clones made)
-                    ready.synchronize()
-                wire = GlooWire(self.pg)
-                virtual = torch.zeros(1, dtype=torch.int64)
-                got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
-                outcome = pruned.run(proto, self.index, own, wire, red)
-                wire.flush()
-                data = time.monotonic_ns()
-                if got_floor is not None:
-                    got_floor.wait()
-                told = time.monotonic_ns()
-                self.got[key] = (outcome or {}).get("got", outcome)
-                with torch.no_grad():
-                    complete(key)
-                del self.got[key]
+                if order is None:
+                    data, told, virtual = exchange()
+                else:  # CUDA tensors: ordered after the caller's stream, outputs written before completion
+                    with order.device():
+                        order.inputs_ready()
+                        data, told, virtual = exchange()
+                        order.outputs_written()
                 STATS["collectives"] += 1
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)

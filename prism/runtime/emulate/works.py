@@ -259,16 +259,35 @@ def write_rank_stats(rank: int) -> None:
         os.replace(tmp, path)
 
 
-def stream_point(tensors: list[torch.Tensor]) -> "torch.cuda.Event | None":
-    """An event on the caller's current CUDA stream where an op's tensors are CUDA (else None), recorded at the
-    op's call: the group's thread waits for it before it reads the inputs or writes the outputs. That thread's
-    stream is the device's default stream, not ordered after the side streams the program may call from
-    (FSDP2 issues its all-gathers and reduce-scatters on its own), so without it the thread could read a
-    contribution before the kernel writing it ran. A real backend orders the same way: NCCL's stream waits
-    for the caller's at the op's issue."""
+
+class StreamOrder:
+    """The order between a CUDA op's caller and the group thread that carries it (`stream_order`).
+
+    Made at the op's call: an event on the caller's current stream. The group thread runs on the tensors'
+    device (`device()`), waits for that event before it reads the inputs or writes the outputs
+    (`inputs_ready`), and waits for its own stream once the outputs are written (`outputs_written`), before
+    the work completes. Its stream is the device's default stream, ordered neither after nor before the side
+    streams a program calls from (FSDP2 issues its all-gathers and reduce-scatters on its own): without the
+    first wait it could read a contribution before the kernel writing it ran, without the second the caller
+    could read an output whose device-to-device copy had not run. A real backend orders the same way: NCCL's
+    stream waits for the caller's at the op's issue, and the caller's for NCCL's at the wait."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.dev = device
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(device))
+
+    def device(self):
+        return torch.cuda.device(self.dev)
+
+    def inputs_ready(self) -> None:
+        self.event.synchronize()
+
+    def outputs_written(self) -> None:
+        torch.cuda.current_stream(self.dev).synchronize()
+
+
+def stream_order(tensors: list[torch.Tensor]) -> StreamOrder | None:
+    """A `StreamOrder` where an op's tensors are CUDA (their first one's device), else None."""
     cuda = next((t for t in tensors if t.is_cuda), None)
-    if cuda is None:
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(cuda.device))
-    return event
+    return None if cuda is None else StreamOrder(cuda.device)
