@@ -14,9 +14,10 @@
 # Usage (the device, from the repository root; PKGS: the wheels prism's deps come from, default .whl):
 #   bash scripts/overhead_levels.sh $OUT 560
 #   DEVICE=cpu PYTHON=.venv/bin/python STEPS=6 BIG_STEPS=4 REF_REPEATS=2 CORE0_REPEATS=1 BIG_REPEATS=1 \
-#       WORKLOAD_BIG="--microbatches 2 --hidden 64" bash scripts/overhead_levels.sh /tmp/lev 200   (here, on CPU)
+#       WORKLOAD_BIG="--microbatches 2 --hidden 64" bash scripts/overhead_levels.sh /tmp/lev 560   (here, on CPU: ~1 min)
 # Files: OUT/bench.txt (the three benches' tables), OUT/host.txt, OUT/log.txt, OUT/levels.tgz (the stamped logs,
-# samples.tsv, gpu.csv). Each stage starts only when its budget is left of BUDGET_S and `timeout` stops it at what
+# samples.tsv, gpu.csv). Expected on the H200: ~530 s (session 13: 5 reference rounds + 3 larger ones took 309 s).
+# Each stage starts only when its budget is left of BUDGET_S and `timeout` stops it at what
 # is left: the call ends within BUDGET_S + ~15 s.
 set -uo pipefail
 begin=$(date +%s)
@@ -72,9 +73,9 @@ stage() {
 }
 bench=($py -m prism.cli bench overhead --device "$device" --nproc 1)
 
-stage ref-last 150 "${bench[@]}" --steps "$steps" --repeats "${REF_REPEATS:-6}" --cores "$last" "--workload=${WORKLOAD:---microbatches 4}"
-stage ref-core0 100 "${bench[@]}" --steps "$steps" --repeats "${CORE0_REPEATS:-4}" --cores "$first" "--workload=${WORKLOAD:---microbatches 4}"
-stage larger-last 60 "${bench[@]}" --steps "$big_steps" --repeats "${BIG_REPEATS:-3}" --cores "$last" \
+stage ref-last 250 "${bench[@]}" --steps "$steps" --repeats "${REF_REPEATS:-6}" --cores "$last" "--workload=${WORKLOAD:---microbatches 4}"
+stage ref-core0 170 "${bench[@]}" --steps "$steps" --repeats "${CORE0_REPEATS:-4}" --cores "$first" "--workload=${WORKLOAD:---microbatches 4}"
+stage larger-last 110 "${bench[@]}" --steps "$big_steps" --repeats "${BIG_REPEATS:-3}" --cores "$last" \
     "--workload=${WORKLOAD_BIG:---microbatches 4 --hidden 1024 --layers 8 --seq-len 512}"
 kill "$sampler" ${gpu_sampler:+"$gpu_sampler"} 2>/dev/null
 wait "$sampler" 2>/dev/null
