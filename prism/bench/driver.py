@@ -3,8 +3,8 @@
     python prism/bench/driver.py --times DIR [--profile DIR] (-m MODULE | SCRIPT) [ARGS...]
 
 A global optimizer step post-hook stamps every iteration's end; each rank writes its stamps to
-DIR/rank<R>.json. With --profile, the whole run is wrapped in torch.profiler (CPU activities) and each
-rank exports its Kineto/Chrome JSON trace there. The hook is the same in every variant a benchmark compares.
+DIR/rank<R>.json and the cores it may run on (its affinity, at the end) to DIR/rank<R>.cores.json. With
+--profile, the whole run is wrapped in torch.profiler (CPU activities) and each rank exports its Kineto/Chrome JSON trace there. The hook is the same in every variant a benchmark compares.
 """
 
 import json
@@ -42,6 +42,8 @@ def main() -> None:
         run()
     with open(os.path.join(times_dir, f"rank{rank}.json"), "w") as f:
         json.dump(stamps, f)
+    with open(os.path.join(times_dir, f"rank{rank}.cores.json"), "w") as f:
+        json.dump(sorted(os.sched_getaffinity(0)), f)
 
 
 if __name__ == "__main__":

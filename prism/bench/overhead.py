@@ -1,7 +1,10 @@
 """`prism bench overhead`: what recording costs. The reference workload (W=2, pinned) three ways —
 no recording (no interception at all), PrismTrace (`--mode real --out`), and torch.profiler with a Kineto
-JSON export — run interleaved (A B C, A B C, ...). Prints the median iteration time of each, the overhead
-ratios against no recording, and the bytes each writes per iteration.
+JSON export — run interleaved (A B C, C B A, ...), every run's ranks pinned to the same cores (`--cores`; default
+the affinity's last). Prints the median iteration time of each, the overhead ratios against no recording, and
+the bytes each writes per iteration; then each round's run medians (a slow run shows), each variant's ratio to
+the baseline run of its round, their median and spread, and a warning where the spread exceeds the overhead
+(`overhead_stats`: on the H200 host a run's speed changed between runs by more than PrismTrace costs).
 
 `--device cuda` runs the workload on the GPU (`--device cuda`; NCCL with a GPU per rank, else gloo with
 CUDA tensors) and records PrismTrace with the CUDA clock (`PRISM_DEVICE=cuda`: CUDA events at every event
@@ -19,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from prism import settings
+from prism.bench import overhead_stats as stats
 from prism.runtime.launch import launcher
 
 DRIVER = Path(__file__).with_name("driver.py")
@@ -35,9 +39,10 @@ def warmup_steps(steps: int) -> int:
 
 
 def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps: int,
-                wrap: list[str] = ()) -> tuple[list[float], int]:
+                wrap: list[str] = (), cores: list[int] = ()) -> tuple[list[float], int]:
     """One run; returns (per-iteration times in ms after warm-up, bytes written). `wrap`: a program (and its
-    arguments) each rank runs instead of the driver, that runs the driver in turn (a profiler's)."""
+    arguments) each rank runs instead of the driver, that runs the driver in turn (a profiler's). `cores`: the
+    cores the ranks are pinned to, in rank order (default: the launcher's first free ones)."""
     times = work / "times"
     profile = work / "profile"
     out = work / "job"
@@ -47,7 +52,7 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     if variant == "profiler":
         prog += ["--profile", str(profile)]
     prog += workload
-    spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True,
+    spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True, pin_cores=list(cores),
                                mode="real" if variant == "prismtrace" else "off",
                                out=out if variant == "prismtrace" else None)
     saved = os.dup(1)  # the workload's loss lines are not the benchmark's output
@@ -71,6 +76,11 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     return durations, written
 
 
+def ranks_cores(work: Path, nproc: int) -> list[list[int]]:
+    """The cores each rank of the run in `work` could run on, as the rank recorded them (the driver's)."""
+    return [json.loads((work / "times" / f"rank{r}.cores.json").read_text()) for r in range(nproc)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism bench overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,7 +91,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="reference workload flags")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the workload runs and what PrismTrace's device clock is")
+    parser.add_argument("--cores", default=None,
+                        help="comma-separated cores every run's ranks are pinned to, in rank order (default: the "
+                             "last NPROC of this process's affinity)")
     args = parser.parse_args(argv)
+    try:
+        given = [int(c) for c in args.cores.split(",")] if args.cores else None
+    except ValueError:
+        parser.error(f"--cores {args.cores}: not a comma-separated list of core numbers (e.g. --cores 15)")
+    try:
+        cores = stats.choose_cores(os.sched_getaffinity(0), args.nproc, given)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.steps - warmup_steps(args.steps) - 1 < 1:
         parser.error(f"--steps {args.steps} leaves no iteration time after the {warmup_steps(args.steps)} "
                      "warm-up step(s) (a time is the gap between two step ends): give --steps 3 or more")
@@ -100,18 +121,24 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[settings.DEVICE.name] = "cuda"
         where = f"{torch.cuda.get_device_name(0)} x{min(gpus, args.nproc)}, {backend}"
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    per_run: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
     written: dict[str, list[int]] = {v: [] for v in VARIANTS}
+    seen: set[tuple[int, ...]] = set()
     with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
         for rep in range(args.repeats):
-            for variant in VARIANTS:
+            for variant in stats.round_order(VARIANTS, rep):
                 work = Path(tmp) / f"{variant}-{rep}"
-                durations, nbytes = run_variant(variant, work, args.nproc, workload, args.steps)
+                durations, nbytes = run_variant(variant, work, args.nproc, workload, args.steps, cores=cores)
+                seen.update(tuple(c) for c in ranks_cores(work, args.nproc))
                 results[variant] += durations
+                per_run[variant].append(durations)
                 written[variant].append(nbytes)
                 print(f"  round {rep + 1}/{args.repeats} {variant:<11} median "
                       f"{statistics.median(durations):8.3f} ms", file=sys.stderr, flush=True)
     base = statistics.median(results["none"])
-    print(f"\nprism bench overhead: {where}, W={args.nproc} pinned, workload `{' '.join(workload[2:])}`, "
+    pinned = ",".join(map(str, cores))
+    print(f"\nprism bench overhead: {where}, W={args.nproc} pinned to core(s) {pinned} in every run, "
+          f"workload `{' '.join(workload[2:])}`, "
           f"{args.repeats} interleaved rounds, iterations after warm-up per variant: "
           f"{len(results['none'])}")
     print(f"{'variant':<12} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'overhead':>9} "
@@ -124,7 +151,35 @@ def main(argv: list[str] | None = None) -> int:
         ratio = "" if variant == "none" or not trace_bytes else f"{per_iter / trace_bytes:.1f}x"
         print(f"{variant:<12} {med:10.3f} {d[len(d) // 10]:8.3f} {d[9 * len(d) // 10]:8.3f} "
               f"{100 * (med / base - 1):+8.2f}% {per_iter:12,.0f} {ratio:>20}")
+    print(paired_report(per_run, args.repeats, cores, seen))
     return 0
+
+
+def paired_report(per_run: dict[str, list[list[float]]], repeats: int, cores: list[int],
+                  seen: set[tuple[int, ...]]) -> str:
+    """Each round's run medians and each variant's ratio to that round's baseline run, the median and spread of
+    those ratios, the cores the ranks recorded, and a warning where the rounds cannot show the overhead."""
+    pairs = stats.paired(per_run)
+    meds = {v: stats.run_medians(runs) for v, runs in per_run.items()}
+    others = [v for v in VARIANTS if v != "none"]
+    lines = ["", "each round's run medians (ms) and each variant's ratio to the none run of its round:",
+             f"{'round':<6} {'order':<28}" + "".join(f" {v:>11}" for v in VARIANTS)
+             + "".join(f" {v + '/none':>16}" for v in others)]
+    for rep in range(repeats):
+        lines.append(f"{rep + 1:<6} {' '.join(stats.round_order(VARIANTS, rep)):<28}"
+                     + "".join(f" {meds[v][rep]:11.3f}" for v in VARIANTS)
+                     + "".join(f" {100 * (pairs[v].ratios[rep] - 1):+15.2f}%" for v in others))
+    spread = stats.level_spread(per_run["none"])
+    lines.append(f"paired overhead (median over {repeats} round(s) of the round's ratio; min .. max): "
+                 + "; ".join(f"{v} {100 * p.overhead:+.2f}% ({100 * (min(p.ratios) - 1):+.2f} .. "
+                             f"{100 * (max(p.ratios) - 1):+.2f})" for v, p in pairs.items())
+                 + f"; none's run medians {100 * spread:.1f} % apart")
+    recorded = sorted(seen)
+    expected = [tuple([c]) for c in cores]
+    lines.append(f"cores the ranks recorded (affinity): {recorded}"
+                 + ("" if recorded == sorted(expected) else f" - not the pinned {cores}: the runs are not comparable"))
+    lines += [f"warning: {w}" for w in (stats.verdict(p, spread) for p in pairs.values()) if w]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 A run whose timings are measured on cores (`--pin` in real, slice and emulate; capture's device slots) claims
 the cores it pins to before it starts: an `flock` per core on `SHM_ROOT/prism-cores-UID/core=N.lock` (the file
-holds the holder's pid and what it runs). It takes the first free cores of its affinity; when fewer are free
+holds the holder's pid and what it runs). It takes the first free cores of its affinity (or exactly the cores the
+run names, `LaunchSpec.pin_cores`: a benchmark that pins every run to the same ones); when fewer are free
 than it needs, it waits for them (saying once which runs hold them), `PRISM_LOCK_WAIT` seconds at most (0:
 refused at once), and is then refused with one message naming the holders and the fix. The kernel drops a
 claim when its launcher dies, however it dies. The ranks are pinned to the claimed cores (`ZygoteSpec.cores`);
@@ -48,13 +49,23 @@ def needed(mode_name: str, nproc: int, pin: bool, devices: int | None, ranks: li
 
 
 class CoreClaim:
-    """The cores this run holds (`cores`, in pinning order) until `release`."""
+    """The cores this run holds (`cores`, in pinning order) until `release`. `order`: the cores to take, in
+    pinning order (none other: a busy one is waited for, then refused); default the affinity's, lowest first."""
 
-    def __init__(self, count: int, what: str) -> None:
+    def __init__(self, count: int, what: str, order: list[int] | None = None) -> None:
         self.fds: list[int] = []
         self.cores: list[int] = []
         if count <= 0:
             return
+        allowed = sorted(os.sched_getaffinity(0))
+        if order:
+            outside = [c for c in order if c not in allowed]
+            if outside or len(set(order)) < count:
+                raise CoresBusy(f"this run pins its ranks to {count} core(s) of {list(order)}, but "
+                                + (f"core(s) {outside} are not in this process's affinity {allowed}"
+                                   if outside else f"that names only {len(set(order))} distinct core(s)")
+                                + ": name cores of the affinity, as many as the ranks pinned")
+        self.order = list(dict.fromkeys(order)) if order else allowed
         folder = lock_dir()
         folder.mkdir(mode=0o700, exist_ok=True)
         wait = folder_lock.wait_s()
@@ -78,7 +89,7 @@ class CoreClaim:
     def _try(self, folder: Path, count: int, what: str) -> dict[int, str] | None:
         """Take `count` free cores (None), or take none and return the busy ones' holders."""
         holders: dict[int, str] = {}
-        for core in sorted(os.sched_getaffinity(0)):
+        for core in self.order:
             if len(self.cores) == count:
                 break
             fd = os.open(folder / f"core={core}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -59,6 +59,7 @@ class LaunchSpec:
     mode: str = "real"
     out: Path | None = None
     pin: bool = False
+    pin_cores: list[int] = field(default_factory=list)  # pinned: exactly these cores, in order (default: the first free)
     master_port: int = 0
     devices: int | None = None  # capture: device slots P (None: every core)
     payloads: bool = True  # capture: keep every contribution for the later modes

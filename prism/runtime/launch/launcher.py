@@ -62,7 +62,7 @@ def launch(spec: LaunchSpec) -> int:
         raise LaunchError(str(exc)) from None
     try:  # the cores its ranks are pinned to: no other prism run pins to them meanwhile (`cores`)
         claim = cores.CoreClaim(cores.needed(spec.mode, spec.nproc, spec.pin, spec.devices, spec.slice_ranks),
-                                f"prism launch --mode {spec.mode}")
+                                f"prism launch --mode {spec.mode}", spec.pin_cores or None)
     except (cores.CoresBusy, OSError) as exc:
         if out is not None:
             out.release(failed=True)

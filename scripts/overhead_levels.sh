@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# What sets a pinned W=1 run's speed on the H200 host, and PrismTrace's overhead with it taken out (issue 21
+# item 6), in one device call. Session 13: a run of the reference workload ran at ~80 or ~100-128 ms a step
+# whatever the variant, the level changing between runs and within them (docs/benchmarks.md, Session 13).
+#   1. host facts: lscpu, this process's affinity, the SMT siblings of core 0 and of the last core, cpufreq's
+#      governor, nvidia-smi's clocks;
+#   2. while the benches run, scripts/host_sampler.py (every 0.5 s: each of those cores' clock, busy, irq and
+#      steal share: samples.tsv) and nvidia-smi (SM/memory clock, power, utilisation: gpu.csv);
+#   3. `prism bench overhead --device $DEVICE --nproc 1` (each round's run medians, the paired ratios and their
+#      spread), its stderr lines stamped with the unix second to join with the samples:
+#      ref-last: the reference workload (`--microbatches 4`), REF_REPEATS (6) rounds, pinned to the last core;
+#      ref-core0: the same, CORE0_REPEATS (4) rounds, pinned to core 0 (the launcher's default before: the first
+#      free core of the affinity); larger-last: `--hidden 1024 --layers 8 --seq-len 512`, BIG_REPEATS (3) rounds.
+# Usage (the device, from the repository root; PKGS: the wheels prism's deps come from, default .whl):
+#   bash scripts/overhead_levels.sh $OUT 560
+#   DEVICE=cpu PYTHON=.venv/bin/python STEPS=6 BIG_STEPS=4 REF_REPEATS=2 CORE0_REPEATS=1 BIG_REPEATS=1 \
+#       WORKLOAD_BIG="--microbatches 2 --hidden 64" bash scripts/overhead_levels.sh /tmp/lev 560   (here, on CPU: ~1 min)
+# Files: OUT/bench.txt (the three benches' tables), OUT/host.txt, OUT/log.txt, OUT/levels.tgz (the stamped logs,
+# samples.tsv, gpu.csv). Expected on the H200: ~530 s (session 13: 5 reference rounds + 3 larger ones took 309 s).
+# Each stage starts only when its budget is left of BUDGET_S and `timeout` stops it at what
+# is left: the call ends within BUDGET_S + ~15 s.
+set -uo pipefail
+begin=$(date +%s)
+out=${1:?usage: overhead_levels.sh OUT BUDGET_S} total=${2:-560}
+py=${PYTHON:-python3} device=${DEVICE:-cuda} steps=${STEPS:-15} big_steps=${BIG_STEPS:-10}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/prism-lev-XXXX)
+log=$out/log.txt
+source scripts/device_site.sh
+if [ -d "${PKGS:-.whl}" ]; then
+    prepare_host overhead_levels "${PKGS:-.whl}" "$py" > "$log" 2>&1 || { cat "$log"; exit 2; }
+else
+    export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+    echo "no wheel folder ${PKGS:-.whl}: prism's deps must be importable already" > "$log"
+fi
+# install_site hides the GPUs (CUDA_VISIBLE_DEVICES=): this call is about one
+[ "$device" = cuda ] && export CUDA_VISIBLE_DEVICES=${GPU:-0}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+last=$($py -c "import os; print(max(os.sched_getaffinity(0)))")
+first=$($py -c "import os; print(min(os.sched_getaffinity(0)))")
+{ date -u; nproc; lscpu 2>&1 | head -n 30; echo "affinity: $(taskset -pc $$ 2>&1)"
+  for c in "$first" "$last"; do
+      echo "core $c siblings: $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list 2>/dev/null || echo '?')" \
+           "governor: $(cat /sys/devices/system/cpu/cpu$c/cpufreq/scaling_governor 2>/dev/null || echo 'no cpufreq')"
+  done
+  command -v nvidia-smi > /dev/null && nvidia-smi -q -d CLOCK,PERFORMANCE 2>&1 | head -n 60
+  $py -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+  git log -1 --format='prism %h %s' 2>/dev/null; } > "$out/host.txt" 2>&1
+
+$py scripts/host_sampler.py "$work/samples.tsv" "$first,$last" 0.5 "$total" &
+sampler=$!
+gpu_sampler=
+if [ "$device" = cuda ] && command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate --format=csv,noheader \
+        -lms 500 > "$work/gpu.csv" 2>&1 &
+    gpu_sampler=$!
+fi
+
+left() { echo $((total - ($(date +%s) - begin))); }
+stamp() { while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done; }
+# stage NAME NEEDED_S COMMAND...: run it when NEEDED_S are left, stopped at what is left, its lines stamped
+stage() {
+    local name=$1 need=$2 l
+    shift 2
+    l=$(left)
+    if [ "$l" -lt "$need" ]; then
+        echo "$name: not started: ${l} s left of ${total} s (needs ${need})" | tee -a "$log"
+        return
+    fi
+    echo "$name: started at $(($(date +%s) - begin)) s (unix $(date +%s))" | tee -a "$log"
+    timeout -s TERM -k 5 "$((l - 8))" "$@" 2>&1 | stamp > "$work/$name.log"
+    echo "$name: exit ${PIPESTATUS[0]} at $(($(date +%s) - begin)) s (unix $(date +%s))" | tee -a "$log"
+}
+bench=($py -m prism.cli bench overhead --device "$device" --nproc 1)
+
+stage ref-last 250 "${bench[@]}" --steps "$steps" --repeats "${REF_REPEATS:-6}" --cores "$last" "--workload=${WORKLOAD:---microbatches 4}"
+stage ref-core0 170 "${bench[@]}" --steps "$steps" --repeats "${CORE0_REPEATS:-4}" --cores "$first" "--workload=${WORKLOAD:---microbatches 4}"
+stage larger-last 110 "${bench[@]}" --steps "$big_steps" --repeats "${BIG_REPEATS:-3}" --cores "$last" \
+    "--workload=${WORKLOAD_BIG:---microbatches 4 --hidden 1024 --layers 8 --seq-len 512}"
+kill "$sampler" ${gpu_sampler:+"$gpu_sampler"} 2>/dev/null
+wait "$sampler" 2>/dev/null
+for b in ref-last ref-core0 larger-last; do
+    [ -f "$work/$b.log" ] && { echo "== $b"; sed -n '/prism bench overhead:/,$p' "$work/$b.log" | cut -d' ' -f2-; }
+done > "$out/bench.txt"
+cat "$out/bench.txt"
+cp "$log" "$work/"
+tar czf "$out/levels.tgz" -C "$work" . && rm -rf "$work"
+echo "overhead_levels: done in $(($(date +%s) - begin)) s; files in $out"
