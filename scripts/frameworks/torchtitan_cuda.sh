@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # torchtitan 0.2.2 (the release cut against torch 2.11's nightlies, 2026-02-20; 0.3.0 calls torch APIs newer
 # than 2.13) on one H200, in one device call (issue 21, item 3's H200 half): the llama3 debug model
-#   a. W=1 under torchrun (truth) and `prism launch --mode real`: exact losses, peak device memory per rank;
-#   b. capture of W=4 (FSDP2) and W=8 (FSDP2 4 x TP 2) ranks on the one GPU: losses, graph, iterations, peaks;
-#   c. W=4: slices on the GPU, calibrate, an emulated sandbox rank on the GPU (its losses vs the capture's);
-#   d. `prism bench overhead --device cuda` at W=1, launch-bound (reference workload) and GPU-bound
-#      (--hidden 1024 --layers 8 --seq-len 512);
-#   e. W=2 under torchrun on the one GPU (NCCL refuses two ranks on one GPU: what it says).
+#   a. W=8 (FSDP2 4 x TP 2) whole on the one GPU, first: capture, graph, ranks, plan, every slice run, durations,
+#      calibrate, emulated sandbox rank 1 (TP pair 0-1), then sandbox rank 2 (TP pair 2-3, the other FSDP group);
+#      every slice's and sandbox's losses compared with the capture's, exactly;
+#   b. W=1 under torchrun (truth) and `prism launch --mode real`: exact losses, peak device memory per rank;
+#      W=1 at the W=4/8 layouts' global batch 8 (the tolerance reference of their captures);
+#   c. W=4 (FSDP2): capture, graph, ranks, emulated sandbox 1, plan, slices, durations, calibrate;
+#   d. W=2 under torchrun on the one GPU (NCCL refuses two ranks on one GPU: what it says);
+#   e. the comparisons with W=1 at global batch 8 (tolerance only).
+# W=8 comes first so that a call runs it whole even with a, b or c skipped or short of budget; the overhead
+# bench has its own script (scripts/overhead_levels.sh): its rows here only ever ran past their caps.
 # Each step is time-boxed (`timeout`, from what is left of BUDGET_S), a failed step does not stop the others,
 # and the table ($OUT/results.tsv, also printed) is written at the end in any case.
 # Carried: .whl/ (prism's wheels, xz-packed: polars, duckdb, jsonschema, ...) and .tt/ (.tt/whl: torchtitan 0.2.2
@@ -16,11 +20,12 @@
 #   DRY=1     only install, check the imports and print the commands
 #   SKIP=REGEX  skip the steps whose names match (local checks)
 #   DEVICE=cpu  the same steps on a CPU-only torch (gloo, CUDA_TRAIN_CPU=1; the local check), PY=python to use
+#   STEPS=N   training steps (default 4); TTCUDA_WORK=DIR the scratch folder (default /tmp/ttcuda.PID)
 set -u
 OUT=$(realpath -m "${1:?usage: torchtitan_cuda.sh OUT [BUDGET_S]}"); BUDGET=${2:-520}
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO" || exit 2
 DEVICE=${DEVICE:-cuda}; PY=${PY:-python3}; T0=$(date +%s)
-mkdir -p "$OUT"; LOG=$OUT/torchtitan_cuda.log; TSV=$OUT/results.tsv; WORK=/tmp/ttcuda
+mkdir -p "$OUT"; LOG=$OUT/torchtitan_cuda.log; TSV=$OUT/results.tsv; WORK=${TTCUDA_WORK:-/tmp/ttcuda.$$}  # not shared
 rm -rf "$WORK"; mkdir -p "$WORK"
 printf 'step\texit\twall_s\tlosses\tpeaks\tnote\n' > "$TSV"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_DATASETS_OFFLINE=1
@@ -33,10 +38,10 @@ if [ "$DEVICE" = cuda ]; then
   done
   export CUDA_VISIBLE_DEVICES=0 PRISM_DEVICE=cuda CUDA_TRAIN_GPUS=1  # install_site empties CUDA_VISIBLE_DEVICES
   ulimit -n "$(ulimit -Hn)"
-  BIN=(); TORCHRUN=("$PY" -m torch.distributed.run); BENCH_DEV=cuda
+  TORCHRUN=("$PY" -m torch.distributed.run)
 else
   export CUDA_TRAIN_CPU=1 OMP_NUM_THREADS=1 PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-  TORCHRUN=("$PY" -m torch.distributed.run); BENCH_DEV=cpu
+  TORCHRUN=("$PY" -m torch.distributed.run)
 fi
 PRISM=("$PY" -m prism.cli)
 echo "# $(date -u +%FT%TZ) torchtitan_cuda.sh DEVICE=$DEVICE BUDGET=$BUDGET DRY=${DRY:-0}"
@@ -105,44 +110,53 @@ PYEOF
   echo "   losses of $1 vs $2: $v"; printf 'near:%s=%s\t-\t0\t\t\t%s\n' "$1" "$2" "$v" >> "$TSV"
 }
 
-# a. W=1: truth and real mode
+slices() {  # layout (w4, w8_tp), job: the plan on 2 devices, every slice run (its losses vs the capture's),
+            # the durations and the calibration
+  local L=$1 J=$2 k
+  run "plan_$L" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2
+  for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
+             "$J/slices/plan.parquet" 2>/dev/null); do
+    run "slice_${L}_$k" 90 "$PY" -m prism.slices.run --job "$J" --slice "$k"
+    same "slice_${L}_$k" "capture_$L"
+  done
+  run "durations_$L" 30 "$PY" -m prism.calibrate.from_slices --job "$J"
+  run "calibrate_$L" 30 "$PY" -m prism.calibrate --job "$J" --durations "$J/slices/durations.parquet" \
+      --transfers "$J/slices/transfers.parquet" --out "$J/calibrated"
+}
+
+# a. W=8 FSDP2 4 x TP 2 on the one GPU, whole
+run capture_w8_tp 130 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
+run graph_w8_tp 40 "${PRISM[@]}" graph --job "$WORK/w8" --raw "$WORK/w8/capture/raw" --out "$WORK/w8/graph"
+run ranks_w8_tp 20 "${PRISM[@]}" sql --job "$WORK/w8" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks ORDER BY rank"
+slices w8_tp "$WORK/w8"
+run emulate_w8_tp 150 "${PRISM[@]}" launch --nproc 8 --mode emulate --capture "$WORK/w8/capture" --sandbox 1 \
+    --out "$WORK/w8/emu" --force "${TT[@]}" "${TP2[@]}"
+same emulate_w8_tp capture_w8_tp
+run emulate_w8_tp_s2 150 "${PRISM[@]}" launch --nproc 8 --mode emulate --capture "$WORK/w8/capture" --sandbox 2 \
+    --out "$WORK/w8/emu_s2" --force "${TT[@]}" "${TP2[@]}"
+same emulate_w8_tp_s2 capture_w8_tp
+# b. W=1: truth and real mode; the W=4/8 layouts' global batch (8) at W=1: their truth as near as one GPU allows
+# (the same tokens, another reduction order: compared within a tolerance, not exactly; e. below)
 run torchrun_w1 100 "${TORCHRUN[@]}" --nproc-per-node 1 "${TT[@]}"
 run real_w1 100 "${PRISM[@]}" launch --nproc 1 --mode real --out "$WORK/real_w1" --force "${TT[@]}"
 same real_w1 torchrun_w1
-# the W=4/8 layouts' global batch (8) at W=1: their truth as near as one GPU allows (the same tokens, another
-# reduction order: compared within a tolerance, not exactly)
 run torchrun_w1_gb8 100 "${TORCHRUN[@]}" --nproc-per-node 1 "${TT[@]}" --training.local_batch_size 8
-# b. capture W=4 FSDP2 and W=8 FSDP2 x TP 2 on the one GPU
+# c. W=4 FSDP2 on the one GPU
 run capture_w4 120 "${PRISM[@]}" launch --nproc 4 --mode capture --devices 2 --out "$WORK/w4/capture" --force "${TT[@]}"
-near capture_w4 torchrun_w1_gb8
 run graph_w4 40 "${PRISM[@]}" graph --job "$WORK/w4" --raw "$WORK/w4/capture/raw" --out "$WORK/w4/graph"
 run ranks_w4 20 "${PRISM[@]}" sql --job "$WORK/w4" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks ORDER BY rank"
-# c. W=4: slices on the GPU, calibrate, an emulated sandbox rank on the GPU
 run emulate_w4 100 "${PRISM[@]}" launch --nproc 4 --mode emulate --capture "$WORK/w4/capture" --sandbox 1 \
     --out "$WORK/w4/emu" --force "${TT[@]}"
 same emulate_w4 capture_w4
-run plan_w4 30 "$PY" -m prism.slices.plan --job "$WORK/w4" --devices 2
-for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
-           "$WORK/w4/slices/plan.parquet" 2>/dev/null); do
-  run "slice_w4_$k" 90 "$PY" -m prism.slices.run --job "$WORK/w4" --slice "$k"
-done
-run durations_w4 30 "$PY" -m prism.calibrate.from_slices --job "$WORK/w4"
-run calibrate_w4 30 "$PY" -m prism.calibrate --job "$WORK/w4" --durations "$WORK/w4/slices/durations.parquet" \
-    --transfers "$WORK/w4/slices/transfers.parquet" --out "$WORK/w4/calibrated"
-# d. overhead: launch-bound reference workload at W=1, and a GPU-bound one
-run overhead_launch 60 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 --workload="--microbatches 4" --steps 10 --repeats 2
-run overhead_gpu 80 "${PRISM[@]}" bench overhead --device "$BENCH_DEV" --nproc 1 \
-    --workload="--microbatches 4 --hidden 1024 --layers 8 --seq-len 512" --steps 8 --repeats 2
-# b'. W=8 FSDP2 4 x TP 2 (after the W=4 pipeline: the most likely to run long)
-run capture_w8_tp 130 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
-near capture_w8_tp torchrun_w1_gb8
-run graph_w8_tp 40 "${PRISM[@]}" graph --job "$WORK/w8" --raw "$WORK/w8/capture/raw" --out "$WORK/w8/graph"
-run ranks_w8_tp 20 "${PRISM[@]}" sql --job "$WORK/w8" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks ORDER BY rank"
-# e. W=2 on one GPU under torchrun (NCCL)
+slices w4 "$WORK/w4"
+# d. W=2 on one GPU under torchrun (NCCL)
 run torchrun_w2 45 "${TORCHRUN[@]}" --nproc-per-node 2 "${TT[@]}"
+# e. the captures against W=1 at global batch 8
+near capture_w8_tp torchrun_w1_gb8
+near capture_w4 torchrun_w1_gb8
 
 echo "== table ($TSV)"; column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
-for f in ranks_w4 ranks_w8_tp overhead_launch overhead_gpu calibrate_w4; do
+for f in ranks_w8_tp calibrate_w8_tp ranks_w4 calibrate_w4; do
   [ -f "$WORK/$f.log" ] && { echo "== $f"; tail -25 "$WORK/$f.log"; }
 done
 [ -f "$WORK/fold_build.log" ] && { echo "== fold_build"; tail -3 "$WORK/fold_build.log"; }

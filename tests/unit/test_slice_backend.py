@@ -1,7 +1,8 @@
 """Which backend a slice rank's group carries CUDA tensors over (issue 21 item 3): the replay server's members are
 gloo instances, so a group with a replayed member must use gloo even when the program asked for NCCL (session
 12's H200 call: torchtitan's "nccl" default group hung the slice ranks in NCCL's initialisation). A group of
-slice ranks only keeps what the program asked for. Checked with CUDA reported available (no GPU needed: the
+slice ranks only keeps what the program asked for, unless two of its members use one CUDA device (NCCL refuses
+two ranks on one device: a W=8 FSDP2 4 x TP 2 slice that is a whole TP pair on one H200); then gloo too. Checked with CUDA reported available (no GPU needed: the
 NCCL backend itself is never made here)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch._C._distributed_c10d import HashStore
 
 from prism import settings
+from prism.runtime.slice import transport as slice_transport
 from prism.runtime.slice.transport import SliceTransport
 from prism.runtime.transport import RealTransport
 
@@ -47,10 +49,49 @@ def test_a_group_with_a_replayed_member_carries_cuda_tensors_over_gloo(monkeypat
         assert t.backend_for(torch.device("cpu")) is t._gloo()
 
 
+def cuda_backends(monkeypatch, made: list[SliceTransport], device_ids: list[str]) -> list:
+    """Each member's backend for its first CUDA op, both at once (the members exchange their devices), member r
+    on the CUDA device `device_ids[r]`."""
+    monkeypatch.setattr(slice_transport, "cuda_device_id", lambda device: device_ids[int(threading.current_thread().name)])
+    got, errors = [None, None], []
+
+    def first_op(rank: int) -> None:
+        try:
+            got[rank] = made[rank].backend_for(torch.device("cuda", 0))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_op, args=(r,), name=str(r)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return got
+
+
 def test_a_group_of_slice_ranks_keeps_the_nccl_it_asked_for(monkeypatch):
-    for t in transports(monkeypatch, "0,1", want_nccl=True):
-        assert t.backend_for(torch.device("cuda", 0)) == "nccl"
+    made = transports(monkeypatch, "0,1", want_nccl=True)
+    assert cuda_backends(monkeypatch, made, ["host/GPU-a", "host/GPU-b"]) == ["nccl", "nccl"]
+    for t in made:
+        assert t.backend_for(torch.device("cuda", 0)) == "nccl"  # decided once, at the first CUDA op
         assert t.backend_for(torch.device("cpu")) is t._gloo()
+
+
+def test_a_group_of_slice_ranks_on_one_cuda_device_carries_cuda_tensors_over_gloo(monkeypatch):
+    made = transports(monkeypatch, "0,1", want_nccl=True)  # NCCL refuses two ranks on one device
+    assert cuda_backends(monkeypatch, made, ["host/GPU-a", "host/GPU-a"]) == [t._gloo() for t in made]
+    for t in made:
+        assert t.backend_for(torch.device("cuda", 0)) is t._gloo()
+
+
+def test_the_device_id_names_the_host_and_the_physical_device(monkeypatch):
+    class Props:
+        uuid = "GPU-1234"
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(slice_transport.socket, "gethostname", lambda: "h200")
+    assert slice_transport.cuda_device_id(torch.device("cuda", 0)) == "h200/GPU-1234"
 
 
 @pytest.mark.parametrize("slice_ranks", ["0", "0,1"])

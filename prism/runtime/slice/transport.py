@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -264,15 +265,34 @@ class SliceTransport(RealTransport):
     members that never join it (torchtitan's "nccl" default group on the H200, session 12: the slice ranks sat
     in NCCL's initialisation inside their first CUDA collective, the server's gloo ops had no partner; the
     reference workload's CUDA tests ask for gloo and passed). gloo copies the CUDA tensors across, as the
-    replay server's own members do. A group of slice ranks only keeps the backend the program asked for."""
+    replay server's own members do. A group of slice ranks only keeps the backend the program asked for, unless
+    two of its members use one CUDA device: NCCL refuses two ranks on one device, and a slice places several
+    logical ranks on one GPU (W=8 FSDP2 4 x TP 2 on one H200: each slice is a whole TP pair); such a group
+    carries CUDA tensors over gloo too (`shares_a_device`)."""
 
     def __init__(self, *args, results: CapturedResults, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         slice_ranks = set(settings.SLICE_RANKS.get())
         if slice_ranks and not slice_ranks.issuperset(self._global_ranks):
             self._want_nccl = False  # a replayed member: gloo (above)
+        self._devices_checked = False
         self._results = results
         self._seq = 0  # collectives issued on this group (the capture's key sequence)
+
+    def backend_for(self, device: torch.device):
+        if device.type == "cuda" and self._want_nccl and not self._devices_checked:
+            self._devices_checked = True
+            if self.shares_a_device(device):
+                self._want_nccl = False
+        return super().backend_for(device)
+
+    def shares_a_device(self, device: torch.device) -> bool:
+        """Do two members of the group use one CUDA device? Each member publishes its device's identity in the
+        group's store at its first CUDA op on the group (made before NCCL would be: every member of an NCCL
+        communicator joins it there too) and reads the others'; every member sees the same answer."""
+        self._store.set(f"cuda_device/{self._rank}", cuda_device_id(device))
+        ids = [self._store.get(f"cuda_device/{r}").decode() for r in range(self._size)]
+        return len(set(ids)) < len(ids)
 
     def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
         work = super().call(method, device, *args, work_id=work_id, op=op)
@@ -283,6 +303,13 @@ class SliceTransport(RealTransport):
         if method in _REDUCING and key in self._results:
             return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
         return work
+
+
+def cuda_device_id(device: torch.device) -> str:
+    """The physical CUDA device behind `device` in this process (host and device UUID: the same GPU under
+    another CUDA_VISIBLE_DEVICES order gives the same id)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"{socket.gethostname()}/{torch.cuda.get_device_properties(index).uuid}"
 
 
 _RESULTS: list[CapturedResults] = []  # this rank's, read once
