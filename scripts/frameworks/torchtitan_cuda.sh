@@ -49,6 +49,7 @@ echo "# $(date -u +%FT%TZ) torchtitan_cuda.sh DEVICE=$DEVICE BUDGET=$BUDGET DRY=
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.device_count(), "torchtitan",
       torchtitan.__version__, "datasets", datasets.__version__, "polars", polars.__version__)' \
   || { echo "torchtitan_cuda.sh: an import failed (above)"; [ "$DEVICE" = cuda ] && nvidia-smi -L; exit 2; }
+[ -f .tt/tokenizer/tokenizer.json ] || { echo "torchtitan_cuda.sh: .tt/tokenizer/tokenizer.json missing (carry .tt: torchtitan's tests/assets/tokenizer)"; exit 2; }
 "$PY" examples/torchtitan/make_data.py "$WORK/data" || exit 2
 if [ "$DEVICE" = cuda ] && [ -z "${DRY:-}" ]; then
   # the emulated sandbox's CUDA fold kernel, built now beside the first steps: the sandbox builds it before its
@@ -114,6 +115,7 @@ slices() {  # layout (w4, w8_tp), job: the plan on 2 devices, every slice run (i
             # the durations and the calibration
   local L=$1 J=$2 k
   run "plan_$L" 30 "$PY" -m prism.slices.plan --job "$J" --devices 2
+  run "groups_$L" 20 "$PY" scripts/frameworks/slice_groups.py "$J"  # the all-slice groups (NCCL or gloo)
   for k in $("$PY" -c 'import sys, pyarrow.parquet as pq; print(*sorted(set(pq.read_table(sys.argv[1])["slice"].to_pylist())))' \
              "$J/slices/plan.parquet" 2>/dev/null); do
     run "slice_${L}_$k" 90 "$PY" -m prism.slices.run --job "$J" --slice "$k"
@@ -156,7 +158,7 @@ near capture_w8_tp torchrun_w1_gb8
 near capture_w4 torchrun_w1_gb8
 
 echo "== table ($TSV)"; column -t -s $'\t' "$TSV" 2>/dev/null || cat "$TSV"
-for f in ranks_w8_tp calibrate_w8_tp ranks_w4 calibrate_w4; do
+for f in ranks_w8_tp groups_w8_tp calibrate_w8_tp ranks_w4 groups_w4 calibrate_w4; do
   [ -f "$WORK/$f.log" ] && { echo "== $f"; tail -25 "$WORK/$f.log"; }
 done
 [ -f "$WORK/fold_build.log" ] && { echo "== fold_build"; tail -3 "$WORK/fold_build.log"; }
