@@ -20,27 +20,33 @@ from prism.runtime.slice.transport import SliceTransport
 from prism.runtime.transport import RealTransport
 
 
-def transports(monkeypatch, slice_ranks: str, want_nccl: bool) -> list[SliceTransport]:
-    """Both members of group [0, 1] (their gloo rendezvous needs both: one thread each)."""
-    monkeypatch.setenv(settings.SLICE_RANKS.name, slice_ranks)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(RealTransport, "_nccl", lambda self: "nccl")
-    store, made, errors = HashStore(), [None, None], []
+def on_both_members(work) -> list:
+    """`work(rank)` for members 0 and 1 at once, one thread each (named after its rank): their results."""
+    got, errors = [None, None], []
 
-    def make(rank: int) -> None:
+    def one(rank: int) -> None:
         try:
-            made[rank] = SliceTransport(store, rank, 2, timedelta(seconds=20), want_nccl=want_nccl,
-                                        global_ranks=[0, 1], group_name="0", results=None)
+            got[rank] = work(rank)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=one, args=(r,), name=str(r)) for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert not errors, errors
-    return made
+    return got
+
+
+def transports(monkeypatch, slice_ranks: str, want_nccl: bool) -> list[SliceTransport]:
+    """Both members of group [0, 1] (their gloo rendezvous needs both: one thread each)."""
+    monkeypatch.setenv(settings.SLICE_RANKS.name, slice_ranks)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(RealTransport, "_nccl", lambda self: "nccl")
+    store = HashStore()
+    return on_both_members(lambda rank: SliceTransport(store, rank, 2, timedelta(seconds=20), want_nccl=want_nccl,
+                                                       global_ranks=[0, 1], group_name="0", results=None))
 
 
 def test_a_group_with_a_replayed_member_carries_cuda_tensors_over_gloo(monkeypatch):
@@ -53,21 +59,7 @@ def cuda_backends(monkeypatch, made: list[SliceTransport], device_ids: list[str]
     """Each member's backend for its first CUDA op, both at once (the members exchange their devices), member r
     on the CUDA device `device_ids[r]`."""
     monkeypatch.setattr(slice_transport, "cuda_device_id", lambda device: device_ids[int(threading.current_thread().name)])
-    got, errors = [None, None], []
-
-    def first_op(rank: int) -> None:
-        try:
-            got[rank] = made[rank].backend_for(torch.device("cuda", 0))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=first_op, args=(r,), name=str(r)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return got
+    return on_both_members(lambda rank: made[rank].backend_for(torch.device("cuda", 0)))
 
 
 def test_a_group_of_slice_ranks_keeps_the_nccl_it_asked_for(monkeypatch):
