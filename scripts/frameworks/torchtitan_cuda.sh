@@ -126,7 +126,8 @@ slices() {  # layout (w4, w8_tp), job: the plan on 2 devices, every slice run (i
       --transfers "$J/slices/transfers.parquet" --out "$J/calibrated"
 }
 
-# a. W=8 FSDP2 4 x TP 2 on the one GPU, whole
+# a. W=8 FSDP2 4 x TP 2 on the one GPU, whole; first the rule its slices need (a TP pair on one GPU: gloo, not NCCL)
+[ "$DEVICE" = cuda ] && run pair_one_gpu 60 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_slice_one_device_cuda.py
 run capture_w8_tp 130 "${PRISM[@]}" launch --nproc 8 --mode capture --devices 2 --out "$WORK/w8/capture" --force "${TT[@]}" "${TP2[@]}"
 run graph_w8_tp 40 "${PRISM[@]}" graph --job "$WORK/w8" --raw "$WORK/w8/capture/raw" --out "$WORK/w8/graph"
 run ranks_w8_tp 20 "${PRISM[@]}" sql --job "$WORK/w8" "SELECT rank, iterations, iteration_rule, microbatch_rule FROM ranks ORDER BY rank"
