@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import array
 import ctypes
-import ctypes.util
 import os
 import resource
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# The C library this process already runs on, by its own symbols: `ctypes.util.find_library` would run
+# `ldconfig -p` in a child process, which in the zygote is a fork at start-up that a Ctrl-C can land in
+_LIBC = ctypes.CDLL(None)
 try:
-    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    _malloc_trim = _LIBC.malloc_trim
 except (OSError, AttributeError):  # not glibc
     _malloc_trim = None
 
@@ -87,8 +89,7 @@ def fill_heap_holes(limit: int = 16 << 20) -> dict[str, int] | None:
     the free bytes left below the top (a large chunk no small request split), or None where glibc's
     `mallinfo2` is missing. `limit` bounds what it takes."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        info, malloc, sbrk = libc.mallinfo2, libc.malloc, libc.sbrk
+        info, malloc, sbrk = _LIBC.mallinfo2, _LIBC.malloc, _LIBC.sbrk
     except (OSError, AttributeError):
         return None
     info.restype = _MallInfo2

@@ -64,3 +64,21 @@ def test_private_by_kind_tells_copies_of_the_parents_pages_from_new_ones():
         assert 15 * mib <= anon["new"] <= 24 * mib, kinds
     else:
         assert anon["copied"] == 0 and anon["new"] == 0, kinds  # unknown, not guessed
+
+
+def test_the_c_library_is_found_without_a_child_process():
+    """The zygote imports this module and fills its heap holes at start-up: neither may run a child process
+    (`ctypes.util.find_library` runs `ldconfig -p`; a Ctrl-C landing in that fork stopped the zygote before
+    its ranks, tests/workflow/test_reproducibility.py). Checked in a fresh interpreter that refuses to spawn."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, subprocess\n"
+        "def refuse(*a, **k): raise AssertionError('a child process was started')\n"
+        "subprocess.Popen.__init__ = refuse; os.fork = refuse; os.posix_spawn = refuse\n"
+        "from prism.runtime import memory\n"
+        "print(memory._malloc_trim is not None, memory.fill_heap_holes(1 << 20) is not None)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]  # glibc here: both found, through the process's own symbols
