@@ -19,3 +19,18 @@ prepare_host() {
     ulimit -Hn 65536 2>/dev/null
     ulimit -n "$(ulimit -Hn)"
 }
+
+# One-GPU calls (scripts/overhead_profile.sh, overhead_levels.sh): prism's wheels from PKGS (default .whl) when
+# that folder exists, else prism's deps must be importable already (a CPU check here); then the GPU shown again
+# (install_site hides it) and NVLink multicast left off.   gpu_host SCRIPT_NAME PYTHON LOG [DEVICE]
+gpu_host() {
+    if [ -d "${PKGS:-.whl}" ]; then
+        prepare_host "$1" "${PKGS:-.whl}" "$2" > "$3" 2>&1 || { cat "$3"; return 2; }
+    else
+        export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+        echo "no wheel folder ${PKGS:-.whl}: prism's deps must be importable already" > "$3"
+    fi
+    [ "${4:-cuda}" = cuda ] && export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    return 0
+}

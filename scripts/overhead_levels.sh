@@ -27,15 +27,7 @@ mkdir -p "$out"
 work=$(mktemp -d /tmp/prism-lev-XXXX)
 log=$out/log.txt
 source scripts/device_site.sh
-if [ -d "${PKGS:-.whl}" ]; then
-    prepare_host overhead_levels "${PKGS:-.whl}" "$py" > "$log" 2>&1 || { cat "$log"; exit 2; }
-else
-    export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-    echo "no wheel folder ${PKGS:-.whl}: prism's deps must be importable already" > "$log"
-fi
-# install_site hides the GPUs (CUDA_VISIBLE_DEVICES=): this call is about one
-[ "$device" = cuda ] && export CUDA_VISIBLE_DEVICES=${GPU:-0}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpu_host overhead_levels "$py" "$log" "$device" || exit 2  # scripts/device_site.sh
 last=$($py -c "import os; print(max(os.sched_getaffinity(0)))")
 first=$($py -c "import os; print(min(os.sched_getaffinity(0)))")
 { date -u; nproc; lscpu 2>&1 | head -n 30; echo "affinity: $(taskset -pc $$ 2>&1)"

@@ -24,15 +24,7 @@ mkdir -p "$out"
 work=$(mktemp -d /tmp/prism-ovh-XXXX)
 log=$out/log.txt
 source scripts/device_site.sh
-if [ -d "${PKGS:-.whl}" ]; then
-    prepare_host overhead_profile "${PKGS:-.whl}" "$py" > "$log" 2>&1 || { cat "$log"; exit 2; }
-else
-    export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-    echo "no wheel folder ${PKGS:-.whl}: prism's deps must be importable already" > "$log"
-fi
-# install_site hides the GPUs (CUDA_VISIBLE_DEVICES=): this call is about one
-[ "$device" = cuda ] && export CUDA_VISIBLE_DEVICES=${GPU:-0}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpu_host overhead_profile "$py" "$log" "$device" || exit 2  # scripts/device_site.sh
 { date -u; nproc; free -g | head -2; command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version \
     --format=csv,noheader
   $py -c "import sys, torch, pyarrow; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda',
