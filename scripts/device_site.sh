@@ -34,3 +34,27 @@ gpu_host() {
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     return 0
 }
+
+# A time-boxed step of a device script:   stage NAME NEEDED_S COMMAND...
+# (the caller sets total, begin, log, work) runs COMMAND when NEEDED_S of the call's total are left, stopped
+# STAGE_SLACK s (default 5) before its end; its output goes to $work/NAME.log, each line stamped with unix time
+# when STAGE_STAMP is set (to join with a sampler's rows); its start and exit are appended to $log.
+stage() {
+    local name=$1 need=$2 l rc
+    shift 2
+    l=$((total - ($(date +%s) - begin)))
+    if [ "$l" -lt "$need" ]; then
+        echo "$name: not started: ${l} s left of ${total} s (needs ${need})" | tee -a "$log"
+        return
+    fi
+    echo "$name: started at $(($(date +%s) - begin)) s${STAGE_STAMP:+ (unix $(date +%s))}" | tee -a "$log"
+    if [ -n "${STAGE_STAMP:-}" ]; then
+        timeout -s TERM -k 5 "$((l - ${STAGE_SLACK:-5}))" "$@" 2>&1 \
+            | while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done > "$work/$name.log"
+        rc=${PIPESTATUS[0]}
+    else
+        timeout -s TERM -k 5 "$((l - ${STAGE_SLACK:-5}))" "$@" > "$work/$name.log" 2>&1
+        rc=$?
+    fi
+    echo "$name: exit $rc at $(($(date +%s) - begin)) s${STAGE_STAMP:+ (unix $(date +%s))}" | tee -a "$log"
+}

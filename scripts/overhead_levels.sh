@@ -48,21 +48,7 @@ if [ "$device" = cuda ] && command -v nvidia-smi > /dev/null; then
     gpu_sampler=$!
 fi
 
-left() { echo $((total - ($(date +%s) - begin))); }
-stamp() { while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done; }
-# stage NAME NEEDED_S COMMAND...: run it when NEEDED_S are left, stopped at what is left, its lines stamped
-stage() {
-    local name=$1 need=$2 l
-    shift 2
-    l=$(left)
-    if [ "$l" -lt "$need" ]; then
-        echo "$name: not started: ${l} s left of ${total} s (needs ${need})" | tee -a "$log"
-        return
-    fi
-    echo "$name: started at $(($(date +%s) - begin)) s (unix $(date +%s))" | tee -a "$log"
-    timeout -s TERM -k 5 "$((l - 8))" "$@" 2>&1 | stamp > "$work/$name.log"
-    echo "$name: exit ${PIPESTATUS[0]} at $(($(date +%s) - begin)) s (unix $(date +%s))" | tee -a "$log"
-}
+STAGE_STAMP=1 STAGE_SLACK=8  # stage (scripts/device_site.sh): lines stamped to join with the samples
 bench=($py -m prism.cli bench overhead --device "$device" --nproc 1)
 
 stage ref-last 250 "${bench[@]}" --steps "$steps" --repeats "${REF_REPEATS:-6}" --cores "$last" "--workload=${WORKLOAD:---microbatches 4}"

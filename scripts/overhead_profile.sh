@@ -32,21 +32,7 @@ torch.cuda.is_available(), 'pyarrow', pyarrow.__version__)"
   git log -1 --format='prism %h %s' 2>/dev/null; } > "$out/host.txt" 2>&1
 cat "$out/host.txt"
 
-left() { echo $((total - ($(date +%s) - begin))); }
-# stage NAME NEEDED_S COMMAND...: run it when NEEDED_S are left, stopped at what is left
-stage() {
-    local name=$1 need=$2 l
-    shift 2
-    l=$(left)
-    if [ "$l" -lt "$need" ]; then
-        echo "$name: not started: ${l} s left of ${total} s (needs ${need})" | tee -a "$log"
-        return
-    fi
-    echo "$name: started at $(($(date +%s) - begin)) s" | tee -a "$log"
-    timeout -s TERM -k 5 "$((l - 5))" "$@" > "$work/$name.log" 2>&1
-    echo "$name: exit $? at $(($(date +%s) - begin)) s" | tee -a "$log"
-}
-
+# stage NAME NEEDED_S COMMAND...: scripts/device_site.sh
 stage profile 120 $py scripts/overhead_profile.py "$work/profile" --device "$device" --steps "$steps" \
     --torch-steps 3 --workload "--microbatches 4"
 cp "$work/profile/summary.txt" "$out/summary.txt" 2>/dev/null || tail -n 40 "$work/profile.log" > "$out/summary.txt"
