@@ -48,13 +48,8 @@ stage() {
         return
     fi
     echo "$name: started at $(($(date +%s) - begin)) s${STAGE_STAMP:+ (unix $(date +%s))}" | tee -a "$log"
-    if [ -n "${STAGE_STAMP:-}" ]; then
-        timeout -s TERM -k 5 "$((l - ${STAGE_SLACK:-5}))" "$@" 2>&1 \
-            | while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done > "$work/$name.log"
-        rc=${PIPESTATUS[0]}
-    else
-        timeout -s TERM -k 5 "$((l - ${STAGE_SLACK:-5}))" "$@" > "$work/$name.log" 2>&1
-        rc=$?
-    fi
+    timeout -s TERM -k 5 "$((l - ${STAGE_SLACK:-5}))" "$@" 2>&1 | if [ -n "${STAGE_STAMP:-}" ]; then
+        while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done; else cat; fi > "$work/$name.log"
+    rc=${PIPESTATUS[0]}
     echo "$name: exit $rc at $(($(date +%s) - begin)) s${STAGE_STAMP:+ (unix $(date +%s))}" | tee -a "$log"
 }

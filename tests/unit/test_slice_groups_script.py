@@ -6,7 +6,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "frameworks" / "slice_groups.py"
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "frameworks" / "slice_groups.py"
 
 
 def _module():
