@@ -108,6 +108,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "slice: MB of captured reduction results (groups of > 2 members) a slice rank loads and checks "
             "before the program runs; those past it are loaded during the run on the rank's own core, which its "
             "timed compute then includes (a warning says so); 0: all during the run"),
+    Setting("PRISM_SLICE_RING", "text", "neighbours", "knob",
+            "slice: how the replay server plays the virtual members of a group whose collectives are all "
+            "all-reduces (>= 3 members, CPU): `neighbours` (the slice ranks run the N-ring's steps, the server "
+            "plays only their ring neighbours: `prism.runtime.slice.ring`) or `members` (one gloo instance a "
+            "virtual member)"),
     # set by the launcher for its ranks
     Setting("PRISM_MODE", "text", None, "internal",
             "the launch mode of the ranks (`prism launch --mode`); unset: prism installs nothing"),
@@ -160,6 +165,7 @@ MICROBATCH_FN = _setting("PRISM_MICROBATCH_FN")
 RDZV_TIMEOUT = _setting("PRISM_RDZV_TIMEOUT")
 HOST_HANG_S = _setting("PRISM_HOST_HANG_S")
 SLICE_PRELOAD_MB = _setting("PRISM_SLICE_PRELOAD_MB")
+SLICE_RING = _setting("PRISM_SLICE_RING")
 MODE = _setting("PRISM_MODE")
 OUT = _setting("PRISM_OUT")
 STATUS_DIR = _setting("PRISM_STATUS_DIR")

@@ -41,6 +41,13 @@ def red_op(opts) -> RedOp:
     return op.op if hasattr(op, "op") else op
 
 
+def fold_into(dst: torch.Tensor, src: torch.Tensor, op: RedOp) -> None:
+    """dst <- dst (op) src in place: one step of the fold (AVG's division is the caller's)."""
+    if op not in _FOLD:
+        raise UnsupportedOp(f"reduce op {op} is not supported by prism")
+    _FOLD[op](dst, src, out=dst)
+
+
 def reduce(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:
     """Left fold of `tensors` (group order) under `op`."""
     fold = Fold(op)

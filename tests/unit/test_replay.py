@@ -227,6 +227,7 @@ def _server(n: int, monkeypatch, in_flight: int | None = None, plan: ReplayPlan 
     server = object.__new__(replay_server.ReplayServer)
     server.plan, server.pgs, server.errors, server.state = plan, {"g": {1: None}}, [], {}
     server.ops, server.timed, server.issued, server.played = 0, _Timed(n), {}, []
+    server.rings = set()  # the members path (a 2-member group: never a neighbours ring)
     server.loader = ThreadPoolExecutor(max_workers=1)
     monkeypatch.setattr(server, "_build", lambda group: None, raising=False)
     done = [threading.Event() for _ in range(n)]

@@ -15,6 +15,12 @@ receiver, tag) in the recorded order: virtual -> slice sends carry the recorded 
 messages are received into buffers shaped like the slice rank's recorded send. Payloads are loaded ahead
 of use (a small prefetch per thread).
 
+A group whose collectives are all all-reduces (>= 3 members, CPU; `ring.neighbour_groups`) is not built that
+way: its slice ranks run the N-member ring's own steps and the server plays only their ring neighbours, over
+one small gloo group (the slice ranks and the server), 2(N-1) messages a run of virtual members instead of
+(N-1) x 2(N-1) ring steps (`prism.runtime.slice.ring`; `PRISM_SLICE_RING=members` keeps the instances). The
+server tells each group's slice ranks which it is (`decide`) before they create it.
+
 Values: the data comes from the capture, the reductions are gloo's. For groups of two members that equals
 the capture bitwise (addition commutes); for larger groups gloo's reduction order differs from prism's
 (`semantics`), so results agree within float rounding, as a real gloo run does.
@@ -63,6 +69,7 @@ from prism import job_paths
 from prism.runtime import thread_cpu
 from prism.runtime.replay.host import VirtualRanks, keep_until_exit
 from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
+from prism.runtime.slice import ring
 from prism.runtime.transport import slice_store
 
 
@@ -136,7 +143,9 @@ class ReplayServer(VirtualRanks):
     def __init__(self, plan: ReplayPlan, capture: Path, timeout: timedelta) -> None:
         super().__init__(plan, capture, timeout)
         self.lazy = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").lower() in ("1", "true")
-        self.built = [g for g in plan.order if plan.to_build(g, self.lazy)]
+        self.rings = ring.neighbour_groups(plan)  # played as the slice ranks' ring neighbours (`ring`)
+        self.built = [g for g in plan.order if g in self.rings or plan.to_build(g, self.lazy)]
+        self.ring_messages = 0
         self.issued: dict[int, int] = {}  # timed: comm -> when the virtual members issued it (monotonic ns)
         self.played: list[list] = []  # per op played: `SLICE_REPLAY_OPS`' columns but comm_id (`ops_table`)
 
@@ -199,8 +208,51 @@ class ReplayServer(VirtualRanks):
             raise failed[0]
         self.pgs[group] = made
 
+    def decide(self) -> None:
+        """Tell every group's slice ranks how the group is played (`ring.decision`), before they create it."""
+        store = self.shared_store()
+        for g in self.plan.order:
+            slice_store(g, store).set(ring.DECISION_KEY, "neighbours" if g in self.rings else "members")
+
+    def _ring_group(self, group: str) -> None:
+        """A neighbours group: the server's end of its ring group, then each all-reduce's runs, in order."""
+        name = f"group {group}"
+        members = self.plan.groups[group]
+        n = len(members)
+        live = [p for p, r in enumerate(members) if r in self.plan.slice_ranks]
+        self.state[name] = f"creating its ring group (waits for its {len(live)} slice ranks)"
+        pg = ring.ring_group(slice_store(group, self.shared_store()), len(live), len(live) + 1, self.timeout)
+        self.pgs[group] = {}
+        payload = self.plan.payload
+        template_rank = members[live[0]]
+
+        def load(c: Collective):
+            meta, ts = self._load(payload[(template_rank, c.key)])
+            if len(ts) != 1:
+                raise ReplayError(f"group {group}: {c.op} #{c.seq} has {len(ts)} tensors a member; the neighbours "
+                                  "ring carries one (set PRISM_SLICE_RING=members)")
+            contributions = None
+            if ring.exact(ts[0].dtype):  # the ring must compute it: every member's recorded contribution
+                contributions = {p: self._load(payload[(r, c.key)])[1][0] for p, r in enumerate(members)}
+            return meta, ts[0], contributions
+
+        for tag, (c, (meta, template, contributions)) in enumerate(self._prefetched(self.plan.collectives[group],
+                                                                                   load)):
+            self.state[name] = f"{c.op} #{c.seq} (ring)"
+            row = self._played("collective", c.op, group, c.seq, -1, -1, -1, n - len(live), time.monotonic_ns())
+            comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
+            self._gate(comm)
+            row[9] = row[10] = time.monotonic_ns()
+            self.ring_messages += ring.play(pg, n, live, tag, template, _red(meta), contributions)
+            row[11] = time.monotonic_ns()
+            self._done(comm)
+            self.ops += 1
+        self.state[name] = "done"
+
     def _group(self, group: str) -> None:
         """Create the group's virtual members, then replay its collectives in order."""
+        if group in self.rings:
+            return self._ring_group(group)
         name = f"group {group}"
         self._build(group)
         members = self.plan.groups[group]
@@ -322,7 +374,11 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
     except (ReplayError, OSError, pa.ArrowInvalid) as exc:
         print(f"[prism] replay server: cannot read the capture: {exc}", file=sys.stderr, flush=True)
         return 1
-    server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
+    try:
+        server = ReplayServer(plan, capture, timedelta(seconds=timeout_s))
+    except ring.RingError as exc:
+        print(f"[prism] replay server: {exc}", file=sys.stderr, flush=True)
+        return 1
     if timed is not None:
         from prism.runtime.replay import clock
 
@@ -333,6 +389,7 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
                   file=sys.stderr, flush=True)
             return 1
     keep_until_exit(server)  # the process ends with os._exit: tearing the gloo instances down takes seconds
+    server.decide()
     started = time.monotonic()
     t0_ns = time.monotonic_ns()  # the common start: the virtual ranks' calibrated clock starts here
     if not server.run_to_end(server.start(), t0_ns, stop, "replay server"):
@@ -347,7 +404,9 @@ def serve(capture: Path, slice_ranks: list[int], status_dir: Path, timeout_s: fl
             with pa.OSFile(str(folder / f"{name}.arrow.tmp"), "wb") as sink, ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
             (folder / f"{name}.arrow.tmp").replace(job_paths.stream_file(folder, name))
-    summary = {"groups": len(server.built), "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order),
+    summary = {"groups": len(server.built),
+               "virtual_members": sum(len(plan.to_build(g, server.lazy)) for g in plan.order if g not in server.rings),
+               "ring_groups": sorted(server.rings), "ring_messages": server.ring_messages,
                "collectives": server.ops, "messages": server.messages, "wall_s": time.monotonic() - started,
                "timed": server.timed is not None, "timed_issues": len(server.issued),
                "in_flight": {g: plan.in_flight[g] for g in server.built},  # per group, from the capture

@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -43,6 +44,7 @@ from torch._C._distributed_c10d import Work
 from prism import job_paths, schemas
 from prism import settings
 from prism.runtime import semantics, shm, thread_cpu, watchdog
+from prism.runtime.slice import ring
 from prism.runtime.capture.client import key_name
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import RealTransport, job_store, slice_store
@@ -270,14 +272,35 @@ class SliceTransport(RealTransport):
     logical ranks on one GPU (W=8 FSDP2 4 x TP 2 on one H200: each slice is a whole TP pair); such a group
     carries CUDA tensors over gloo too (`shares_a_device`)."""
 
-    def __init__(self, *args, results: CapturedResults, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, store, group_rank: int, group_size: int, timeout, *, results: CapturedResults,
+                 global_ranks: list[int], **kwargs) -> None:
         slice_ranks = set(settings.SLICE_RANKS.get())
-        if slice_ranks and not slice_ranks.issuperset(self._global_ranks):
+        replayed = bool(slice_ranks) and not slice_ranks.issuperset(global_ranks)
+        # a group whose virtual members the server plays as ring neighbours (`ring`) has no gloo instance of
+        # its N members: its all-reduces run the ring's steps over a small group with the server
+        self._ring = None
+        if replayed and group_size >= ring.MIN_MEMBERS and ring.decision(store, (timeout or timedelta(minutes=30))
+                                                                         .total_seconds()):
+            self._ring = ring.LiveRing(store, list(global_ranks), slice_ranks, int(os.environ.get("RANK", "0")),
+                                       timeout or timedelta(minutes=30), kwargs.get("group_name", "?"))
+        super().__init__(store, group_rank, group_size, timeout, global_ranks=global_ranks, **kwargs)
+        if replayed:
             self._want_nccl = False  # a replayed member: gloo (above)
         self._devices_checked = False
         self._results = results
         self._seq = 0  # collectives issued on this group (the capture's key sequence)
+
+    def _gloo(self):
+        if self._ring is not None:
+            return None  # (no N-member instance: every op of the group is a ring all-reduce)
+        return super()._gloo()
+
+    def start_coalescing(self, device: torch.device) -> None:
+        if self._ring is None:
+            super().start_coalescing(device)
+
+    def end_coalescing(self, device: torch.device) -> Work | None:
+        return None if self._ring is not None else super().end_coalescing(device)
 
     def backend_for(self, device: torch.device):
         if device.type == "cuda" and self._want_nccl and not self._devices_checked:
@@ -295,6 +318,8 @@ class SliceTransport(RealTransport):
         return len(set(ids)) < len(ids)
 
     def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
+        if self._ring is not None:
+            return self._ring_call(method, *args)
         work = super().call(method, device, *args, work_id=work_id, op=op)
         if method in _P2P:
             return work
@@ -303,6 +328,21 @@ class SliceTransport(RealTransport):
         if method in _REDUCING and key in self._results:
             return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
         return work
+
+    def _ring_call(self, method: str, *args) -> Work:
+        key = key_name(("c", self._group_name, self._seq))
+        self._seq += 1
+        if method != "allreduce":  # (the slice recorder stops an op the capture did not have before this)
+            raise ring.RingError(f"group {self._group_name}: {method} on a neighbours-ring group, whose captured "
+                                 "collectives are all all_reduce; set PRISM_SLICE_RING=members")
+        tensors, opts = args
+        floating = any(not ring.exact(t.dtype) for t in tensors)
+        if floating and key not in self._results:
+            raise ring.RingError(f"group {self._group_name}: the capture kept no result of {key} (a floating-point "
+                                 "all_reduce), which the neighbours ring needs; capture again with payloads, or set "
+                                 "PRISM_SLICE_RING=members")
+        work = self._ring.allreduce(tensors, opts)
+        return _ResultWork(work, list(tensors), self._results.take(key)) if floating else work
 
 
 def cuda_device_id(device: torch.device) -> str:
