@@ -26,6 +26,8 @@ ARGS=(--module llama3 --config llama3_debugmodel --training.steps 6 --training.s
   if [ "$TRUTH_PIN" = 1 ]; then echo "# truth: CPU_TRAIN_PIN=1 (each rank on one core by LOCAL_RANK, 1 torch thread), the cores claimed as prism's pinned runs claim theirs"
   else echo "# truth: plain torchrun, unpinned (TRUTH_PIN=0)"; fi
   echo "# torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py ${ARGS[*]}"; } > "$OUT/runs.txt"
+"$PY" -m pip freeze 2> /dev/null | grep -iE "^(torch|torchtitan|datasets|tokenizers|spmd|torchdata|tyro|triton|numpy|fsspec|safetensors|einops|huggingface)" \
+  > "$OUT/versions.txt"  # the packages the program's numbers depend on
 stamp() { echo "$1: $2 exit $3, wall $4 s, load before $5, after $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/runs.txt"; }
 SAMPLER=
 sample() {  # name: the box's load every 2 s until `unsample` (uptime s, 1-minute load, runnable/all tasks)
