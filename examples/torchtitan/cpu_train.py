@@ -127,7 +127,7 @@ def _run_delay_s() -> float:
 
 
 def _affinities() -> str:
-    """Every thread of this process and the cores it may run on, e.g. "7 threads on {0}" (the pin, checked)."""
+    """Every thread of this process and the cores it may run on, e.g. "7 threads on [0]" (the pin, checked)."""
     cores = set()
     tids = os.listdir("/proc/self/task")
     for tid in tids:

@@ -15,7 +15,7 @@ set -u
 TOKENIZER=$(realpath "$1"); WORK=$(realpath -m "$2"); ROUNDS=${3:-2}
 REPO=$(cd "$(dirname "$0")/../.." && pwd); PY=$REPO/.venv/bin/python; TRUTH_PIN=${TRUTH_PIN:-1}
 OUT=$(realpath -m "${OUT:-$REPO/docs/results/frameworks/timing_w2_s15}")
-mkdir -p "$WORK" "$OUT"; rm -f "$OUT"/*
+mkdir -p "$WORK" "$OUT"; rm -f "$OUT"/* 2> /dev/null  # its files (a folder inside, e.g. a control's, stays)
 export HF_DATASETS_OFFLINE=1
 $PY "$REPO/examples/torchtitan/make_data.py" "$WORK/data"
 ARGS=(--module llama3 --config llama3_debugmodel --training.steps 6 --training.seq_len 128
