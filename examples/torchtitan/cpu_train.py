@@ -7,7 +7,7 @@ This wrapper makes the probe answer "cpu" before torchtitan is imported, gives `
 calls it lacks (answering "unknown"), runs FlexAttention eagerly and lets its backward run on CPU, makes FSDP2 reduce gradients by SUM
 rather than NCCL's PREMUL_SUM, keeps the groups' first timeout (no NCCL-only barrier),
 lets torch 2.13.0's pipeline schedules take torchtitan's pre-split microbatches,
-prints each step's logged loss exactly (a hex float),
+prints each step's logged loss exactly (a hex float), pins the rank to a core when asked (CPU_TRAIN_PIN=1),
 then runs `torchtitan.train.main()` with the command line it was given; the rest of each run (its
 torchtitan options) is in scripts/frameworks/torchtitan_cpu.sh. It touches nothing of prism: run it under
 torchrun or `prism launch` alike.
@@ -19,7 +19,26 @@ import os
 import sys
 import time
 
+# (session 15; opt-in, off by default) CPU_TRAIN_PIN=1: this rank on one core, chosen by LOCAL_RANK, with one torch
+# intra-op thread: the layout of prism's pinned runs (prism/runtime/launch/forked_rank.py: rank i on the i-th claimed
+# core, `torch.set_num_threads(1)`), so that torchrun's wall time per step is the truth a prediction of one rank per
+# core describes (scripts/frameworks/torchtitan_timing.sh sets it). CPU_TRAIN_PIN_CORES=0,1: the cores in local-rank
+# order (default: this process's affinity, lowest first). Set before torch is imported: every thread torch and gloo
+# start later inherits the core. A placement, no change to the math.
+_PINNED = None
+if os.environ.get("CPU_TRAIN_PIN") == "1":
+    _cores = ([int(c) for c in os.environ["CPU_TRAIN_PIN_CORES"].split(",")] if os.environ.get("CPU_TRAIN_PIN_CORES")
+              else sorted(os.sched_getaffinity(0)))
+    _PINNED = _cores[int(os.environ.get("LOCAL_RANK", "0")) % len(_cores)]
+    for _tid in os.listdir("/proc/self/task"):  # the interpreter's threads so far (one, normally)
+        os.sched_setaffinity(int(_tid), {_PINNED})
+
 from titan_patches import cpu_device, fsdp_sum_reduction  # noqa: E402 (beside this file)
+
+import torch  # noqa: E402
+
+if _PINNED is not None:
+    torch.set_num_threads(1)
 
 cpu_device()
 
@@ -107,7 +126,22 @@ def _run_delay_s() -> float:
         return -1.0
 
 
+def _affinities() -> str:
+    """Every thread of this process and the cores it may run on, e.g. "7 threads on [0]" (the pin, checked)."""
+    cores = set()
+    tids = os.listdir("/proc/self/task")
+    for tid in tids:
+        try:
+            cores |= os.sched_getaffinity(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return f"{len(tids)} threads on {sorted(cores)}"
+
+
 def _log_with_exact_loss(self, step, global_avg_loss, *args, **kwargs):
+    if _PINNED is not None and step == 1:  # the pin, checked once every thread (gloo's too) has started
+        sys.stdout.write(f"[cpu_train] rank {os.environ.get('RANK', '?')} pinned to core {_PINNED}, torch threads "
+                         f"{torch.get_num_threads()}: {_affinities()}\n")
     # one write (print writes the text and the newline apart: ranks sharing a stdout interleave them)
     sys.stdout.write(f"[cpu_train] rank {os.environ.get('RANK', '?')} step {step} loss {float(global_avg_loss).hex()}"
                      f" wall {time.perf_counter():.6f} cpu {time.thread_time():.6f} proc {time.process_time():.6f}"

@@ -3,13 +3,19 @@
 # predicted iteration time (prism run up to the summary: pinned baseline, capture, graph, slices, calibrate),
 # interleaved: torchrun, prism run, torchrun, prism run, ..., torchrun (ROUNDS prism runs, ROUNDS+1 torchruns).
 # torchtitan's options and installation: scripts/frameworks/torchtitan_cpu.sh (6 steps here: iterations 1..5 timed).
-# Raw results (small) go to docs/results/frameworks/timing_w2/; the table: 
-#   .venv/bin/python scripts/frameworks/torchtitan_timing_table.py docs/results/frameworks/timing_w2
-# Usage: scripts/frameworks/torchtitan_timing.sh TOKENIZER_DIR WORK_DIR [ROUNDS]
+# The truth (session 15): torchrun's ranks pinned one core each, one torch intra-op thread (the wrapper's
+# CPU_TRAIN_PIN=1, by LOCAL_RANK: the layout of prism's pinned baseline and slice runs), on cores claimed the way
+# prism's pinned runs claim theirs (prism.runtime.launch.cores: no other prism run pins to them meanwhile).
+# TRUTH_PIN=0: plain torchrun, unpinned (session 11's truth: docs/results/frameworks/timing_w2/).
+# Each run's box load is sampled every 2 s (load_NAME.txt: uptime, 1-minute load, runnable/all tasks).
+# Raw results (small) go to OUT (default docs/results/frameworks/timing_w2_s15/); the table:
+#   .venv/bin/python scripts/frameworks/torchtitan_timing_table.py OUT
+# Usage: [TRUTH_PIN=0|1] [OUT=DIR] scripts/frameworks/torchtitan_timing.sh TOKENIZER_DIR WORK_DIR [ROUNDS]
 set -u
 TOKENIZER=$(realpath "$1"); WORK=$(realpath -m "$2"); ROUNDS=${3:-2}
-REPO=$(cd "$(dirname "$0")/../.." && pwd); PY=$REPO/.venv/bin/python; OUT=$REPO/docs/results/frameworks/timing_w2
-mkdir -p "$WORK" "$OUT"; rm -f "$OUT"/*
+REPO=$(cd "$(dirname "$0")/../.." && pwd); PY=$REPO/.venv/bin/python; TRUTH_PIN=${TRUTH_PIN:-1}
+OUT=$(realpath -m "${OUT:-$REPO/docs/results/frameworks/timing_w2_s15}")
+mkdir -p "$WORK" "$OUT"; rm -f "$OUT"/* 2> /dev/null  # its files (a folder inside, e.g. a control's, stays)
 export HF_DATASETS_OFFLINE=1
 $PY "$REPO/examples/torchtitan/make_data.py" "$WORK/data"
 ARGS=(--module llama3 --config llama3_debugmodel --training.steps 6 --training.seq_len 128
@@ -17,12 +23,34 @@ ARGS=(--module llama3 --config llama3_debugmodel --training.steps 6 --training.s
       --checkpoint.no-enable --validator.no-enable --parallelism.spmd_backend partial_dtensor
       --debug.seed 42 --dump_folder "$WORK/dump")
 { echo "# $(date -u +%FT%TZ) $($PY -c 'import torch, torchtitan; print("torch", torch.__version__, "torchtitan", torchtitan.__version__)'), $(getconf _NPROCESSORS_ONLN) cores"
+  if [ "$TRUTH_PIN" = 1 ]; then echo "# truth: CPU_TRAIN_PIN=1 (each rank on one core by LOCAL_RANK, 1 torch thread), the cores claimed as prism's pinned runs claim theirs"
+  else echo "# truth: plain torchrun, unpinned (TRUTH_PIN=0)"; fi
   echo "# torchrun --nproc-per-node 2 examples/torchtitan/cpu_train.py ${ARGS[*]}"; } > "$OUT/runs.txt"
+"$PY" -m pip freeze 2> /dev/null | grep -iE "^(torch|torchtitan|datasets|tokenizers|spmd|torchdata|tyro|triton|numpy|fsspec|safetensors|einops|huggingface)" \
+  > "$OUT/versions.txt"  # the packages the program's numbers depend on
 stamp() { echo "$1: $2 exit $3, wall $4 s, load before $5, after $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/runs.txt"; }
-truth() {  # i: one torchrun (plain: what a user runs; torchrun sets OMP_NUM_THREADS=1 for 2 ranks)
-  local l0; l0=$(cut -d' ' -f1-3 /proc/loadavg); local t0=$(date +%s)
-  (cd "$WORK" && "$REPO/.venv/bin/torchrun" --nproc-per-node 2 "$REPO/examples/torchtitan/cpu_train.py" "${ARGS[@]}") \
+SAMPLER=
+sample() {  # name: the box's load every 2 s until `unsample` (uptime s, 1-minute load, runnable/all tasks)
+  local f=$OUT/load_$1.txt; : > "$f"
+  ( while :; do read -r up _ < /proc/uptime; read -r l1 _ _ rq _ < /proc/loadavg; echo "$up $l1 $rq" >> "$f"; sleep 2; done ) &
+  SAMPLER=$!
+}
+unsample() { kill "$SAMPLER" 2> /dev/null; wait "$SAMPLER" 2> /dev/null; SAMPLER=; }
+trap unsample EXIT
+# the pinned truth: the cores claimed for the run (prism's claim: first free of the affinity, lowest first, as the
+# baseline's), named to the wrapper in local-rank order
+CLAIM='import os, subprocess, sys
+from prism.runtime.launch import cores
+claim = cores.CoreClaim(2, "torchtitan_timing.sh: torchrun pinned")
+os.environ.update(CPU_TRAIN_PIN="1", CPU_TRAIN_PIN_CORES=",".join(map(str, claim.cores)))
+sys.exit(subprocess.call(sys.argv[1:]))'
+truth() {  # i: one torchrun (torchrun sets OMP_NUM_THREADS=1 for 2 ranks); pinned unless TRUTH_PIN=0
+  local l0; l0=$(cut -d' ' -f1-3 /proc/loadavg); local t0=$(date +%s) pre=()
+  [ "$TRUTH_PIN" = 1 ] && pre=("$PY" -c "$CLAIM")
+  sample "torchrun_$1"
+  (cd "$WORK" && "${pre[@]}" "$REPO/.venv/bin/torchrun" --nproc-per-node 2 "$REPO/examples/torchtitan/cpu_train.py" "${ARGS[@]}") \
     > "$WORK/torchrun_$1.log" 2>&1; local rc=$?
+  unsample
   stamp "torchrun_$1" torchrun $rc $(( $(date +%s) - t0 )) "$l0"
   grep -o "\[cpu_train\] rank .*" "$WORK/torchrun_$1.log" > "$OUT/torchrun_$1.txt"
 }
@@ -39,8 +67,10 @@ baseline: {run: always, pin: true}
 capture: {devices: 2}
 YAML
   local l0; l0=$(cut -d' ' -f1-3 /proc/loadavg); local t0=$(date +%s)
+  sample "prism_$1"
   (cd "$WORK" && "$REPO/.venv/bin/prism" run "$J/summary.txt" "$J/baseline/summary.txt" --configfile "$WORK/job_$1.yaml") \
     > "$WORK/prism_$1.log" 2>&1; local rc=$?
+  unsample
   stamp "prism_$1" "prism run" $rc $(( $(date +%s) - t0 )) "$l0"
   [ $rc -eq 0 ] || { tail -30 "$WORK/prism_$1.log" >> "$OUT/runs.txt"; return; }
   cp "$J/summary.txt" "$OUT/prism_$1_summary.txt"; cp "$J/baseline/summary.txt" "$OUT/prism_$1_baseline_summary.txt"
