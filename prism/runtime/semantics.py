@@ -43,9 +43,8 @@ def red_op(opts) -> RedOp:
 
 def fold_into(dst: torch.Tensor, src: torch.Tensor, op: RedOp) -> None:
     """dst <- dst (op) src in place: one step of the fold (AVG's division is the caller's)."""
-    if op not in _FOLD:
-        raise UnsupportedOp(f"reduce op {op} is not supported by prism")
-    _FOLD[op](dst, src, out=dst)
+    fn = _FOLD.get(op) or Fold(op).fn  # (Fold raises UnsupportedOp naming the supported ops)
+    fn(dst, src, out=dst)
 
 
 def reduce(tensors: Sequence[torch.Tensor], op: RedOp) -> torch.Tensor:

@@ -219,7 +219,7 @@ class ReplayServer(VirtualRanks):
         name = f"group {group}"
         members = self.plan.groups[group]
         n = len(members)
-        live = [p for p, r in enumerate(members) if r in self.plan.slice_ranks]
+        live = ring.live_positions(members, self.plan.slice_ranks)
         self.state[name] = f"creating its ring group (waits for its {len(live)} slice ranks)"
         pg = ring.ring_group(slice_store(group, self.shared_store()), len(live), len(live) + 1, self.timeout)
         self.pgs[group] = {}

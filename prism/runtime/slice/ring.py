@@ -36,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Work
 
 from prism import settings
@@ -77,6 +76,11 @@ def partial_positions(m: int, j: int, n: int) -> list[int]:
 def chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     """The ring's n chunks of a flat tensor (the first ones one element longer; some empty when numel < n)."""
     return list(torch.tensor_split(flat, n))
+
+
+def live_positions(members, slice_ranks) -> list[int]:
+    """The ring positions (group ranks, sorted) of a group's slice ranks."""
+    return [p for p, r in enumerate(members) if r in slice_ranks]
 
 
 def runs(n: int, live: list[int]) -> list[tuple[int, int]]:
@@ -160,7 +164,7 @@ class LiveRing:
 
     def __init__(self, store, members: list[int], slice_ranks: set[int], me: int, timeout, name: str) -> None:
         self.n = len(members)
-        self.live = [p for p, r in enumerate(members) if r in slice_ranks]  # ring positions, sorted
+        self.live = live_positions(members, slice_ranks)
         self.pos = members.index(me)
         self.index = {p: i for i, p in enumerate(self.live)}  # position -> rank in the ring group
         self.server = len(self.live)
@@ -212,7 +216,7 @@ class LiveRing:
                     into.copy_(tmp)
             if s is not None:
                 s.wait()
-        if flat.data_ptr() != t.data_ptr() or not t.is_contiguous():
+        if not t.is_contiguous():  # (a contiguous tensor was reduced in place through its view)
             t.copy_(flat.view_as(t))
 
 

@@ -279,10 +279,10 @@ class SliceTransport(RealTransport):
         # a group whose virtual members the server plays as ring neighbours (`ring`) has no gloo instance of
         # its N members: its all-reduces run the ring's steps over a small group with the server
         self._ring = None
-        if replayed and group_size >= ring.MIN_MEMBERS and ring.decision(store, (timeout or timedelta(minutes=30))
-                                                                         .total_seconds()):
+        wait = timeout or timedelta(minutes=30)  # (RealTransport's default)
+        if replayed and group_size >= ring.MIN_MEMBERS and ring.decision(store, wait.total_seconds()):
             self._ring = ring.LiveRing(store, list(global_ranks), slice_ranks, int(os.environ.get("RANK", "0")),
-                                       timeout or timedelta(minutes=30), kwargs.get("group_name", "?"))
+                                       wait, kwargs.get("group_name", "?"))
         super().__init__(store, group_rank, group_size, timeout, global_ranks=global_ranks, **kwargs)
         if replayed:
             self._want_nccl = False  # a replayed member: gloo (above)
