@@ -70,6 +70,7 @@ def _get(name: str) -> int:
 _ROOTS: weakref.WeakSet = weakref.WeakSet()  # modules whose forward was a microbatch
 _INSIDE: weakref.WeakSet = weakref.WeakSet()  # their sub-modules
 _STAGES: weakref.WeakSet = weakref.WeakSet()  # the modules of torch.distributed.pipelining stages
+_WATCHING: list = []  # the pipelining stage watch is registered (once a process)
 
 
 def _trains(module) -> bool:
@@ -213,7 +214,8 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         register_optimizer_step_pre_hook(step_pre),
         register_optimizer_step_post_hook(step_post),
     ]
-    if not named_mb and torch.distributed.is_available():
+    if not named_mb and torch.distributed.is_available() and not _WATCHING:
+        _WATCHING.append(True)  # once a process (a second install, after `interception.resume`, adds no finder)
         named_boundaries.on_import("torch.distributed.pipelining.stage", _watch_pipeline_stages)
     if named_it:
         named_boundaries.hook(named_it, "--iteration-fn", lambda: None, lambda result: end_iteration(merge=False))
