@@ -6,6 +6,11 @@ the bytes each writes per iteration; then each round's run medians (a slow run s
 the baseline run of its round, their median and spread, and a warning where the spread exceeds the overhead
 (`overhead_stats`: on the H200 host a run's speed changed between runs by more than PrismTrace costs).
 
+`--interleave` compares within one process instead (the host's speed level moved within runs on the H200): one
+`--mode real` run whose ranks switch PrismTrace off and on between steps, by blocks of `--block` steps
+(`interleave_rank`); each on block against the mean of the off blocks either side, the median of those ratios with
+an order-statistic interval, the pairs the level changed in, the pooled medians (`overhead_stats.interleaved`).
+
 `--device cuda` runs the workload on the GPU (`--device cuda`; NCCL with a GPU per rank, else gloo with
 CUDA tensors) and records PrismTrace with the CUDA clock (`PRISM_DEVICE=cuda`: CUDA events at every event
 boundary, read lazily, and the caching allocator's memory at every marker).
