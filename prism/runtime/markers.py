@@ -197,7 +197,9 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     # they cost without prism: torch's hook-free path, no Python call) and ends that forward with a hook on
     # that module alone, which puts them back and removes itself (torch iterates a snapshot of both dicts, so
     # neither change touches the call in progress). A forward that raises leaves them out until the next
-    # optimizer step (or the next outermost forward's pre-hook, if one still runs) puts them back.
+    # optimizer step puts them back. Two limits of lifting: while it lasts, another thread's forward is not seen
+    # (before, it counted at its own thread's depth 0), and a root module that calls itself ends its lifted forward
+    # at the inner call's end.
     lifted = {"on": True, "local": None}  # prism's hooks are installed (suspend turns this off); the end hook
 
     def lift(module) -> None:
