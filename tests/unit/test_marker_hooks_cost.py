@@ -83,6 +83,7 @@ def _program(rec_dir, lift: bool, monkeypatch, raise_in_forward: bool = False):
     finally:
         for h in handles:
             h.remove()
+        markers._state.depth, markers._state.counted = 0, None  # unlifted, the raising forward left its depth at 1
     rec.close()
     with pa.ipc.open_stream(str(rec.dir / "events.arrow")) as r:
         ev = r.read_all().to_pydict()
