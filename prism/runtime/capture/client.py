@@ -73,6 +73,9 @@ class CaptureClient:
         self.blocked_ns = 0
         self.switches = 0  # blocks whose results were ready: the round trip is the context-switch cost
         self.switch_ns = 0
+        # private bytes when the rank first had its slot back (its set-up over: the program's groups made, its
+        # first collectives issued; after the trim of that wait): the end's private minus this is its steps'
+        self.private_first_block = -1
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
@@ -112,6 +115,8 @@ class CaptureClient:
         memory.trim()  # while the coordinator decides: free C heap pages go back (~1 MiB a rank)
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
+        if not self.blocks:
+            self.private_first_block = memory.private_bytes()
         self.blocks += 1
         self.blocked_ns += spent
         if immediate:
@@ -173,7 +178,8 @@ class CaptureClient:
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
                  "process_cpu_ns": time.process_time_ns(),  # every thread's: what else the rank ran
-                 "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
+                 "private_bytes": memory.private_bytes(), "private_bytes_first_block": self.private_first_block,
+                 "groups_created": GroupCount.created,
                  "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
         profile = settings.MEMORY_PROFILE.get()  # a profiling aid: scripts/rank_memory.py
