@@ -93,15 +93,20 @@ def _measure(variant: str, world: int, rank: int, work) -> dict:
     memory.trim()
     after = memory.private_bytes()
     owners: dict[str, int] = {}
+    lines = []
     for stat in snapshot.statistics("lineno"):
-        owner = _owner(stat.traceback[0].filename)
+        frame = stat.traceback[0]
+        owner = _owner(frame.filename)
         owners[owner] = owners.get(owner, 0) + stat.size
+        where = frame.filename.split("site-packages/")[-1].split("prism/", 1)[-1] if owner != "other" else frame.filename
+        lines.append((stat.size, stat.count, f"{owner}: {where}:{frame.lineno}"))
     del kept
     world_tables = c10d._world
     return {"variant": variant, "W": world, "rank": rank, "private_grew": after - before,
             "traced_live": sum(owners.values()), "live_by_owner": owners,
             "torch_tables": {t: len(getattr(world_tables, t)) for t in TABLES if hasattr(world_tables, t)},
-            "group_count": world_tables.group_count, "python": sys.version.split()[0]}
+            "group_count": world_tables.group_count, "python": sys.version.split()[0],
+            "top": [f"{size / 1024:.1f} KiB {count} blocks {where}" for size, count, where in sorted(lines)[::-1][:12]]}
 
 
 def nonmember_work(n: int, size: int):
@@ -191,6 +196,7 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=0, help="the child's rank (layout; capped at W-1)")
     parser.add_argument("--repeat", type=int, default=1, help="fresh parents per variant")
     parser.add_argument("--json", help="append the rows here (one JSON object a line)")
+    parser.add_argument("--top", type=int, default=0, help="print each row's largest live allocations, by line")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # a variant's own parent process
     args = parser.parse_args()
     if args.child:
@@ -217,6 +223,8 @@ def main() -> int:
                                                                                    "pg_names"))
         print(f"{r['variant']:<8} {what:<22} {r['groups']:>7} {r['private_grew'] / 1024:>12.0f} "
               f"{r['traced_live'] / 1024:>9.0f}  {owners}; {tables}")
+        for line in r["top"][:args.top]:
+            print("    ", line)
     return 0
 
 
