@@ -19,6 +19,9 @@ Two measurements:
     .venv/bin/python scripts/group_memory.py nonmember 1000,2 10000,2 1000,64
     # the reference workload's every group (`build_layout`) at a layout tp,pp,dp,ep: the weak layouts
     .venv/bin/python scripts/group_memory.py layout 2,2,256,2 2,2,1024,2 2,2,2048,2 --repeat 3
+    # the steps' side: K all-reduces of a group of N members through the capture transport (the member that
+    # folds the N contributions, and one that reads the folded value), the contributions' files made first
+    .venv/bin/python scripts/group_memory.py allreduce 256 2048 --variants prism
 
 `--json FILE` appends every row (one JSON object a line).
 """
@@ -145,6 +148,71 @@ def layout_work(variant: str, tp: int, pp: int, dp: int, ep: int):
     return work
 
 
+def allreduce_row(n: int, fold: bool, steps: int = 6) -> dict:
+    """In the child: `steps` all-reduces of a 1,024-float tensor over N members as member 0 (it folds the N
+    contributions: the first to complete) or member 1 (it reads the folded value), on a socket pair for the
+    coordinator (what the rank sends is drained and dropped); private memory and tracemalloc's live and peak
+    around all but the first (the group's lazy set-up)."""
+    import shutil
+    import socket
+    import tempfile
+    import tracemalloc
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from prism.runtime import memory, shm
+    from prism.runtime.capture.client import SHARED, CaptureClient, key_name
+    from prism.runtime.capture.transport import CaptureTransport
+
+    folder = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None, prefix="group-memory-"))
+    try:
+        data = shm.encode([torch.ones(1024)], {"op": "all_reduce"})
+        for seq in range(steps):
+            stem = key_name(("c", "7", seq))
+            for i in range(n):
+                (folder / f"{stem}-r{i}").write_bytes(data)
+            if not fold:
+                (folder / f"{stem}{SHARED}").write_bytes(shm.encode([torch.full((1024,), float(n))]))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.setblocking(False)
+        me = 0 if fold else 1
+        client = CaptureClient(me, ours.detach(), folder, None, None, [0])
+        transport = CaptureTransport("7", me, list(range(0, 2 * n, 2)), "dp")
+        transport._c = client
+        t, opts = torch.ones(1024), dist.AllreduceOptions()
+
+        def one(i):
+            work = transport.call("allreduce", t.device, [t], opts, work_id=i, op="all_reduce")
+            client.pending.clear()
+            work.finish()
+            try:
+                while theirs.recv(1 << 16):
+                    pass
+            except BlockingIOError:
+                pass
+
+        one(0)
+        gc.collect()
+        memory.trim()
+        before = memory.private_bytes()
+        tracemalloc.start()
+        for i in range(1, steps):
+            one(i)
+        live, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        gc.collect()
+        memory.trim()
+        after = memory.private_bytes()
+        # (the folding member's own contribution is its tensor, so its value grows each all-reduce)
+        assert bool(torch.all(t > 1)) if fold else bool(torch.all(t == n)), "the all-reduce's value"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"variant": "prism", "members": n, "folds": fold, "all_reduces": steps - 1, "private_grew": after - before,
+            "traced_live": live, "traced_peak": peak, "python": sys.version.split()[0]}
+
+
 def _fork(fn) -> dict:
     r, w = os.pipe()
     pid = os.fork()
@@ -154,6 +222,10 @@ def _fork(fn) -> dict:
         try:
             os.write(w, json.dumps(fn()).encode())
             code = 0
+        except BaseException:  # noqa: BLE001 - said, then the child's exit status says it failed
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(code)
     os.close(w)
@@ -173,6 +245,9 @@ def parent(variant: str, kind: str, specs: list[str], rank: int) -> list[dict]:
     rows = []
     for spec in specs:
         numbers = list(map(int, spec.split(",")))
+        if kind == "allreduce":
+            rows += [_fork(lambda: allreduce_row(numbers[0], fold)) for fold in (True, False)]
+            continue
         if kind == "nonmember":
             n, size = numbers
             row = _fork(lambda: _measure(variant, size * (n + 1), 0, nonmember_work(n, size)))
@@ -189,8 +264,8 @@ def parent(variant: str, kind: str, specs: list[str], rank: int) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=("nonmember", "layout"))
-    parser.add_argument("specs", nargs="+", help="nonmember: N,SIZE; layout: TP,PP,DP,EP")
+    parser.add_argument("kind", choices=("nonmember", "layout", "allreduce"))
+    parser.add_argument("specs", nargs="+", help="nonmember: N,SIZE; layout: TP,PP,DP,EP; allreduce: N")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated, of {','.join(VARIANTS)} (default: all; nonmember: all but lists)")
     parser.add_argument("--rank", type=int, default=0, help="the child's rank (layout; capped at W-1)")
@@ -202,7 +277,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(parent(args.child, args.kind, args.specs, args.rank)))
         return 0
-    default = VARIANTS if args.kind == "layout" else VARIANTS[:3]
+    default = {"layout": VARIANTS, "nonmember": VARIANTS[:3], "allreduce": ("prism",)}[args.kind]
     variants = args.variants.split(",") if args.variants else list(default)
     rows = []
     for _ in range(args.repeat):
@@ -214,6 +289,13 @@ def main() -> int:
         with open(args.json, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    if args.kind == "allreduce":
+        print(f"{'members':>8} {'member':<24} {'all-reduces':>11} {'private KiB':>12} {'live KiB':>9} {'peak KiB':>9}")
+        for r in rows:
+            who = "0 (folds the N)" if r["folds"] else "1 (reads the folded value)"
+            print(f"{r['members']:>8} {who:<24} {r['all_reduces']:>11} {r['private_grew'] / 1024:>12.0f} "
+                  f"{r['traced_live'] / 1024:>9.1f} {r['traced_peak'] / 1024:>9.1f}")
+        return 0
     print(f"{'variant':<8} {'what':<22} {'groups':>7} {'private KiB':>12} {'live KiB':>9}  live by owner (KiB); "
           f"torch's tables")
     for r in rows:

@@ -189,3 +189,40 @@ def test_a_member_group_keeps_the_programs_rank_objects():
     # the members list and the transport's tuple (8 B a member each) and the group's own objects; with a new
     # int per member it was ~81 KiB (48 B a member)
     assert row["prism"] < 2048 * 24, row
+
+
+def test_a_collective_makes_no_interned_name_per_member(tmp_path, monkeypatch):
+    """The member that folds an all-reduce reads every member's file: named through `pathlib`, each name was
+    interned (`sys.intern`), one per member of every collective the rank folds, forever on CPython 3.12.0-3.12.4
+    (immortal interned strings) and, on any version, growing the interpreter's table of interned strings, which
+    a forked rank then copies whole (3.7 MiB in a rank that folded five all-reduces of 8,192 members,
+    `scripts/group_memory.py allreduce`). The files are named as strings now: no name is interned, whatever N."""
+    from prism.runtime import shm
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    c = CaptureClient(0, ours.detach(), tmp_path, tmp_path / "payloads", None, [0])
+    members = list(range(0, 4096, 2))
+    transport = CaptureTransport("7", 0, members, "dp")
+    transport._c = c
+    data = shm.encode([torch.ones(4)], {"op": "all_reduce"})
+    for seq in range(2):
+        for i in range(1, 2048):
+            (tmp_path / f"c-7-{seq}-r{i}").write_bytes(data)
+    t = torch.ones(4)
+    opts = dist.AllreduceOptions()
+    first = transport.call("allreduce", t.device, [t], opts, work_id=0, op="all_reduce")  # the lazy set-up
+    c.pending.clear()
+    first.finish()
+    interned = []
+    real = sys.intern
+    monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or real(s))
+    work = transport.call("allreduce", t.device, [t], opts, work_id=1, op="all_reduce")
+    assert work.ready()
+    c.pending.clear()
+    work.finish()  # this rank folds the 2,048 contributions (no value shared yet), writes the shared one
+    monkeypatch.undo()
+    assert torch.all(t == 2048 + 2047), t  # its own (2,048 after the first) + 2,047 ones
+    assert (tmp_path / "c-7-1-sum").exists() and len(c.payload_rows) == 4  # its contributions and results kept
+    assert interned == [], interned[:5]
+    theirs.close()

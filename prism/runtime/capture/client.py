@@ -63,6 +63,7 @@ class CaptureClient:
         self.rank = rank
         self.sock = socket.socket(fileno=fd)
         self.shm_dir = shm_dir
+        self._shm = str(shm_dir)  # the files' names are made as strings (`file`)
         self.payloads = shm.PayloadStore(payload_dir) if payload_dir else None
         self.trace_dir = trace_dir
         self.cores = cores
@@ -146,7 +147,7 @@ class CaptureClient:
     def contribute(self, key: tuple, suffix: str, tensors: list[torch.Tensor], meta: dict | None,
                    work_id: int) -> int:
         data = shm.encode(tensors, meta)
-        shm.write(self.shm_dir / f"{key_name(key)}{suffix}", data)
+        shm.write(self.file(key, suffix), data)
         if self.payloads is not None:
             digest = self.payloads.put(data)
             self.payload_rows.append((self.rank, work_id, key_name(key), "in", digest, len(data)))
@@ -164,8 +165,13 @@ class CaptureClient:
     def path(self, key: tuple, suffix: str) -> Path:
         return self.shm_dir / f"{key_name(key)}{suffix}"
 
+    def file(self, key: tuple, suffix: str) -> str:
+        """`path` as a string, for the files a rank makes and reads per op: a `Path` interns its name
+        (`shm.write`), one per contribution read, i.e. per member of every collective this rank folds."""
+        return f"{self._shm}/{key_name(key)}{suffix}"
+
     def read(self, key: tuple, suffix: str) -> tuple[dict, list[torch.Tensor]]:
-        return shm.read(self.path(key, suffix))
+        return shm.read(self.file(key, suffix))
 
     def write_rank_files(self) -> None:
         """This rank's payload index and capture statistics, next to its trace."""
@@ -295,7 +301,7 @@ class Contributions:
         is there. The members are looked at last first: the slots run ranks in rank order, so a collective
         still incomplete misses its last members, found at the first look instead of after every member
         that arrived (O(1) a waiting member, not O(members))."""
-        stem = f"{self.client.shm_dir}/{key_name(self.key)}"
+        stem = self.client.file(self.key, "")
         if os.path.exists(stem + SHARED):
             return True
         return all(os.path.exists(f"{stem}-r{i}") for i in reversed(self.members))
@@ -305,7 +311,7 @@ class CaptureWork(OwnResult):
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 
     def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result,
-                 needs: list[Path] | Contributions | None = None) -> None:
+                 needs: list[str] | Contributions | None = None) -> None:
         self.client = client_
         self.keys = keys
         self.needs = needs  # files whose presence means the result can be computed (None: ask)
@@ -324,7 +330,7 @@ class CaptureWork(OwnResult):
         """Every contribution this rank needs is already there: no need to give the slot back."""
         if isinstance(self.needs, Contributions):
             return self.needs.ready()
-        return self.needs is not None and all(p.exists() for p in self.needs)
+        return self.needs is not None and all(os.path.exists(p) for p in self.needs)
 
     def finish(self) -> None:
         if self.completed:
