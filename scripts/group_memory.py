@@ -101,7 +101,9 @@ def _measure(variant: str, world: int, rank: int, work) -> dict:
         frame = stat.traceback[0]
         owner = _owner(frame.filename)
         owners[owner] = owners.get(owner, 0) + stat.size
-        where = frame.filename.split("site-packages/")[-1].split("prism/", 1)[-1] if owner != "other" else frame.filename
+        where = frame.filename
+        if owner != "other":
+            where = where.split("site-packages/")[-1].split("prism/", 1)[-1]
         lines.append((stat.size, stat.count, f"{owner}: {where}:{frame.lineno}"))
     del kept
     world_tables = c10d._world
