@@ -6,6 +6,11 @@ the bytes each writes per iteration; then each round's run medians (a slow run s
 the baseline run of its round, their median and spread, and a warning where the spread exceeds the overhead
 (`overhead_stats`: on the H200 host a run's speed changed between runs by more than PrismTrace costs).
 
+`--interleave` compares within one process instead (the host's speed level moved within runs on the H200): one
+`--mode real` run whose ranks switch PrismTrace off and on between steps, by blocks of `--block` steps
+(`interleave_rank`); each on block against the mean of the off blocks either side, the median of those ratios with
+an order-statistic interval, the pairs the level changed in, the pooled medians (`overhead_stats.interleaved`).
+
 `--device cuda` runs the workload on the GPU (`--device cuda`; NCCL with a GPU per rank, else gloo with
 CUDA tensors) and records PrismTrace with the CUDA clock (`PRISM_DEVICE=cuda`: CUDA events at every event
 boundary, read lazily, and the caching allocator's memory at every marker).
@@ -26,6 +31,7 @@ from prism.bench import overhead_stats as stats
 from prism.runtime.launch import launcher
 
 DRIVER = Path(__file__).with_name("driver.py")
+INTERLEAVE_RANK = Path(__file__).with_name("interleave_rank.py")
 VARIANTS = ("none", "prismtrace", "profiler")
 
 
@@ -55,15 +61,7 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True, pin_cores=list(cores),
                                mode="real" if variant == "prismtrace" else "off",
                                out=out if variant == "prismtrace" else None)
-    saved = os.dup(1)  # the workload's loss lines are not the benchmark's output
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    try:
-        code = launcher.launch(spec)
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
+    code = _quiet_launch(spec)
     if code != 0:
         raise RuntimeError(f"benchmark run '{variant}' failed with exit code {code}")
     per_rank = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
@@ -76,6 +74,101 @@ def run_variant(variant: str, work: Path, nproc: int, workload: list[str], steps
     return durations, written
 
 
+def _quiet_launch(spec) -> int:
+    saved = os.dup(1)  # the workload's loss lines are not the benchmark's output
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    try:
+        return launcher.launch(spec)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def interleave_warmup(block: int) -> int:
+    """The first steps `--interleave` leaves out: the first step's lazy initialisations, and the first on and
+    off blocks (a first marker, a first event on the device)."""
+    return max(4, 2 * block)
+
+
+def run_interleaved(work: Path, nproc: int, workload: list[str], block: int,
+                    cores: list[int] = ()) -> dict:
+    """One `prism launch --mode real` run of the reference workload whose ranks switch PrismTrace off and on by
+    blocks of `block` steps (`interleave_rank`). Returns the job's step times (ms: from the last rank's start of
+    the step to the last rank's end of it), each step's state, the events rank 0 recorded in each step, the
+    size of torch's global hook dicts at each step's start (rank 0), the bytes written and the ranks' cores."""
+    times, out = work / "times", work / "job"
+    times.mkdir(parents=True)
+    if workload[:2] != ["-m", "prism.workloads.moe_gpt"]:
+        raise ValueError("--interleave runs the reference workload (prism.workloads.moe_gpt) only")
+    prog = [str(INTERLEAVE_RANK), "--times", str(times), "--block", str(block), *workload[2:]]
+    spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True, pin_cores=list(cores),
+                               mode="real", out=out)
+    code = _quiet_launch(spec)
+    if code != 0:
+        raise RuntimeError(f"the interleaved run failed with exit code {code}")
+    per_rank = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
+    states = per_rank[0]["on"]
+    if any(r["on"] != states for r in per_rank):
+        raise RuntimeError("the ranks' on/off schedules differ: the steps cannot be paired")
+    durations = [(max(r["end"][k] for r in per_rank) - max(r["start"][k] for r in per_rank)) / 1e6
+                 for k in range(len(states))]
+    return {"durations": durations, "on": states, "events": per_rank[0]["events"], "hooks": per_rank[0]["hooks"],
+            "bytes": _folder_bytes(out), "cores": ranks_cores(work, nproc)}
+
+
+def interleave_report(runs: list[dict], where: str, nproc: int, cores: list[int], workload: list[str], steps: int,
+                      block: int, warm: int, level: float, goal: float | None, confidence: float = 0.95) -> str:
+    """The table of `--interleave`: the steps of each state (their median and spread, the events recorded and the
+    global hooks installed in them), the pairs (an on block against the mean of the off blocks either side): their
+    median ratio with its order-statistic interval, how many pairs the host's level changed in, the pooled medians;
+    warnings where the interval cannot show the overhead; the goal's verdict when one is given."""
+    parts = [stats.interleaved(r["durations"], r["on"], warm, level) for r in runs]
+    result = stats.Interleaved([x for p in parts for x in p.ratios], [x for p in parts for x in p.changed],
+                               [x for p in parts for x in p.on_steps], [x for p in parts for x in p.off_steps], level)
+    lines = [f"\nprism bench overhead --interleave: {where}, W={nproc} pinned to core(s) {','.join(map(str, cores))}, "
+             f"workload `{' '.join(workload[2:])}`, {len(runs)} process(es) of {steps} steps, PrismTrace (real mode) "
+             f"switched off and on in one process every {block} step(s), off first; the first {warm} steps left out"]
+    lines.append(f"{'state':<6} {'steps':>6} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'events/step':>12} "
+                 f"{'global hooks':>13}")
+    for name, flag, steps_ in (("off", False, result.off_steps), ("on", True, result.on_steps)):
+        d = sorted(steps_)
+        ev = [e for r in runs for e, o in zip(r["events"][warm:], r["on"][warm:]) if o == flag]
+        hk = sorted({h for r in runs for h, o in zip(r["hooks"][warm:], r["on"][warm:]) if o == flag})
+        if not d:
+            lines.append(f"{name:<6} {0:>6}")
+            continue
+        lines.append(f"{name:<6} {len(d):>6} {statistics.median(d):10.3f} {d[len(d) // 10]:8.3f} "
+                     f"{d[9 * len(d) // 10]:8.3f} {statistics.median(ev):12.0f} {','.join(map(str, hk)):>13}")
+    if result.ratios:
+        lo, hi, cover = result.ci(confidence)
+        interval = (f"{100 * lo:+.2f} .. {100 * hi:+.2f} % ({100 * cover:.1f} % order-statistic interval)"
+                    if lo != float("-inf") else "no interval (too few pairs)")
+        steady = result.steady_overhead
+        lines.append(f"pairs (an on block / the mean of the off blocks either side): {len(result.ratios)}; "
+                     f"median {100 * result.overhead:+.2f} %, {interval}; min .. max "
+                     f"{100 * (min(result.ratios) - 1):+.2f} .. {100 * (max(result.ratios) - 1):+.2f} %")
+        lines.append(f"level changed (the two off blocks > {100 * level:g} % apart) in {sum(result.changed)} of "
+                     f"{len(result.ratios)} pairs; the other pairs' median "
+                     + (f"{100 * steady:+.2f} %" if steady is not None else "-"))
+        lines.append(f"pooled medians: on {statistics.median(result.on_steps):.3f} ms / off "
+                     f"{statistics.median(result.off_steps):.3f} ms = {100 * result.pooled:+.2f} %; "
+                     f"each process's pairs' median: "
+                     + ", ".join(f"{100 * p.overhead:+.2f} %" if p.ratios else "-" for p in parts))
+    lines.append(f"written: {statistics.median(r['bytes'] for r in runs) / max(1, sum(r['on'].count(True) for r in runs) / len(runs)):,.0f} "
+                 "B per on step (the recorder's raw stream); not switched: prism's process groups (an op still "
+                 "passes their `_issue`) and real mode's watchdog thread")
+    recorded = sorted({tuple(c) for r in runs for c in r["cores"]})
+    expected = sorted(tuple([c]) for c in cores)
+    lines.append(f"cores the ranks recorded (affinity): {recorded}"
+                 + ("" if recorded == expected else f" - not the pinned {cores}"))
+    lines += [f"warning: {w}" for w in stats.interleave_warnings(result, confidence)]
+    if goal is not None:
+        lines.append(stats.goal_verdict(result, goal, confidence))
+    return "\n".join(lines)
+
+
 def ranks_cores(work: Path, nproc: int) -> list[list[int]]:
     """The cores each rank of the run in `work` could run on, as the rank recorded them (the driver's)."""
     return [json.loads((work / "times" / f"rank{r}.cores.json").read_text()) for r in range(nproc)]
@@ -85,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prism bench overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="training steps per run")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the three variants")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="interleaved rounds of the three variants (default 3); with --interleave: processes, "
+                             "their pairs pooled (default 1)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--workload", default="--dp 2 --ep 2 --microbatches 4",
                         help="reference workload flags")
@@ -94,7 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", default=None,
                         help="comma-separated cores every run's ranks are pinned to, in rank order (default: the "
                              "last NPROC of this process's affinity)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="one process (W ranks) with PrismTrace switched off and on every --block steps, each "
+                             "on block against the off blocks either side (cancels the host's speed level)")
+    parser.add_argument("--block", type=int, default=1, help="--interleave: steps a block")
+    parser.add_argument("--level", type=float, default=10.0,
+                        help="--interleave: two off blocks this many %% apart count as a change of the host's level")
+    parser.add_argument("--goal", type=float, default=None,
+                        help="--interleave: say whether the overhead's interval lies below this %% (e.g. 3)")
     args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.interleave else 3
+    if args.block < 1 or args.repeats < 1:
+        parser.error("--block and --repeats must be 1 or more")
     try:
         given = [int(c) for c in args.cores.split(",")] if args.cores else None
     except ValueError:
@@ -103,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         cores = stats.choose_cores(os.sched_getaffinity(0), args.nproc, given)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.steps - warmup_steps(args.steps) - 1 < 1:
+    if args.interleave and args.steps < interleave_warmup(args.block) + 3 * args.block:
+        parser.error(f"--steps {args.steps} leaves no pair after the {interleave_warmup(args.block)} warm-up steps "
+                     f"(a pair is an off, an on and an off block of --block {args.block}): give --steps "
+                     f"{interleave_warmup(args.block) + 3 * args.block} or more")
+    if not args.interleave and args.steps - warmup_steps(args.steps) - 1 < 1:
         parser.error(f"--steps {args.steps} leaves no iteration time after the {warmup_steps(args.steps)} "
                      "warm-up step(s) (a time is the gap between two step ends): give --steps 3 or more")
     workload = ["-m", "prism.workloads.moe_gpt", "--steps", str(args.steps)] + args.workload.split()
@@ -120,6 +231,20 @@ def main(argv: list[str] | None = None) -> int:
         workload += ["--device", "cuda", "--backend", backend]
         os.environ[settings.DEVICE.name] = "cuda"
         where = f"{torch.cuda.get_device_name(0)} x{min(gpus, args.nproc)}, {backend}"
+    if args.interleave:
+        runs = []
+        with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
+            for rep in range(args.repeats):
+                run = run_interleaved(Path(tmp) / f"interleave-{rep}", args.nproc, workload, args.block, cores)
+                runs.append(run)
+                for name, flag in (("off", False), ("on", True)):
+                    d = [t for t, o in zip(run["durations"], run["on"]) if o == flag]
+                    print(f"  process {rep + 1}/{args.repeats} {name:<3} median {statistics.median(d):8.3f} ms "
+                          f"over {len(d)} steps", file=sys.stderr, flush=True)
+        print(interleave_report(runs, where, args.nproc, cores, workload, args.steps, args.block,
+                                interleave_warmup(args.block), args.level / 100,
+                                None if args.goal is None else args.goal / 100))
+        return 0
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
     per_run: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
     written: dict[str, list[int]] = {v: [] for v in VARIANTS}

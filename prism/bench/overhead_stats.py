@@ -10,6 +10,7 @@ overhead (`verdict`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -85,3 +86,109 @@ def verdict(pair: Paired, base_spread: float) -> str | None:
                 f"(baseline runs {100 * base_spread:.1f} % apart), more than the {100 * pair.overhead:+.2f} % "
                 f"they report: this call cannot tell that overhead from the machine's run-to-run speed")
     return None
+
+
+# -- PrismTrace on and off in one process (`prism bench overhead --interleave`) ----------------------------------
+# Session 15 on the H200: the host's speed level moved within runs too (~80 or ~100-130 ms a step, changing every
+# several steps), so no comparison of two processes resolved 3 % of a launch-bound step. In one process with
+# PrismTrace switched on and off by blocks of steps, each on block is compared with the off blocks either side
+# of it: a level that holds over three blocks cancels in the ratio.
+
+
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median of `values`: the order statistics x_(k) and
+    x_(n+1-k) (1-based) with the largest k for which the interval's coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at
+    least `confidence`. Returns (low, high, that coverage); (-inf, inf, 1.0) when n is too small for any k
+    (n < 6 at 95 %)."""
+    x = sorted(values)
+    n = len(x)
+    tail, k, below = 0.0, 0, 0.0  # below: P(B < k)
+    for j in range(n // 2 + 1):  # P(B <= j) with B ~ Bin(n, 1/2)
+        tail += math.comb(n, j) / 2.0 ** n
+        if 1 - 2 * tail < confidence:
+            break
+        k, below = j + 1, tail
+    if k == 0:
+        return float("-inf"), float("inf"), 1.0
+    return x[k - 1], x[n - k], 1 - 2 * below
+
+
+@dataclass
+class Interleaved:
+    """The on blocks against their neighbouring off blocks (each block's value: the median of its steps)."""
+    ratios: list[float]  # on block / mean of the off blocks before and after it
+    changed: list[bool]  # those two off blocks lie more than `level` apart: the host's level changed there
+    on_steps: list[float]  # every step time of the on blocks counted (ms)
+    off_steps: list[float]  # ... and of the off blocks
+    level: float
+
+    @property
+    def overhead(self) -> float:
+        return statistics.median(self.ratios) - 1
+
+    def ci(self, confidence: float = 0.95) -> tuple[float, float, float]:
+        """The median ratio's interval, as overheads (fractions) and its coverage."""
+        lo, hi, cover = median_ci(self.ratios, confidence)
+        return lo - 1, hi - 1, cover
+
+    @property
+    def steady_overhead(self) -> float | None:
+        """The median over the pairs whose level held (None if none did)."""
+        kept = [r for r, c in zip(self.ratios, self.changed) if not c]
+        return statistics.median(kept) - 1 if kept else None
+
+    @property
+    def pooled(self) -> float:
+        """The pooled medians' ratio minus 1: every counted on step against every counted off step."""
+        return statistics.median(self.on_steps) / statistics.median(self.off_steps) - 1
+
+
+def interleaved(durations: list[float], on: list[bool], warm: int, level: float = 0.10) -> Interleaved:
+    """Pair the blocks of `durations` (a step's time, ms, in step order; `on[k]`: PrismTrace was on in step k):
+    the steps from `warm` on, cut into runs of one state (a run cut by the warm-up or the end keeps the steps it
+    has); each on run with an off run on either side is one pair."""
+    if len(durations) != len(on):
+        raise ValueError(f"{len(durations)} step times for {len(on)} states")
+    runs: list[tuple[bool, list[float]]] = []
+    for k in range(warm, len(durations)):
+        if not runs or on[k] != runs[-1][0]:
+            runs.append((on[k], []))
+        runs[-1][1].append(durations[k])
+    ratios, changed, on_steps, off_steps = [], [], [], []
+    for i in range(1, len(runs) - 1):
+        state, steps = runs[i]
+        if not state or runs[i - 1][0] or runs[i + 1][0]:
+            continue
+        before, after = statistics.median(runs[i - 1][1]), statistics.median(runs[i + 1][1])
+        ratios.append(statistics.median(steps) / ((before + after) / 2))
+        changed.append(max(before, after) / min(before, after) - 1 > level)
+    for state, steps in runs:
+        (on_steps if state else off_steps).extend(steps)
+    return Interleaved(ratios, changed, on_steps, off_steps, level)
+
+
+def interleave_warnings(result: Interleaved, confidence: float = 0.95) -> list[str]:
+    """What the pairs cannot show: too few pairs for an interval, or an interval wider than the overhead it
+    reports."""
+    if not result.ratios:
+        return ["no complete pair (an on block with an off block either side after the warm-up): give more --steps"]
+    lo, hi, _ = result.ci(confidence)
+    if lo == float("-inf"):
+        return [f"{len(result.ratios)} pair(s) are too few for a {100 * confidence:.0f} % interval of the median "
+                f"(6 or more at 95 %): give more --steps"]
+    if hi - lo > abs(result.overhead):
+        return [f"the {100 * confidence:.0f} % interval spans {100 * (hi - lo):.2f} points, more than the "
+                f"{100 * result.overhead:+.2f} % it reports: the overhead is not resolved from zero"]
+    return []
+
+
+def goal_verdict(result: Interleaved, goal: float, confidence: float = 0.95) -> str:
+    """Whether the interval of the median overhead lies below `goal` (a fraction), above it, or across it."""
+    lo, hi, _ = result.ci(confidence) if result.ratios else (float("-inf"), float("inf"), 1.0)
+    if lo == float("-inf"):
+        return f"goal <= {100 * goal:g} %: undecided (no interval: too few pairs)"
+    if hi <= goal:
+        return f"goal <= {100 * goal:g} %: met (the interval's upper end is {100 * hi:+.2f} %)"
+    if lo > goal:
+        return f"goal <= {100 * goal:g} %: missed (the interval's lower end is {100 * lo:+.2f} %)"
+    return f"goal <= {100 * goal:g} %: undecided (the interval {100 * lo:+.2f} .. {100 * hi:+.2f} % contains it)"

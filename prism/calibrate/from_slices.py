@@ -9,24 +9,20 @@ members, and a member's delay runs from the last issue of all members, replayed 
 transfer, never the wait for a late peer, which the calibration sweep adds from the peers' own times).
 
 Every event takes its duration from the slice run where its rank ran for real (`slices/slice=K/events.parquet`,
-rows aligned with the graph by `event_id`), by the same rules as the bare graph (`durations.bare_graph`):
-compute and markers their own device time (on CUDA the GPU time from CUDA events), ops their issue time,
-waits what their thread spends besides waiting (its CPU time, `durations.own_ns`).
-A comm's transfer (last member's issue to completion, measured without waiting) comes from the slice
-runs that hold members of it, each on its own clock (one run's times are never compared with another's):
-every measured member gives one delay, from the last issue among its slice's members to the moment it saw
-the op complete (its wait's end, or the recorded completion), and the transfer is the mean over all
-measured members of all slices. (The bare graph takes the smallest, because a captured member may resume
-long after completion; a slice rank never waits for a device slot. Members of a collective see its
-completion at different times -- gloo's ring finishes member by member -- and the next op of the group
-starts after the slower ones: on the 16-core host's W=8 matrix the smallest delay under-predicted the
-TP/EP layouts by 18-28 %, docs/fidelity.md.) With `--slices slices_timed` (every slice has its `replay.parquet`: the replayed members' issues are known on
-the slice's clock) the rule is the measured run's (`durations.measured_run`, the inputs of `prism.clock_rule`):
-a comm's transfer is its *first* measured member's delay, each member's wait keeps its lag behind that as its own
-time, and compute takes the longer of its wall span and its device time; on the truths' own measurements this is
-exact (`prism.bench.fidelity_model`, docs/fidelity.md, session 9). An untimed pass keeps the mean rule above: it
-does not know when the replay server issued the replayed members, so a member's lag cannot be told from its wait
-for a late replayed peer.
+rows aligned with the graph by `event_id`), by the measured-run rule (`durations.measured_run`, the inputs of
+`prism.clock_rule`), the rule that is exact on a real run's own measurements (`prism.bench.fidelity_model`:
+within 0.13 % on the 30 truth runs of session 16, docs/fidelity.md): compute the longer of its wall span and its
+device time (on CUDA the GPU time from CUDA events), ops their issue time; a comm's transfer (last member's
+issue to completion, measured without waiting) is its *first* measured member's delay over the slice runs that
+hold members of it, each on its own clock (one run's times are never compared with another's), and each
+member's wait keeps its lag behind that first member as its own time (members of a collective see its
+completion at different times -- gloo's ring finishes member by member -- and the group's next op and each
+member's next compute wait for that member's view). A member's delay runs from the last issue of its slice's
+members; in a timed pass (`--slices slices_timed`, every slice with its `replay.parquet`) of the replayed members
+too, whose issues are known on the slice's clock. An untimed server issues as soon as it can, so there the
+virtual members are taken to issue with the slice's own. (Until session 16 an untimed pass took each comm's
+mean member delay and compute's CPU time, which on the truths' own inputs ran 0.6-13.8 % low, most on EP
+layouts: docs/fidelity.md.)
 Ranks whose slice was not measured (the planner's
 `--representative`) take the events of the rank of the same ``rank_class`` in the slice that measures
 theirs (`representatives`); a comm among such ranks only takes the transfer of the comms their
@@ -174,7 +170,6 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
     first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
-    total = np.zeros(g.n_comms, dtype=np.int64)  # the members' delays (their mean: the untimed pass's rule)
     count = np.zeros(g.n_comms, dtype=np.int64)
     runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
@@ -205,9 +200,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         replayed = _replayed(path.with_name("replay.parquet"), comm_position)
         np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
                                         replayed), out=first)
-        part, n_part = slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)
-        total += part
-        count += n_part
+        count += slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)[1]
         runs.append((rows, replayed))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
@@ -228,20 +221,12 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
                              "by no slice: the plan does not cover every rank")
     own = rules.own_ns(g.kind, device, cpu)
     known = count > 0
-    if not runs or any(replayed is None for _, replayed in runs):
-        # an untimed pass: the replayed members' issue times are not known on the slice's clock, so a member's
-        # lag behind the first member cannot be told from its wait for a late replayed peer: the mean delay
-        # for every member, each event's own time by the bare graph's rules (docs/fidelity.md, session 9)
-        for arr in (device, cpu, t_start, t_end, t_complete):
-            arr[source >= 0] = arr[source[source >= 0]]
-        dur, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, rules.own_ns(g.kind, device, cpu), t_start, t_end,
-                                  t_complete, g.n_comms)
-        transfer[known] = total[known] // count[known]
-        transfer[:] = _borrowed_transfers(g.comm, source, known, transfer)
-        return _tables(job, dur, transfer)
     transfer[known] = first[known]
-    # a timed pass: each slice's events by the measured-run rule, on that slice's clock (its last issues,
-    # replayed members' included)
+    # each slice's events by the measured-run rule, on that slice's clock: a member's delay runs from the last
+    # issue of the slice's members, and in a timed pass of the replayed members too (`replay.parquet`). An
+    # untimed server issues as soon as it can, so the job's virtual members are taken to issue with the slice's
+    # (what the server's own queue adds, e.g. a ring's ops in turn, stays in the delay, as gloo's queue does in
+    # the job; docs/fidelity.md, session 16)
     dur = np.zeros(n, dtype=np.int64)
     for rows, replayed in runs:
         keep = np.zeros(n, dtype=bool)

@@ -34,7 +34,9 @@ from prism.runtime.capture import transport as _capture_transport  # noqa: F401,
 
 MODES = tuple(name for name, m in modes.MODES.items() if m.intercepted)
 
-_state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": [], "mode": None, "out": None}
+_state: dict = {"installed": False, "recorder": None, "hooks": None, "asked": [], "mode": None, "out": None,
+                "wanted": False, "suspended": False}
+_GROUPS: list = []  # the PrismProcessGroups this process created (suspend/resume detach and restore their recorder)
 
 
 def recorder() -> Recorder | None:
@@ -57,8 +59,54 @@ def _ensure_recorder() -> Recorder | None:
         _state["recorder"] = rec
         drain = _drain if modes.get(_state["mode"]).coordinator else None
         wanted = rec or drain or os.environ.get(progress.ENV)  # progress: iteration ends even with nothing recorded
+        _state["wanted"] = bool(wanted)
         _state["hooks"] = markers.install(rec, on_boundary=drain) if wanted else []
     return _state["recorder"]
+
+
+def suspend() -> None:
+    """Take PrismTrace's per-step work out of a running real-mode rank, between two steps (`prism bench overhead
+    --interleave`): the markers' global hooks are removed (torch's module and optimizer hook dicts no longer
+    hold them) and every prism group's recorder is detached (its ops are issued with no record, no clock read,
+    no CUDA event). What stays, as it cannot be taken out of a running program: prism's process groups
+    themselves (the objects the program holds; an op still passes their Python `_issue`) and the hang
+    watchdog's helper thread (real mode; it polls once a second). `resume()` puts everything back."""
+    if _state["hooks"] is None:
+        raise RuntimeError("interception.suspend: no process group yet, so nothing is recording: suspend "
+                           "between steps, after the program's init_process_group")
+    if modes.get(_state["mode"]).coordinator or modes.get(_state["mode"]).recorder != "plain":
+        raise RuntimeError(f"interception.suspend: mode {_state['mode']!r} cannot run without its hooks "
+                           "(they are its drain points or its checks); only real mode can be suspended")
+    if settings.ITERATION_FN.raw() or settings.MICROBATCH_FN.raw():
+        raise RuntimeError("interception.suspend: named boundaries (--iteration-fn/--microbatch-fn) wrap the "
+                           "program's functions, which cannot be unwrapped while it runs")
+    if _state["suspended"]:
+        return
+    for handle in _state["hooks"]:
+        handle.remove()
+    _state["hooks"] = []
+    for pg in _GROUPS:
+        pg._rec = None
+    _state["suspended"] = True
+
+
+def resume() -> None:
+    """Undo `suspend()`: the same hooks `markers.install` gives a rank at its first group, the groups' recorder
+    back; the time since suspending is no event's (`Recorder.resync`)."""
+    if not _state["suspended"]:
+        return
+    rec = _state["recorder"]
+    if rec is not None:
+        rec.resync()
+    drain = _drain if modes.get(_state["mode"]).coordinator else None
+    _state["hooks"] = markers.install(rec, on_boundary=drain) if _state["wanted"] else []
+    for pg in _GROUPS:
+        pg._rec = rec
+    _state["suspended"] = False
+
+
+def suspended() -> bool:
+    return _state["suspended"]
 
 
 def _drain() -> None:
@@ -85,6 +133,9 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     pg = PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                            backend_name=real)
     pg.computes = modes.get(_state["mode"]).computes  # only what prism's semantics define
+    if _state["suspended"]:
+        pg._rec = None
+    _GROUPS.append(pg)
     return pg
 
 

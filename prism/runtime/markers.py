@@ -38,6 +38,8 @@ import threading
 import weakref
 
 import torch
+from torch.nn.modules.module import _global_forward_hooks as _POST_HOOKS
+from torch.nn.modules.module import _global_forward_pre_hooks as _PRE_HOOKS
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -70,6 +72,8 @@ def _get(name: str) -> int:
 _ROOTS: weakref.WeakSet = weakref.WeakSet()  # modules whose forward was a microbatch
 _INSIDE: weakref.WeakSet = weakref.WeakSet()  # their sub-modules
 _STAGES: weakref.WeakSet = weakref.WeakSet()  # the modules of torch.distributed.pipelining stages
+_WATCHING: list = []  # the pipelining stage watch is registered (once a process)
+LIFT = True  # an outermost forward takes the global module hooks out while it runs (`install`); tests compare with False
 
 
 def _trains(module) -> bool:
@@ -188,14 +192,52 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     pre_hidden, post_hidden = torch.compiler.disable(pre_body), torch.compiler.disable(post_body)
     is_compiling = torch.compiler.is_compiling
 
+    # While an outermost (depth 0) eager forward runs, the modules it calls are nested: nothing prism marks. So
+    # its pre-hook takes prism's two global module hooks out of torch's dicts (the nested calls then cost what
+    # they cost without prism: torch's hook-free path, no Python call) and ends that forward with a hook on
+    # that module alone, which puts them back and removes itself (torch iterates a snapshot of both dicts, so
+    # neither change touches the call in progress). A forward that raises leaves them out until the next
+    # optimizer step puts them back. Two limits of lifting: while it lasts, another thread's forward is not seen
+    # (before, it counted at its own thread's depth 0), and a root module that calls itself ends its lifted forward
+    # at the inner call's end.
+    lifted = {"on": True, "local": None}  # prism's hooks are installed (suspend turns this off); the end hook
+
+    def lift(module) -> None:
+        _PRE_HOOKS.pop(pre_handle.id, None)
+        _POST_HOOKS.pop(post_handle.id, None)
+        lifted["local"] = module.register_forward_hook(end_lifted)
+
+    def put_back() -> None:
+        local, lifted["local"] = lifted["local"], None
+        if local is not None:
+            local.remove()
+        if lifted["on"]:
+            _PRE_HOOKS[pre_handle.id] = pre
+            _POST_HOOKS[post_handle.id] = post
+
+    def recover() -> None:
+        """A forward raised while the hooks were lifted: nothing of it is open any more."""
+        if lifted["local"] is not None:
+            put_back()
+            _state.depth, _state.counted = 0, None
+
+    def end_lifted(module, args, output):
+        put_back()
+        post_body(module, args, output)
+
     def pre(module, args):
-        return pre_hidden(module, args) if is_compiling() else pre_body(module, args)
+        if is_compiling():
+            return pre_hidden(module, args)
+        pre_body(module, args)
+        if LIFT and module._modules and _get("depth") == 1 and lifted["local"] is None and not named_mb:
+            lift(module)
 
     def post(module, args, output):
         return post_hidden(module, args, output) if is_compiling() else post_body(module, args, output)
 
     @torch.compiler.disable
     def step_pre(optimizer, args, kwargs):
+        recover()
         depth = _get("step_depth")
         _state.step_depth = depth + 1
         if depth == 0 and on_boundary is not None:
@@ -207,19 +249,35 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         if _state.step_depth == 0 and not named_it:
             end_iteration(merge=True)
 
+    pre_handle, post_handle = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
     handles = [
-        register_module_forward_pre_hook(pre),
-        register_module_forward_hook(post),
+        _Removal(pre_handle, lifted),
+        _Removal(post_handle, lifted),
         register_optimizer_step_pre_hook(step_pre),
         register_optimizer_step_post_hook(step_post),
     ]
-    if not named_mb and torch.distributed.is_available():
+    if not named_mb and torch.distributed.is_available() and not _WATCHING:
+        _WATCHING.append(True)  # once a process (a second install, after `interception.resume`, adds no finder)
         named_boundaries.on_import("torch.distributed.pipelining.stage", _watch_pipeline_stages)
     if named_it:
         named_boundaries.hook(named_it, "--iteration-fn", lambda: None, lambda result: end_iteration(merge=False))
     if named_mb:
         named_boundaries.hook(named_mb, "--microbatch-fn", begin_microbatch, end_microbatch)
     return handles
+
+
+class _Removal:
+    """A global module hook's handle whose `remove()` also keeps a lifted hook (`install`) from coming back."""
+
+    def __init__(self, handle, lifted: dict) -> None:
+        self.handle, self.lifted = handle, lifted
+
+    def remove(self) -> None:
+        self.lifted["on"] = False
+        local, self.lifted["local"] = self.lifted["local"], None
+        if local is not None:
+            local.remove()
+        self.handle.remove()
 
 
 def _bwd_begin(rec, microbatch: int, on_boundary) -> None:

@@ -195,6 +195,11 @@ class Recorder:
             self._rows[index] = row[:10] + (True,) + row[11:]
 
     @property
+    def recorded(self) -> int:
+        """How many events this rank has recorded so far."""
+        return self._seq
+
+    @property
     def last_end_ns(self) -> int:
         return self._last_end_wall
 

@@ -244,7 +244,9 @@ def train_step(a, model: Stage, lay: Layout, sync: GradSync, batch, device) -> t
 
 # ---------------------------------------------------------------- main
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, between_steps=None) -> None:
+    """Train; `between_steps(k)`, if given, is called before step k (from 1) and once after the last step
+    (k = steps + 1), outside any step (`prism bench overhead --interleave` times and toggles there)."""
     a = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
         f"buckets {len(sync.buckets)}")
 
     for step in range(1, a.steps + 1):
+        if between_steps is not None:
+            between_steps(step)
         report = train_step(a, model, lay, sync, local_batch(a, lay, step, device), device)
         sync.finish()
         reduce_tp_partial_grads(tp_partial, lay)
@@ -306,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(f"step={step} loss={loss.item():.8f}\n")   # one write: ranks' lines never interleave
             sys.stdout.flush()
             log(f"step={step} grad_norm={norm.item():.10f}")
+    if between_steps is not None:
+        between_steps(a.steps + 1)
 
     if distributed:
         dist.destroy_process_group()

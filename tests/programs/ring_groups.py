@@ -4,7 +4,8 @@ Run: torchrun --nproc-per-node 8 tests/programs/ring_groups.py
 Groups: the world (8) and two halves (4 each), with only all_reduce on them (so both are neighbour rings in a
 slice run), and a pair group with a broadcast (the members path). Prints `result <name> <rank> <sha256>` lines:
 float sums (blocking, async with a future, a non-contiguous tensor), exact ones (int64 SUM, MAX, a 1-element
-count, fewer elements than members, bool-like BOR on uint8), a data-dependent size from a float sum's bits.
+count, fewer elements than members, bool-like BOR on uint8, a burst of six async int64 sums in flight at once), a
+data-dependent size from a float sum's bits.
 """
 
 import hashlib
@@ -53,6 +54,13 @@ def main() -> None:
         b = torch.full((5,), float(rank))
         dist.broadcast(b, src=2 * (rank // 2), group=pair)
         emit(f"pair.broadcast.{step}", rank, b)
+        # a burst (DDP's buckets): six async all-reduces issued before any is waited on, which the ring runs
+        # two at a time on both sides (gloo's worker threads); exact results, so each op's messages must stay its own
+        burst = [torch.arange(11 * (k + 1), dtype=torch.int64) * (rank + 1) + k * step for k in range(6)]
+        works = [dist.all_reduce(b, async_op=True) for b in burst]
+        for k, (b, w) in enumerate(zip(burst, works)):
+            w.wait()
+            emit(f"world.burst{k}.{step}", rank, b)
         n = int((t.view(torch.int32) & 1).sum()) % 16 + 1  # data-dependent on a float sum's last bits
         v = torch.ones(n, dtype=torch.int64)
         dist.all_reduce(v)

@@ -1,5 +1,5 @@
 """Durations and transfers from slice runs (`prism.calibrate.from_slices`), on hand-computed values: the
-per-slice member delays, the mean transfer over slices (each slice on its own clock), and the borrowing of
+per-slice member delays, the first member's delay over slices (each slice on its own clock), and the borrowing of
 an unmeasured slice's ranks by rank class."""
 
 from __future__ import annotations
@@ -153,16 +153,16 @@ def _times(ranks: set[int]):
     return times
 
 
-def test_transfer_is_the_mean_of_every_measured_members_delay(tmp_path):
+def test_transfer_is_the_first_measured_members_delay(tmp_path):
     job = _job(tmp_path, ["mark"] * 4)
     _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
     _write_slice(job, 0, _times({0, 1}))
     _write_slice(job, 1, _times({2, 3}))
     durations, transfers = from_slices(job)
-    # iteration 0: slice 0's last issue 1200 -> delays 300, 500; slice 1's last issue 80 -> 120, 300
-    #   mean (300 + 500 + 120 + 300) / 4 = 305 (the bare graph's rule, the smallest, would give 120)
-    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200; mean 780 / 4 = 195
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [305, 195]
+    # iteration 0: slice 0's last issue 1200 -> delays 300, 500; slice 1's last issue 80 -> 120, 300: first 120
+    #   (the untimed rule before session 16, their mean, gave 305)
+    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200: first 80 (the mean: 195)
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
     by = _by_rank_kind(job, durations)
     for r in range(4):
         assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # the slice run's device time
@@ -184,8 +184,8 @@ def test_unmeasured_ranks_borrow_by_rank_class_not_by_position(tmp_path):
     by = _by_rank_kind(job, durations)
     assert by[3, "compute"] == [COMPUTE[0], COMPUTE[0] + 1]  # rank 3 (class X) takes rank 0's
     assert by[2, "compute"] == [COMPUTE[1], COMPUTE[1] + 1]  # rank 2 (class Y) takes rank 1's
-    # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [400, 250]
+    # only slice 0 measured the all_reduce: delays 300, 500 and 300, 200: the first member's
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [300, 200]
 
 
 def test_a_comm_among_borrowed_ranks_takes_its_representatives_transfer(tmp_path):
@@ -199,10 +199,10 @@ def test_a_comm_among_borrowed_ranks_takes_its_representatives_transfer(tmp_path
                if e["kind"] == "collective"}
     by_id = dict(zip(transfers.column("comm_id").to_pylist(), transfers.column("transfer_ns").to_pylist()))
     # the {0, 1} all_reduce measured in slice 0: iteration 0 delays 300, 500; iteration 1 300, 200
-    assert [by_id[comm_of[0, k]] for k in (0, 1)] == [400, 250]
+    assert [by_id[comm_of[0, k]] for k in (0, 1)] == [300, 200]
     # the {2, 3} all_reduce ran in no slice; ranks 2 and 3 stand in for 1 and 0: the same comms' transfer
     # (without borrowing it would keep the bare graph's: 0, nobody in the capture waited on it)
-    assert [by_id[comm_of[2, k]] for k in (0, 1)] == [400, 250]
+    assert [by_id[comm_of[2, k]] for k in (0, 1)] == [300, 200]
 
 
 def test_representatives_pair_ranks_of_a_class_in_rank_order():

@@ -43,6 +43,10 @@ from prism.runtime import semantics
 from prism.runtime.work_parts import OwnResult
 
 DECISION_KEY = "ring"  # in the group's slice store: b"neighbours" or b"members"
+# How many of a group's all-reduces a gloo group runs at once: its worker threads (torch's default options,
+# 2). A real job's burst of async all-reduces (DDP's buckets) completes in pairs, two rings at a time
+# (docs/fidelity.md, session 16); the neighbours ring runs as many at once on both sides.
+GLOO_THREADS = ProcessGroupGloo._Options()._threads
 MIN_MEMBERS = 3  # a 2-member group keeps today's path (its one gloo peer is the whole ring)
 RING_OPS = ("all_reduce",)
 
@@ -160,7 +164,8 @@ class RingWork(OwnResult, Work):
 
 class LiveRing:
     """A slice rank's all-reduces of one neighbours group: the N-ring's steps against its two neighbours (slice
-    ranks directly, virtual ones through the server), one all-reduce at a time on one thread, in issue order."""
+    ranks directly, virtual ones through the server), in issue order, `GLOO_THREADS` of them at once (as gloo's
+    worker threads run a group's ops; each op's messages carry its own tag)."""
 
     def __init__(self, store, members: list[int], slice_ranks: set[int], me: int, timeout, name: str) -> None:
         self.n = len(members)
@@ -173,7 +178,7 @@ class LiveRing:
         self.right = self._peer((self.pos + 1) % self.n)
         self.left = self._peer((self.pos - 1) % self.n)
         self.seq = 0
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-ring-g{name}")
+        self._thread = ThreadPoolExecutor(GLOO_THREADS, thread_name_prefix=f"prism-ring-g{name}")
         self._lock = threading.Lock()
 
     def _peer(self, position: int) -> int:

@@ -1,0 +1,38 @@
+"""The emulated sandbox's own delay per op kind (issue 24 item 3), from `prism bench fidelity` job folders.
+
+For each config folder (CONFIG/prism0/emulation/meta.json) prints, per op kind of the sandbox's real exchanges, how
+late each completed against the model (`vs_model`: the last live virtual arrival + the calibrated transfer; the
+emulation's own delay) and against the calibrated timeline (`vs_calibrated`: what the sandbox's own speed also
+moves), as `prism/runtime/replay/clock.py` (`TimedReplay.exchange_delays`) records them, and the sandbox's
+iteration time against its own prediction from the bench's fidelity.json next to the config folders.
+
+    python3 scripts/fidelity_sandbox_delay.py DIR/a/dp8 DIR/b/dp8-ep4 ...
+"""
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    print("| config | op kind | n | vs model ms: median / p95 / max / mean | vs calibrated ms: median / p95 / max |"
+          " gated comms, late max / total ms |")
+    print("|---|---|---|---|---|---|")
+    for folder in map(Path, argv):
+        meta = folder / "prism0" / "emulation" / "meta.json"
+        if not meta.exists():
+            print(f"{folder}: no {meta}", file=sys.stderr)
+            return 1
+        cone = json.loads(meta.read_text())["emulation"]["cone"]
+        for op, d in sorted(cone.get("exchange_late_by_op", {}).items()):
+            print(f"| {folder.name} | {op} | {d['n']} | {d['vs_model_median_ms']:.2f} / {d['vs_model_p95_ms']:.2f} / "
+                  f"{d['vs_model_max_ms']:.2f} / {d['vs_model_mean_ms']:.2f} | {d['vs_calibrated_median_ms']:.2f} / "
+                  f"{d['vs_calibrated_p95_ms']:.2f} / {d['vs_calibrated_max_ms']:.2f} | {cone.get('real_comms_gated')}, "
+                  f"{cone.get('gate_late_max_ms', float('nan')):.2f} / {cone.get('gate_late_total_ms', float('nan')):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
