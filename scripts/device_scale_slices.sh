@@ -17,7 +17,7 @@
 # (the rows, rewritten after every stage: a failing stage keeps the earlier stages' numbers), OUT/NAME.log,
 # OUT/host.txt, OUT/tables.txt (every run's per-stage table, also printed last).
 # STAGES='--emulate': the stages after the capture without the slice runs (the bare graph's calibration; the
-# cost table's stages); default '--slices --emulate'.
+# cost table's stages); default '--slices --emulate'. STAGES=capture: the capture alone (no --pipeline).
 # REPORTS=DIR: each size's report.html is kept as DIR/report-wW.html (e.g. REPORTS=$OUT).
 # The host lacks polars, duckdb, jsonschema (+ attrs, referencing, rpds-py, jsonschema-specifications), pyyaml,
 # plotly (+ narwhals): cp312 wheels in $PKGS (default .whl); checked before anything runs.
@@ -56,8 +56,10 @@ run() {  # NAME BUDGET SIZES [weak]
         return 0
     fi
     echo "$name: W=$sizes ${weak:+(weak) }budget ${budget} s, started at $(($(date +%s) - begin)) s" | tee -a "$out/tables.txt"
+    local stages="--pipeline ${STAGES:---slices --emulate}"
+    [ "${STAGES:-}" = capture ] && stages=""
     timeout -s TERM -k 10 $((budget + 25)) $py -m prism.bench.capture_scale --sizes "$sizes" \
-        --devices "${DEVICES:-16}" --pipeline ${STAGES:---slices --emulate} --budget "$budget" --json "$out/$name.json" \
+        --devices "${DEVICES:-16}" $stages --budget "$budget" --json "$out/$name.json" \
         --out "/tmp/prism-scale-$name" ${weak:+--weak} ${REPORTS:+--keep-report "$REPORTS"} > "$out/$name.log" 2>&1
     echo "$name exit $? after $(($(date +%s) - begin)) s" | tee -a "$out/$name.log" "$out/tables.txt"
 }  # (the bench removes each size's job; a killed run's is left: the host is fresh each call, and removing

@@ -173,6 +173,10 @@ def run_one(w: int, devices: int, steps: int, payloads: bool, work: Path, pipeli
         "payload_files": len(list(job_files.payloads_dir(job).rglob("*.bin"))) if payloads else 0,
         "rank_private_mib_median": cap.get("rank_private_mib_median"),
         "rank_private_mib_max": cap.get("rank_private_mib_max"), "messages": cap.get("messages"),
+        "rank_private_setup_mib_median": cap.get("rank_private_setup_mib_median"),
+        "rank_private_setup_mib_max": cap.get("rank_private_setup_mib_max"),
+        "rank_private_steps_mib_median": cap.get("rank_private_steps_mib_median"),
+        "rank_private_max_rank": cap.get("rank_private_max_rank"),
         "warmup": warmup,
         # what bounds it: the coordinator's CPU seconds against its wall, the fork loop, packets vs messages
         "coordinator_cpu_s": cap.get("coordinator_cpu_s"), "coordinator_wall_s": cap.get("coordinator_wall_s"),

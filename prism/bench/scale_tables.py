@@ -33,6 +33,15 @@ def print_table(rows: list[dict], args) -> None:
             print(f"{r['W']:>5} fork {r['fork_s']:7.2f} ({r.get('fork_helpers') or 0} helpers)  coordinator "
                   f"{r.get('coordinator_cpu_s') or 0:7.1f} / {r.get('coordinator_wall_s') or 0:7.1f}  ranks "
                   f"{r.get('ranks_cpu_s') or 0:8.1f}" + _phases(r))
+    split = [r for r in done if r.get("rank_private_setup_mib_median") is not None]
+    if split:
+        print("\na rank's private MiB: at its end median/max (the largest's rank); at its first wait (its set-up's) "
+              "median/max; its steps' (its end - its first wait) median")
+        for r in split:
+            steps = r.get("rank_private_steps_mib_median")
+            print(f"{r['W']:>5} end {r['rank_private_mib_median']:6.2f}/{r['rank_private_mib_max']:6.2f} (rank "
+                  f"{r.get('rank_private_max_rank', '-')})  first wait {r['rank_private_setup_mib_median']:6.2f}/"
+                  f"{r['rank_private_setup_mib_max']:6.2f}  steps " + (f"{steps:6.2f}" if steps is not None else "-"))
     staged = [r for r in rows if "plan_s" in r and ("calibrate_s" in r or "bare_calibrate_s" in r) and "events" in r]
     if staged:
         print("\nper stage: wall s / peak memory GiB (capture: tree PSS; others: max RSS) / events/s / artifact MiB")

@@ -116,8 +116,14 @@ def _drain() -> None:
 
 
 def _create(dist_opts, backend_options) -> PrismProcessGroup:
-    asked, desc = _state["asked"][-1] if _state["asked"] else ("gloo", None)
-    members = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
+    asked, desc, ranks = _state["asked"][-1] if _state["asked"] else ("gloo", None, None)
+    # the members from the list torch's helper was given (`helper` below): its int objects, the program's, are
+    # shared; `dist_opts.global_ranks_in_group` is a C++ vector that makes a new int per member (> 256) at each
+    # read, which the group would keep for the rank's life (~32 B a member: 96 KiB at W=8192 weak, the rank's
+    # dp and edp groups of 2,048 and 1,024). The same ranks, in the same order: torch sets that vector from it.
+    if ranks is None or len(ranks) != dist_opts.group_size:
+        ranks = dist_opts.global_ranks_in_group
+    members = list(ranks) or list(range(dist_opts.group_size))
     name = str(dist_opts.group_id)
     rec = _ensure_recorder()
     transport = modes.get(_state["mode"]).make_transport(dist_opts, name, members, desc, asked, rec)
@@ -158,7 +164,7 @@ def install(mode: str, out_dir: str | Path | None) -> None:
             asked = _state.get("default_asked", asked)
         if not global_ranks_in_group:
             unsupported.check_backend(asked, desc)  # the default group: any other is refused at its first op
-        _state["asked"].append((asked, desc))
+        _state["asked"].append((asked, desc, global_ranks_in_group))
         # `device_id` (init_process_group(device_id=...)) makes torch connect the group's backend for that
         # device eagerly, but prism's group is the process group itself (no per-device backend): it is
         # bound to the device afterwards, and connects when first used.

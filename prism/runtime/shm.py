@@ -53,10 +53,16 @@ class ShmFull(OSError):
     """The shared-memory folder is full: the message names it, its size, and the fix."""
 
 
-def write(path: Path, data: bytes) -> None:
+def write(path: Path | str, data: bytes) -> None:
     """Write a whole file, visible under its name only once complete. A full file system (/dev/shm's size
-    is a mount option) raises `ShmFull` naming the limit and the fix, and leaves no partial file."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers of one name never share a temporary
+    is a mount option) raises `ShmFull` naming the limit and the fix, and leaves no partial file.
+
+    `path` may be a string: a capture rank writes its files under names made per op, and a `pathlib.Path` interns
+    each name (`sys.intern`: on CPython 3.12.0-3.12.4 interned strings are immortal, so every name a rank ever
+    made would stay; on any version the interpreter's table of interned strings grows, and a forked rank that
+    grows it copies the whole table, MiBs). So the temporary's name is made as a string too."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"  # two writers of one name never share a temporary
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -73,7 +79,7 @@ def write(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        folder = path.parent
+        folder = Path(path).parent
         try:
             st = os.statvfs(folder)
             size = f" (size {st.f_blocks * st.f_frsize / 2**20:.0f} MiB)"
@@ -84,7 +90,7 @@ def write(path: Path, data: bytes) -> None:
                       f"{folder.parent}`, or docker's --shm-size) or capture fewer ranks") from None
 
 
-def read(path: Path) -> tuple[dict, list[torch.Tensor]]:
+def read(path: Path | str) -> tuple[dict, list[torch.Tensor]]:
     with open(path, "rb") as f:
         data = bytearray(os.fstat(f.fileno()).st_size)
         f.readinto(data)
@@ -100,14 +106,18 @@ class PayloadStore:
 
     def __init__(self, folder: Path) -> None:
         self.dir = Path(folder)
+        self._root = str(self.dir)
 
     def put(self, data: bytes) -> str:
+        # names as strings: a Path would intern each content's name in every capture rank (`write`)
         digest = content_hash(data)
-        path = self.dir / digest[:2] / f"{digest}.bin"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
+        folder = f"{self._root}/{digest[:2]}"
+        path = f"{folder}/{digest}.bin"
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)
         return digest
 

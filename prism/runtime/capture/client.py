@@ -63,6 +63,7 @@ class CaptureClient:
         self.rank = rank
         self.sock = socket.socket(fileno=fd)
         self.shm_dir = shm_dir
+        self._shm = str(shm_dir)  # the files' names are made as strings (`file`)
         self.payloads = shm.PayloadStore(payload_dir) if payload_dir else None
         self.trace_dir = trace_dir
         self.cores = cores
@@ -73,6 +74,9 @@ class CaptureClient:
         self.blocked_ns = 0
         self.switches = 0  # blocks whose results were ready: the round trip is the context-switch cost
         self.switch_ns = 0
+        # private bytes when the rank first had its slot back (its set-up over: the program's groups made, its
+        # first collectives issued; after the trim of that wait): the end's private minus this is its steps'
+        self.private_first_block = -1
 
     @classmethod
     def from_env(cls) -> "CaptureClient":
@@ -112,6 +116,8 @@ class CaptureClient:
         memory.trim()  # while the coordinator decides: free C heap pages go back (~1 MiB a rank)
         immediate = self._await_go()
         spent = time.monotonic_ns() - start
+        if not self.blocks:
+            self.private_first_block = memory.private_bytes()
         self.blocks += 1
         self.blocked_ns += spent
         if immediate:
@@ -141,7 +147,7 @@ class CaptureClient:
     def contribute(self, key: tuple, suffix: str, tensors: list[torch.Tensor], meta: dict | None,
                    work_id: int) -> int:
         data = shm.encode(tensors, meta)
-        shm.write(self.shm_dir / f"{key_name(key)}{suffix}", data)
+        shm.write(self.file(key, suffix), data)
         if self.payloads is not None:
             digest = self.payloads.put(data)
             self.payload_rows.append((self.rank, work_id, key_name(key), "in", digest, len(data)))
@@ -159,8 +165,13 @@ class CaptureClient:
     def path(self, key: tuple, suffix: str) -> Path:
         return self.shm_dir / f"{key_name(key)}{suffix}"
 
+    def file(self, key: tuple, suffix: str) -> str:
+        """`path` as a string, for the files a rank makes and reads per op: a `Path` interns its name
+        (`shm.write`), one per contribution read, i.e. per member of every collective this rank folds."""
+        return f"{self._shm}/{key_name(key)}{suffix}"
+
     def read(self, key: tuple, suffix: str) -> tuple[dict, list[torch.Tensor]]:
-        return shm.read(self.path(key, suffix))
+        return shm.read(self.file(key, suffix))
 
     def write_rank_files(self) -> None:
         """This rank's payload index and capture statistics, next to its trace."""
@@ -173,7 +184,8 @@ class CaptureClient:
         stats = {"rank": self.rank, "blocks": self.blocks, "blocked_ns": self.blocked_ns,
                  "switches": self.switches, "switch_ns": self.switch_ns, "logical_ns": time.thread_time_ns(),
                  "process_cpu_ns": time.process_time_ns(),  # every thread's: what else the rank ran
-                 "private_bytes": memory.private_bytes(), "groups_created": GroupCount.created,
+                 "private_bytes": memory.private_bytes(), "private_bytes_first_block": self.private_first_block,
+                 "groups_created": GroupCount.created,
                  "groups_used": GroupCount.linked, "nonmember_groups_answered": nonmember_groups.answered}
         (folder / "capture_stats.json").write_text(json.dumps(stats))
         profile = settings.MEMORY_PROFILE.get()  # a profiling aid: scripts/rank_memory.py
@@ -289,7 +301,7 @@ class Contributions:
         is there. The members are looked at last first: the slots run ranks in rank order, so a collective
         still incomplete misses its last members, found at the first look instead of after every member
         that arrived (O(1) a waiting member, not O(members))."""
-        stem = f"{self.client.shm_dir}/{key_name(self.key)}"
+        stem = self.client.file(self.key, "")
         if os.path.exists(stem + SHARED):
             return True
         return all(os.path.exists(f"{stem}-r{i}") for i in reversed(self.members))
@@ -299,7 +311,7 @@ class CaptureWork(OwnResult):
     """An op in flight: completes (outputs written, future set) when waited on or drained."""
 
     def __init__(self, client_: CaptureClient, keys: list[tuple], complete, result,
-                 needs: list[Path] | Contributions | None = None) -> None:
+                 needs: list[str] | Contributions | None = None) -> None:
         self.client = client_
         self.keys = keys
         self.needs = needs  # files whose presence means the result can be computed (None: ask)
@@ -318,7 +330,7 @@ class CaptureWork(OwnResult):
         """Every contribution this rank needs is already there: no need to give the slot back."""
         if isinstance(self.needs, Contributions):
             return self.needs.ready()
-        return self.needs is not None and all(p.exists() for p in self.needs)
+        return self.needs is not None and all(os.path.exists(p) for p in self.needs)
 
     def finish(self) -> None:
         if self.completed:

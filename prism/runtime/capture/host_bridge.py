@@ -106,7 +106,7 @@ class HostBridge:
                 return
             if header[0] == "arrive" and data:
                 _, rank, key, _, _, suffix = header
-                shm.write(self.shm_dir / f"{key_name(key)}{suffix}", data)  # before the coordinator hears of it
+                shm.write(f"{self.shm_dir}/{key_name(key)}{suffix}", data)  # before the coordinator hears of it
             if header[0] in ("bye", "fail"):
                 self.finished.add(host)
             self._post(header if header[0] != "fail" else ("fail", host, header[1]))

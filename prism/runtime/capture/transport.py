@@ -106,7 +106,7 @@ class CaptureTransport(ContributionTransport):
         except FileNotFoundError:
             pass
         value = self._fold(key, red, lambda ts: ts)
-        shm.write(self.c.path(key, SHARED), shm.encode(value))
+        shm.write(self.c.file(key, SHARED), shm.encode(value))
         return value
 
     def _inputs(self, key: tuple, members=None):
@@ -144,7 +144,7 @@ class CaptureTransport(ContributionTransport):
             for t, src_t in zip(tensors, ts):
                 semantics.write(t, src_t)
 
-        return CaptureWork(self.c, [key], lambda: complete(key), list(tensors), [self.c.path(key, "")])
+        return CaptureWork(self.c, [key], lambda: complete(key), list(tensors), [self.c.file(key, "")])
 
     def _recv_anysource(self, work_id, op, tensors, tag):
         """A recv from whichever rank sends first (the coordinator pairs it; the data says who)."""
@@ -166,7 +166,7 @@ class CaptureTransport(ContributionTransport):
             self.received[(peer, tag)] = self.received.get((peer, tag), 0) + 1  # it consumed that message
             work.source = src
 
-        work = CaptureWork(self.c, [key], complete, list(tensors), [self.c.path(key, "")])
+        work = CaptureWork(self.c, [key], complete, list(tensors), [self.c.file(key, "")])
         return work
 
 

@@ -349,8 +349,18 @@ def _rank_stats(raw: Path) -> dict:
     switches = sum(r["switches"] for r in rows)
     logical = sorted(r["logical_ns"] for r in rows)
     private = sorted(r.get("private_bytes", 0) for r in rows)
+    # at the rank's first wait (its set-up's share: `CaptureClient.private_first_block`; ranks that never waited
+    # are left out)
+    waited = [r for r in rows if r.get("private_bytes_first_block", -1) >= 0]
+    setup = sorted(r["private_bytes_first_block"] for r in waited)
+    steps = sorted(r.get("private_bytes", 0) - r["private_bytes_first_block"] for r in waited)
+    largest = max(rows, key=lambda r: r.get("private_bytes", 0))
     return {
         "rank_private_mib_median": private[len(private) // 2] / 2**20, "rank_private_mib_max": private[-1] / 2**20,
+        "rank_private_setup_mib_median": setup[len(setup) // 2] / 2**20 if setup else None,
+        "rank_private_setup_mib_max": setup[-1] / 2**20 if setup else None,
+        "rank_private_steps_mib_median": steps[len(steps) // 2] / 2**20 if steps else None,  # end - first wait
+        "rank_private_max_rank": largest.get("rank"),
         "switch_cost_us": sum(r["switch_ns"] for r in rows) / switches / 1e3 if switches else None,
         "rank_blocks": sum(r["blocks"] for r in rows),
         "logical_s_min": logical[0] / 1e9, "logical_s_median": logical[len(logical) // 2] / 1e9,
