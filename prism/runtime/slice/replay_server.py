@@ -241,7 +241,7 @@ class ReplayServer(VirtualRanks):
         slots = threading.Semaphore(ring.GLOO_THREADS)
         lock = threading.Lock()
 
-        def played(tag: int, c: Collective, meta, template, contributions, row: list, comm: int) -> None:
+        def played(tag: int, meta, template, contributions, row: list, comm: int) -> None:
             try:
                 sent = ring.play(pg, n, live, tag, template, _red(meta), contributions)
                 row[11] = time.monotonic_ns()
@@ -262,7 +262,7 @@ class ReplayServer(VirtualRanks):
                 comm = self.timed.collective_comm.get((group, c.seq), -1) if self.timed else -1
                 self._gate(comm)
                 row[9] = row[10] = time.monotonic_ns()
-                running.append(pool.submit(played, tag, c, meta, template, contributions, row, comm))
+                running.append(pool.submit(played, tag, meta, template, contributions, row, comm))
                 done = [f for f in running if f.done()]
                 for f in done:
                     f.result()  # (raises a ring's error here)
