@@ -53,3 +53,26 @@ stage() {
     rc=${PIPESTATUS[0]}
     echo "$name: exit $rc at $(($(date +%s) - begin)) s${STAGE_STAMP:+ (unix $(date +%s))}" | tee -a "$log"
 }
+
+# The overhead calls' GPU-bound workload (session 15: ~40 TFLOP of fp32 matmuls a step, experts 2 of 4 a token,
+# 8192 tokens a microbatch; ~1 s of GPU a step against ~0.1 s of CPU issuing it).
+GPU_BOUND_WORKLOAD="--microbatches 2 --micro-batch-size 8 --seq-len 1024 --hidden 2048 --ffn-hidden 8192 --layers 4 --heads 16 --kv-heads 8 --vocab 32000"
+
+# The samplers of the overhead calls, in the background while the benches run: scripts/host_sampler.py (every
+# 0.5 s: the cores' clock, busy, irq and steal shares, $work/samples.tsv) and on CUDA nvidia-smi (SM/memory
+# clock, power, utilisation: $work/gpu.csv).   start_samplers PYTHON CORES DEVICE   (the caller sets work, total)
+# ... stop_samplers
+start_samplers() {
+    $1 scripts/host_sampler.py "$work/samples.tsv" "$2" 0.5 "$total" &
+    sampler=$!
+    gpu_sampler=
+    if [ "$3" = cuda ] && command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate --format=csv,noheader \
+            -lms 500 > "$work/gpu.csv" 2>&1 &
+        gpu_sampler=$!
+    fi
+}
+stop_samplers() {
+    kill "$sampler" ${gpu_sampler:+"$gpu_sampler"} 2>/dev/null
+    wait "$sampler" 2>/dev/null
+}

@@ -215,7 +215,9 @@ def allreduce_row(n: int, fold: bool, steps: int = 6) -> dict:
             "traced_live": live, "traced_peak": peak, "python": sys.version.split()[0]}
 
 
-def _fork(fn) -> dict:
+def in_forked_child(fn) -> dict:
+    """`fn()` run in a forked child (this process's pages shared, copy-on-write), its JSON result returned; the
+    child's failure stops the script (scripts/layout_memory.py uses it too)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -248,16 +250,17 @@ def parent(variant: str, kind: str, specs: list[str], rank: int) -> list[dict]:
     for spec in specs:
         numbers = list(map(int, spec.split(",")))
         if kind == "allreduce":
-            rows += [_fork(lambda: allreduce_row(numbers[0], fold)) for fold in (True, False)]
+            rows += [in_forked_child(lambda: allreduce_row(numbers[0], fold)) for fold in (True, False)]
             continue
         if kind == "nonmember":
             n, size = numbers
-            row = _fork(lambda: _measure(variant, size * (n + 1), 0, nonmember_work(n, size)))
+            row = in_forked_child(lambda: _measure(variant, size * (n + 1), 0, nonmember_work(n, size)))
             row.update(groups=n, group_size=size)
         else:
             tp, pp, dp, ep = numbers
             world = tp * pp * dp
-            row = _fork(lambda: _measure(variant, world, min(rank, world - 1), layout_work(variant, tp, pp, dp, ep)))
+            row = in_forked_child(lambda: _measure(variant, world, min(rank, world - 1),
+                                                   layout_work(variant, tp, pp, dp, ep)))
             row.update(layout=f"tp{tp}·pp{pp}·dp{dp}·ep{ep}",
                        groups=world // tp + tp * pp + tp * dp + world // ep + tp * pp * ep)
         rows.append(row)

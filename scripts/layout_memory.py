@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from group_memory import in_forked_child  # (scripts/: this script's folder is on sys.path)
+
 os.environ.setdefault("PRISM_FAST_NONMEMBER", "1")
 
 
@@ -81,26 +83,7 @@ def main() -> int:
     gc.freeze()
     for text in args.layouts:
         tp, pp, dp, ep = map(int, text.split(","))
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            code = 1
-            try:
-                row = child(tp, pp, dp, ep, args.rank, args.top, not args.no_trace)
-                os.write(w, json.dumps(row).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        data = b""
-        while chunk := os.read(r, 1 << 16):
-            data += chunk
-        os.close(r)
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"the child for {text} failed ({os.waitstatus_to_exitcode(status)})")
-        row = json.loads(data)
+        row = in_forked_child(lambda: child(tp, pp, dp, ep, args.rank, args.top, not args.no_trace))
         row["python"] = sys.version.split()[0]
         traced = (f"; traced live {row['traced_live_kib']} KiB, peak {row['traced_peak_kib']} KiB"
                   if "traced_live_kib" in row else "")

@@ -34,14 +34,7 @@ last=$($py -c "import os; print(max(os.sched_getaffinity(0)))")
   $py -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
   git log -1 --format='prism %h %s' 2>/dev/null; } > "$out/host.txt" 2>&1
 
-$py scripts/host_sampler.py "$work/samples.tsv" "$last" 0.5 "$total" &
-sampler=$!
-gpu_sampler=
-if [ "$device" = cuda ] && command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate --format=csv,noheader \
-        -lms 500 > "$work/gpu.csv" 2>&1 &
-    gpu_sampler=$!
-fi
+start_samplers "$py" "$last" "$device"  # scripts/device_site.sh
 
 STAGE_STAMP=1 STAGE_SLACK=8  # stage (scripts/device_site.sh): lines stamped to join with the samples
 bench=($py -m prism.cli bench overhead --interleave --device "$device" --nproc 1 --cores "$last")
@@ -49,9 +42,8 @@ ref=${WORKLOAD:---microbatches 4}
 stage ref-b1 110 "${bench[@]}" --steps "${REF_STEPS:-801}" --block 1 --goal 3 "--workload=$ref"
 stage ref-b4 50 "${bench[@]}" --steps "${REF4_STEPS:-321}" --block 4 --goal 3 "--workload=$ref"
 stage gpu-bound 55 "${bench[@]}" --steps "${GPU_STEPS:-25}" --block 1 --goal 1 \
-    "--workload=${WORKLOAD_GPU:---microbatches 2 --micro-batch-size 8 --seq-len 1024 --hidden 2048 --ffn-hidden 8192 --layers 4 --heads 16 --kv-heads 8 --vocab 32000}"
-kill "$sampler" ${gpu_sampler:+"$gpu_sampler"} 2>/dev/null
-wait "$sampler" 2>/dev/null
+    "--workload=${WORKLOAD_GPU:-$GPU_BOUND_WORKLOAD}"
+stop_samplers
 for b in ref-b1 ref-b4 gpu-bound; do
     [ -f "$work/$b.log" ] || continue
     echo "== $b"

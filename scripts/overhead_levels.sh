@@ -41,14 +41,7 @@ first=$($py -c "import os; print(min(os.sched_getaffinity(0)))")
   $py -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
   git log -1 --format='prism %h %s' 2>/dev/null; } > "$out/host.txt" 2>&1
 
-$py scripts/host_sampler.py "$work/samples.tsv" "$first,$last" 0.5 "$total" &
-sampler=$!
-gpu_sampler=
-if [ "$device" = cuda ] && command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate --format=csv,noheader \
-        -lms 500 > "$work/gpu.csv" 2>&1 &
-    gpu_sampler=$!
-fi
+start_samplers "$py" "$first,$last" "$device"  # scripts/device_site.sh
 
 STAGE_STAMP=1 STAGE_SLACK=8  # stage (scripts/device_site.sh): lines stamped to join with the samples
 bench=($py -m prism.cli bench overhead --device "$device" --nproc 1)
@@ -59,12 +52,11 @@ stage ref-last 250 "${bench[@]}" --steps "$steps" --repeats "${REF_REPEATS:-6}" 
 # GPU-bound (session 15): ~40 TFLOP of fp32 matmuls a step (experts 2 of 4 a token, 8192 tokens a microbatch),
 # ~1 s of GPU a step against ~0.1 s of CPU issuing it; nvidia-smi's utilisation (gpu.csv) says whether it was
 stage gpu-bound-last 200 "${bench[@]}" --steps "${GPU_STEPS:-8}" --repeats "${GPU_REPEATS:-3}" --cores "$last" \
-    "--workload=${WORKLOAD_GPU:---microbatches 2 --micro-batch-size 8 --seq-len 1024 --hidden 2048 --ffn-hidden 8192 --layers 4 --heads 16 --kv-heads 8 --vocab 32000}"
+    "--workload=${WORKLOAD_GPU:-$GPU_BOUND_WORKLOAD}"
 [ "${CORE0_REPEATS:-0}" -gt 0 ] && stage ref-core0 170 "${bench[@]}" --steps "$steps" --repeats "$CORE0_REPEATS" --cores "$first" "--workload=${WORKLOAD:---microbatches 4}"
 [ "${BIG_REPEATS:-0}" -gt 0 ] && stage larger-last 110 "${bench[@]}" --steps "$big_steps" --repeats "$BIG_REPEATS" --cores "$last" \
     "--workload=${WORKLOAD_BIG:---microbatches 4 --hidden 1024 --layers 8 --seq-len 512}"
-kill "$sampler" ${gpu_sampler:+"$gpu_sampler"} 2>/dev/null
-wait "$sampler" 2>/dev/null
+stop_samplers
 for b in ref-last gpu-bound-last ref-core0 larger-last stream-order; do
     [ -f "$work/$b.log" ] || continue
     echo "== $b"

@@ -170,7 +170,6 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
     first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
-    count = np.zeros(g.n_comms, dtype=np.int64)
     runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
@@ -200,7 +199,6 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         replayed = _replayed(path.with_name("replay.parquet"), comm_position)
         np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
                                         replayed), out=first)
-        count += slice_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)[1]
         runs.append((rows, replayed))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
@@ -220,7 +218,7 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
     own = rules.own_ns(g.kind, device, cpu)
-    known = count > 0
+    known = first != np.iinfo(np.int64).max  # some slice measured a member of it
     transfer[known] = first[known]
     # each slice's events by the measured-run rule, on that slice's clock: a member's delay runs from the last
     # issue of the slice's members, and in a timed pass of the replayed members too (`replay.parquet`). An
