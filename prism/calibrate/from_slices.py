@@ -11,7 +11,7 @@ transfer, never the wait for a late peer, which the calibration sweep adds from 
 Every event takes its duration from the slice run where its rank ran for real (`slices/slice=K/events.parquet`,
 rows aligned with the graph by `event_id`), by the measured-run rule (`durations.measured_run`, the inputs of
 `prism.clock_rule`), the rule that is exact on a real run's own measurements (`prism.bench.fidelity_model`:
-within 0.13 % on the 30 truth runs of session 16, docs/fidelity.md): compute the longer of its wall span and its
+within 0.23 % on the 60 truth runs of session 16, docs/fidelity.md): compute the longer of its wall span and its
 device time (on CUDA the GPU time from CUDA events), ops their issue time; a comm's transfer (last member's
 issue to completion, measured without waiting) is its *first* measured member's delay over the slice runs that
 hold members of it, each on its own clock (one run's times are never compared with another's), and each
