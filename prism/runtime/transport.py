@@ -62,7 +62,12 @@ class RealTransport:
         self._global_ranks, self._group_name = global_ranks, group_name
         self._want_nccl = want_nccl and torch.cuda.is_available()
         self._backends: dict[str, object] = {}
-        self._gloo()  # gloo is always there: rendezvous now, while every member is creating the group
+        # gloo is always there: rendezvous now, while every member is creating the group. `call` takes it
+        # straight for a CPU tensor: an op's issue span is the program's own cost plus this path's, so the
+        # path is kept as short as a real rank's in every mode that subclasses this one (a slice rank's op
+        # issue cost 10-20 us more CPU than the truth's on the host through two overridden look-ups:
+        # docs/fidelity.md, session 17)
+        self._cpu = self._gloo()
 
     def _gloo(self):
         pg = self._backends.get("cpu")
@@ -90,7 +95,7 @@ class RealTransport:
         return self._gloo()
 
     def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
-        backend = self.backend_for(device)
+        backend = self._cpu if device.type == "cpu" else self.backend_for(device)
         return getattr(backend, ops.BACKEND_METHOD.get(method, method))(*args)
 
     def start_coalescing(self, device: torch.device) -> None:

@@ -12,7 +12,8 @@ from datetime import timedelta
 
 import pytest
 import torch
-from torch._C._distributed_c10d import HashStore
+import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore, PrefixStore
 
 from prism import settings
 from prism.runtime.slice import transport as slice_transport
@@ -90,3 +91,43 @@ def test_the_device_id_names_the_host_and_the_physical_device(monkeypatch):
 def test_a_group_that_asked_for_gloo_stays_on_gloo(monkeypatch, slice_ranks):
     for t in transports(monkeypatch, slice_ranks, want_nccl=False):
         assert t.backend_for(torch.device("cuda", 0)) is t._gloo()
+
+
+class _Results:
+    """Captured results of group "0"'s collective #1 only (a real rank's values are replaced by 7s)."""
+
+    def collective_seqs(self, group_name):
+        return frozenset({1}) if group_name == "0" else frozenset()
+
+    def take(self, key):
+        from concurrent.futures import Future
+
+        assert key == "c-0-1", key
+        done = Future()
+        done.set_result((None, [torch.full((4,), 7.0)]))
+        return done
+
+
+def test_an_op_without_a_captured_result_takes_a_real_ranks_path_itself(monkeypatch):
+    """A slice rank's op issue is the real job's measurement: a group none of whose ops has a captured result
+    issues through `RealTransport.call` itself (session 17: the slice's two overridden look-ups cost its ops
+    10-20 us of CPU more than the truth's on the host); a group with one substitutes exactly that op's result."""
+    monkeypatch.setenv(settings.SLICE_RANKS.name, "0,1")
+    store = HashStore()
+    for name, results in (("9", None), ("9", _Results()), ("0", _Results())):
+        made = on_both_members(lambda rank: SliceTransport(PrefixStore(name, store), rank, 2, timedelta(seconds=20),
+                                                           want_nccl=False, global_ranks=[0, 1], group_name=name,
+                                                           results=results))
+        plain = name != "0"
+        assert all((getattr(t.call, "__func__", None) is RealTransport.call) == plain for t in made)
+
+        def three(rank):
+            outs = []
+            for _ in range(3):
+                x = torch.full((4,), float(rank + 1))
+                made[rank].call("allreduce", torch.device("cpu"), [x], dist.AllreduceOptions()).wait()
+                outs.append(x[0].item())
+            return outs
+
+        got = on_both_members(three)
+        assert got == [[3.0, 3.0, 3.0]] * 2 if plain else got == [[3.0, 7.0, 3.0]] * 2

@@ -94,3 +94,25 @@ def test_the_bound_is_a_setting_in_mb():
     assert settings.SLICE_PRELOAD_MB.get({"PRISM_SLICE_PRELOAD_MB": "0"}) == 0.0
     with pytest.raises(ValueError, match="PRISM_SLICE_PRELOAD_MB"):
         settings.SLICE_PRELOAD_MB.get({"PRISM_SLICE_PRELOAD_MB": "lots"})
+
+
+def test_a_group_finds_its_collectives_with_a_result_by_number(tmp_path):
+    """`collective_seqs`: the seqs of one group's keys `c-<group>-<seq>`, not another group's whose name
+    extends it (`1` against `1-2`), a '/' in a name as `key_name` writes it, nothing for a group without one."""
+    from prism.runtime.capture.client import key_name
+
+    store = shm.PayloadStore(tmp_path / "payloads")
+    keys = [key_name(("c", g, s)) for g, s in (("1", 0), ("1", 7), ("1-2", 3), ("a/b", 4), ("10", 5))]
+    rows = [dict(rank=0, work_id=i, key=k, role="out", hash=store.put(shm.encode([torch.ones(2)])), nbytes=8)
+            for i, k in enumerate(keys)]
+    folder = tmp_path / "raw" / "rank=0"
+    folder.mkdir(parents=True)
+    with pa.OSFile(str(folder / "payloads.arrow"), "wb") as sink, \
+            pa.ipc.new_stream(sink, schemas.RAW_PAYLOADS) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schemas.RAW_PAYLOADS))
+    results = CapturedResults(tmp_path, 0)
+    assert results.collective_seqs("1") == {0, 7}
+    assert results.collective_seqs("1-2") == {3}
+    assert results.collective_seqs("a/b") == {4}
+    assert results.collective_seqs("10") == {5}
+    assert results.collective_seqs("2") == frozenset()

@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import time
+import types
 from datetime import timedelta
 from pathlib import Path
 
@@ -137,6 +138,7 @@ class CapturedResults:
         self._hash = {k: h for _, k, h in rows}
         self._order = [k for _, k, _ in rows]
         self._pos = {k: i for i, k in enumerate(self._order)}
+        self._seqs: dict[str, frozenset[int]] | None = None  # (collective_seqs)
         self._store = shm.PayloadStore(job_paths.payloads_dir(capture))
         self._preload_bytes = max(0, int(preload_bytes))
         self._pool: ThreadPoolExecutor | None = None  # started only for results past the preload
@@ -150,6 +152,18 @@ class CapturedResults:
 
     def __contains__(self, key: str) -> bool:
         return key in self._hash
+
+    def collective_seqs(self, group_name: str) -> frozenset[int]:
+        """The per-group sequence numbers of `group_name`'s collectives that have a captured result (their keys
+        are `key_name(("c", group_name, seq))`): a group's op looks its number up instead of naming its key."""
+        if self._seqs is None:
+            by_head: dict[str, set[int]] = {}
+            for key in self._hash:
+                head, _, tail = key.rpartition("-")
+                if head.startswith("c-") and tail.isdigit():
+                    by_head.setdefault(head, set()).add(int(tail))
+            self._seqs = {h: frozenset(v) for h, v in by_head.items()}
+        return self._seqs.get(key_name(("c", group_name)), frozenset())
 
     def _file(self, key: str) -> Path:
         h = self._hash[key]
@@ -289,6 +303,12 @@ class SliceTransport(RealTransport):
         self._devices_checked = False
         self._results = results
         self._seq = 0  # collectives issued on this group (the capture's key sequence)
+        # the group's seqs whose result the capture kept
+        self._with_result = results.collective_seqs(self._group_name) if results is not None else frozenset()
+        if self._ring is None and not self._with_result:
+            # nothing to substitute: the group's ops take a real rank's path itself (`RealTransport.call`), the
+            # slice's issue spans being the real job's measurement (docs/fidelity.md, session 17)
+            self.call = types.MethodType(RealTransport.call, self)
 
     def _gloo(self):
         if self._ring is not None:
@@ -320,13 +340,13 @@ class SliceTransport(RealTransport):
     def call(self, method: str, device: torch.device, *args, work_id: int = -1, op: str = "") -> Work:
         if self._ring is not None:
             return self._ring_call(method, *args)
-        work = super().call(method, device, *args, work_id=work_id, op=op)
+        work = RealTransport.call(self, method, device, *args)  # (a real rank's path, then the substitution)
         if method in _P2P:
             return work
-        key = key_name(("c", self._group_name, self._seq))
-        self._seq += 1
-        if method in _REDUCING and key in self._results:
-            return _ResultWork(work, _REDUCING[method](args), self._results.take(key))
+        seq = self._seq
+        self._seq = seq + 1
+        if seq in self._with_result and method in _REDUCING:
+            return _ResultWork(work, _REDUCING[method](args), self._results.take(key_name(("c", self._group_name, seq))))
         return work
 
     def _ring_call(self, method: str, *args) -> Work:
