@@ -1,5 +1,5 @@
 """Durations and transfers from slice runs (`prism.calibrate.from_slices`), on hand-computed values: the
-per-slice member delays, the first member's delay over slices (each slice on its own clock), and the borrowing of
+per-slice member delays, each slice run's first member's delay and their mean over the runs (each run on its own clock), and the borrowing of
 an unmeasured slice's ranks by rank class."""
 
 from __future__ import annotations
