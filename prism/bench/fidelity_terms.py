@@ -151,10 +151,11 @@ RULES = ("saved", "min", "mean", "max")
 
 
 def slice_inputs_by_rule(config_dir: Path, truth, pass_dir: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
-    """A timed pass's inputs recomputed from its slice events with another rule for a comm measured by several
-    slice runs: its transfer the smallest ('min': `from_slices`' rule, and each member keeps its own delay as its
-    wait's own time), or the mean / the largest of the slices' first-member delays, each member's own time its lag
-    behind its *own* slice's first member. Analysis of the rule only (docs/fidelity.md, session 10)."""
+    """A pass's inputs recomputed from its slice events with another rule for a comm measured by several
+    slice runs: its transfer the smallest ('min': `from_slices`' rule of sessions 10-16, and each member keeps its
+    own delay as its wait's own time), or the mean ('mean': `from_slices`' rule since session 17) / the largest of
+    the slices' first-member delays, each member's own time its lag behind its *own* slice's first member.
+    Analysis of the rule only (docs/fidelity.md, sessions 10 and 17)."""
     from prism.calibrate.from_slices import _replayed, member_delays
     from prism.calibrate.stage import load_graph
 

@@ -13,11 +13,16 @@ rows aligned with the graph by `event_id`), by the measured-run rule (`durations
 `prism.clock_rule`), the rule that is exact on a real run's own measurements (`prism.bench.fidelity_model`:
 within 0.23 % on the 60 truth runs of session 16, docs/fidelity.md): compute the longer of its wall span and its
 device time (on CUDA the GPU time from CUDA events), ops their issue time; a comm's transfer (last member's
-issue to completion, measured without waiting) is its *first* measured member's delay over the slice runs that
-hold members of it, each on its own clock (one run's times are never compared with another's), and each
-member's wait keeps its lag behind that first member as its own time (members of a collective see its
-completion at different times -- gloo's ring finishes member by member -- and the group's next op and each
-member's next compute wait for that member's view). A member's delay runs from the last issue of its slice's
+issue to completion, measured without waiting) is its *first* measured member's delay in a slice run, each run
+on its own clock (one run's times are never compared with another's), and each member's wait keeps its lag
+behind its own slice run's first member as its own time (members of a collective see its completion at
+different times -- gloo's ring finishes member by member -- and the group's next op and each member's next
+compute wait for that member's view). A comm whose members ran in several slice runs (a collective across
+slices) was measured once per run, each an independent sample of the one completion the real job has: its
+transfer is the *mean* of the runs' first-member delays, and no member's lag is read across runs. (Until
+session 17 it took the smallest and gave every other run's members their excess over it as lag: members whose
+real completions lie within 0.1 ms of each other then waited, in the sweep, for the slowest of independent
+samples, +21.8 % on tp2dp4: docs/fidelity.md, "Session 17".) A member's delay runs from the last issue of its slice's
 members; in a timed pass (`--slices slices_timed`, every slice with its `replay.parquet`) of the replayed members
 too, whose issues are known on the slice's clock. An untimed server issues as soon as it can, so there the
 virtual members are taken to issue with the slice's own. (Until session 16 an untimed pass took each comm's
@@ -169,8 +174,10 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
     measured = np.zeros(n, dtype=bool)
     transfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"],
                                 c["t_end_ns"], c["t_complete_ns"], g.n_comms)[1]
-    first = np.full(g.n_comms, np.iinfo(np.int64).max, dtype=np.int64)  # the first member's delay, all slices
-    runs = []  # per measured slice: its rows and its replayed issues (a timed slice)
+    none = np.iinfo(np.int64).max
+    first_sum = np.zeros(g.n_comms, dtype=np.int64)  # the slice runs' first-member delays: their sum and count
+    first_count = np.zeros(g.n_comms, dtype=np.int64)
+    runs = []  # per measured slice: its rows, its replayed issues (a timed slice), its first-member delays
     slices = sorted({row["slice"] for row in plan if row["measured"]})
     for k in slices:
         path = job_files.slice_file(job_dir, k, folder=slices_dir)
@@ -197,9 +204,11 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
             dest[rows] = ev[name].to_numpy()
         measured[rows] = True
         replayed = _replayed(path.with_name("replay.parquet"), comm_position)
-        np.minimum(first, member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms,
-                                        replayed), out=first)
-        runs.append((rows, replayed))
+        firsts = member_delays(g.kind, g.comm, g.wait_op, t_start, t_end, t_complete, rows, g.n_comms, replayed)
+        seen = firsts != none
+        first_sum[seen] += firsts[seen]
+        first_count[seen] += 1
+        runs.append((rows, replayed, firsts))
     # ranks of unmeasured slices borrow the events of the rank of their class in the slice measuring theirs
     ranks = np.asarray(job.rank)
     classes = {row["rank"]: row["rank_class"] for row in plan}
@@ -218,19 +227,20 @@ def from_slices(job_dir: str | Path, slices_dir: str = "slices") -> tuple[pa.Tab
         raise CalibrateError(f"event {int(job.event_ids[missing])} of rank {int(ranks[missing])} was measured "
                              "by no slice: the plan does not cover every rank")
     own = rules.own_ns(g.kind, device, cpu)
-    known = first != np.iinfo(np.int64).max  # some slice measured a member of it
-    transfer[known] = first[known]
+    known = first_count > 0  # some slice measured a member of it
+    transfer[known] = first_sum[known] // first_count[known]
     # each slice's events by the measured-run rule, on that slice's clock: a member's delay runs from the last
     # issue of the slice's members, and in a timed pass of the replayed members too (`replay.parquet`). An
     # untimed server issues as soon as it can, so the job's virtual members are taken to issue with the slice's
     # (what the server's own queue adds, e.g. a ring's ops in turn, stays in the delay, as gloo's queue does in
-    # the job; docs/fidelity.md, session 16)
+    # the job; docs/fidelity.md, session 16). A member's lag is behind its own run's first member (session 17)
     dur = np.zeros(n, dtype=np.int64)
-    for rows, replayed in runs:
+    for rows, replayed, firsts in runs:
         keep = np.zeros(n, dtype=bool)
         keep[rows] = True
         ts, te, tc = (np.where(keep, a, -1) for a in (t_start, t_end, t_complete))
-        part, _ = rules.measured_run(g.kind, g.comm, g.wait_op, own, ts, te, tc, g.n_comms, transfer=transfer,
+        own_first = np.where(firsts != none, firsts, transfer)
+        part, _ = rules.measured_run(g.kind, g.comm, g.wait_op, own, ts, te, tc, g.n_comms, transfer=own_first,
                                      issues=replayed)
         dur[rows] = part[rows]
     borrowed = source >= 0

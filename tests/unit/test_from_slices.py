@@ -1,5 +1,5 @@
 """Durations and transfers from slice runs (`prism.calibrate.from_slices`), on hand-computed values: the
-per-slice member delays, the first member's delay over slices (each slice on its own clock), and the borrowing of
+per-slice member delays, each slice run's first member's delay and their mean over the runs (each run on its own clock), and the borrowing of
 an unmeasured slice's ranks by rank class."""
 
 from __future__ import annotations
@@ -153,16 +153,17 @@ def _times(ranks: set[int]):
     return times
 
 
-def test_transfer_is_the_first_measured_members_delay(tmp_path):
+def test_transfer_is_the_mean_over_slice_runs_of_each_runs_first_members_delay(tmp_path):
     job = _job(tmp_path, ["mark"] * 4)
     _write_plan(job, [(0, 0, "a", 0), (0, 1, "a", 0), (1, 2, "a", 1), (1, 3, "a", 1)])
     _write_slice(job, 0, _times({0, 1}))
     _write_slice(job, 1, _times({2, 3}))
     durations, transfers = from_slices(job)
-    # iteration 0: slice 0's last issue 1200 -> delays 300, 500; slice 1's last issue 80 -> 120, 300: first 120
-    #   (the untimed rule before session 16, their mean, gave 305)
-    # iteration 1: slice 0: 5100 -> 300, 200; slice 1: 910 -> 80, 200: first 80 (the mean: 195)
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
+    # iteration 0: slice 0's last issue 1200 -> delays 300, 500: first 300; slice 1's last issue 80 -> 120, 300:
+    #   first 120; the mean of the two runs' firsts 210 (session 16's smallest: 120; the untimed rule before
+    #   session 16, the mean of all members, 305)
+    # iteration 1: slice 0: 5100 -> 300, 200: first 200; slice 1: 910 -> 80, 200: first 80: 140
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [210, 140]
     by = _by_rank_kind(job, durations)
     for r in range(4):
         assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # the slice run's device time
@@ -266,9 +267,51 @@ def test_a_timed_pass_takes_the_first_members_delay_and_keeps_each_members_lag(t
                                 job / "slices_timed" / f"slice={k}" / "replay.parquet", schemas.SLICE_REPLAY,
                                 run_id=run_id)
     durations, transfers = from_slices(job, "slices_timed")
-    # iteration 0: slice 0's last issue max(1200, 1300) -> delays 200, 400; slice 1's 80 -> 120, 300: first 120
-    # iteration 1: slice 0's 5150 -> 250, 150; slice 1's 910 -> 80, 200: first 80
-    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [120, 80]
+    # iteration 0: slice 0's last issue max(1200, 1300) -> delays 200, 400; slice 1's 80 -> 120, 300: firsts
+    #   200 and 120, their mean 160
+    # iteration 1: slice 0's 5150 -> 250, 150; slice 1's 910 -> 80, 200: firsts 150 and 80: 115
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [160, 115]
     by = _by_rank_kind(job, durations)
     for r in range(4):
         assert by[r, "compute"] == [COMPUTE[r], COMPUTE[r] + 1]  # device time > its 5 ns span
+
+
+def test_a_member_measured_in_another_slice_run_keeps_no_lag_behind_that_run(tmp_path):
+    """A 2-member all_reduce whose members ran in different slice runs (session 17, tp2dp4's TP pairs): each
+    run measured its own member's delay, an independent sample of the one completion of the real job. The
+    transfer is their mean and neither member's wait holds the other run's difference as a lag (session 16
+    took the smaller delay, 100, and gave rank 1's wait the 800 ns excess: the sweep then waited for the
+    slower of two samples at every op)."""
+    job = RawJob(2)
+    pair = job.group("tp", [0, 1])
+    for _ in range(2):
+        for r in range(2):
+            job.compute(r)
+        works = job.collective(pair, "all_reduce", 4096)
+        for r in range(2):
+            job.wait(r, works[r])
+            job.marker(r, "iteration_end")
+    job.write(tmp_path)
+    assert graph.main(["--job", str(tmp_path)]) == 0
+    _write_plan(tmp_path, [(0, 0, "a", 0), (1, 1, "a", 1)])
+    delay = {0: 100, 1: 900}  # each run: its member's issue at 1000 + 100 * seq, completion seen `delay` later
+
+    def times(rank):
+        def at(r, seq, kind, iteration):
+            if r != rank:
+                return None
+            t = 1000 * (iteration + 1) + 100 * seq
+            if kind == "collective":
+                return (-1, t, t + 10, -1)
+            if kind == "wait":  # started 20 ns after the issue ended, ends when the member saw the completion
+                s = 1000 * (iteration + 1) + 100 * (seq - 1)
+                return (-1, s + 30, s + delay[rank], -1)
+            return (5000, t, t + 5, -1)
+        return at
+
+    _write_slice(tmp_path, 0, times(0))
+    _write_slice(tmp_path, 1, times(1))
+    durations, transfers = from_slices(tmp_path)
+    assert transfers.sort_by("comm_id").column("transfer_ns").to_pylist() == [500, 500]
+    by = _by_rank_kind(tmp_path, durations)
+    assert by[0, "wait"] == [0, 0] and by[1, "wait"] == [0, 0]  # each its own run's first member: no lag
