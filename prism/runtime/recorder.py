@@ -34,10 +34,40 @@ _cpu = time.thread_time_ns
 _COLUMNS = [f.name for f in schemas.RAW_EVENTS if f.name != "rank"]
 _DEVICE_NS = _COLUMNS.index("device_ns")
 _FLUSH_EVERY = 65536
+_COMPUTE, _MARKER = schemas.KIND_COMPUTE, schemas.KIND_MARKER
 
 
 class NegativeDuration(RuntimeError):
     """A clock went backwards inside an event: the trace would be wrong, so the rank stops."""
+
+
+def _event_api(torch):
+    """(record, query, elapsed) of a CUDA event, called without `torch.cuda.Event`'s Python wrappers where torch's own
+    class is in use: `record(ev)` on the current stream (`Event.record()` builds it through
+    `torch.cuda.current_stream()`: `_lazy_init`, `_get_device_index(None, optional=True)` - ~20 Python calls, an
+    environment read by `is_available` - and a new `Stream` object, each record); here the stream object for each
+    (stream id, device, type) `torch._C._cuda_getCurrentStream` answers is made once and kept, and the record is the
+    base class's (`cudaEventRecord` on that stream, as before). Plain method calls where `torch.cuda.Event` is not
+    torch's (a test's fake)."""
+    base = getattr(torch._C, "_CudaEventBase", None)
+    event = torch.cuda.Event
+    streams_mod = getattr(torch.cuda, "streams", None)
+    if (base is None or not isinstance(event, type) or not issubclass(event, base) or streams_mod is None
+            or event.record is not getattr(streams_mod.Event, "record", None)
+            or not hasattr(torch._C, "_cuda_getCurrentStream")):
+        return (lambda ev: ev.record()), (lambda ev: ev.query()), (lambda start, end: start.elapsed_time(end))
+    torch.cuda._lazy_init()  # as the first `Event.record()` did (the recorder marks one event when it is made)
+    record, current, device, stream_cls = base.record, torch._C._cuda_getCurrentStream, torch._C._cuda_getDevice, torch.cuda.Stream
+    streams: dict = {}
+
+    def record_current(ev) -> None:
+        key = current(device())
+        stream = streams.get(key)
+        if stream is None:  # the same object torch.cuda.current_stream() would make for this stream
+            stream = streams[key] = stream_cls(stream_id=key[0], device_index=key[1], device_type=key[2])
+        record(ev, stream)
+
+    return record_current, base.query, base.elapsed_time
 
 
 class _DeviceClock:
@@ -47,34 +77,63 @@ class _DeviceClock:
         import torch
 
         self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._record, self._query, self._elapsed = _event_api(torch)
         self._free: list = []
         self._pending: list[tuple[int, object, object]] = []  # (row index, start event, end event)
 
     def mark(self):
         ev = self._free.pop() if self._free else self._event()
-        ev.record()
+        self._record(ev)
         return ev
 
     def span(self, index: int, start, end) -> None:
         self._pending.append((index, start, end))
 
+    def _completed(self) -> int:
+        """How many of the pending spans, from the first, have completed: on one stream the events complete in
+        the order they were recorded, so the answer is found by bisection on their end events (a few queries
+        instead of one a span; the spans an iteration end finds complete are the same as querying each in turn
+        up to the first incomplete one)."""
+        pending, query = self._pending, self._query
+        lo, hi = 0, len(pending)  # spans [0, lo) are complete; [hi, n) are not
+        if hi and query(pending[-1][2]):
+            return hi
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if query(pending[mid][2]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def resolve(self, rows: list[tuple], rank: int, wait: bool) -> None:
         """Write the device time of every completed span into `rows` (all of them with `wait`)."""
-        done = 0
-        for index, start, end in self._pending:
-            if wait:
+        pending = self._pending
+        if wait:
+            for _, _, end in pending:
                 end.synchronize()
-            elif not end.query():
-                break  # one stream: the later spans are not complete either
-            ns = round(start.elapsed_time(end) * 1e6)
+            complete = len(pending)
+        else:
+            complete = self._completed()
+        elapsed, free = self._elapsed, self._free
+        done = 0
+        for index, start, end in pending[:complete]:
+            try:
+                ms = elapsed(start, end)
+            except RuntimeError:
+                if wait:
+                    raise
+                break  # (events on several streams: one not complete after all; read at a later iteration end)
+            ns = round(ms * 1e6)
             row = rows[index]
             if ns < 0:
                 raise NegativeDuration(f"rank {rank}: event seq {row[0]} ({row[1]} {row[2]}) has negative device "
                                        f"time {ns} ns (its CUDA events were recorded on different streams)")
             rows[index] = row[:_DEVICE_NS] + (ns,) + row[_DEVICE_NS + 1:]
-            self._free.append(start)
+            free.append(start)
             done += 1
-        del self._pending[:done]
+        del pending[:done]
 
 
 class Recorder:
@@ -212,6 +271,47 @@ class Recorder:
             self._last_end_event = self._clock.mark()
 
     def marker(self, op: str) -> None:
+        """A marker event: `begin()`, the memory sample, `end(start, marker, op, mem=...)`, in that order, with the
+        same rows, clock reads and CUDA events as those two calls (`_marker_by_calls`; `tests/unit/
+        test_recorder_fast_paths.py` compares them), in one frame: the reference workload records 17 a step."""
+        wall, cpu = _wall(), _cpu()
+        clock = self._clock
+        ev = clock.mark() if clock is not None else None
+        thread = threading.get_ident()
+        rows, seq, last_wall = self._rows, self._seq, self._last_end_wall
+        seg_cpu = cpu - self._last_end_cpu if thread == self._last_end_thread else -1
+        if seg_cpu > 0 or wall - last_wall > 0:
+            rows.append((seq, _COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1, self.iteration,
+                         self.microbatch, last_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, -1, 0))
+            seq += 1
+            self._seq = seq
+            if clock is not None:
+                clock.span(len(rows) - 1, self._last_end_event, ev)
+        mem = self.memory.sample()
+        wall_end, cpu_end = _wall(), _cpu()
+        dcpu = cpu_end - cpu
+        if dcpu < 0 or wall_end < wall:
+            raise NegativeDuration(f"rank {self.rank}: event seq {seq} ({_MARKER} {op}) has a negative duration "
+                                   f"(cpu {dcpu} ns, wall {wall_end - wall} ns): begin and end on different threads?")
+        microbatch = self.microbatch
+        rows.append((seq, _MARKER, op, None, -1, -1, 0, 0, None, None, False, -1, self.iteration, microbatch, wall,
+                     wall_end, dcpu, dcpu, -1, mem[0], mem[1], mem[2], 0))
+        self._seq = seq + 1
+        self._last_end_wall, self._last_end_cpu = wall_end, cpu_end
+        self._last_end_thread = threading.get_ident()
+        if clock is not None:
+            end_ev = clock.mark()
+            clock.span(len(rows) - 1, ev, end_ev)
+            self._last_end_event = end_ev
+        self.last_marker = (op, microbatch)
+        if op == "iteration_end" and clock is not None:  # read the device times already known
+            clock.resolve(rows, self.rank, wait=False)
+        if len(rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
+            self.flush(keep_last=op == "iteration_end")  # an iteration end stays open to `reopen_iteration`
+
+    def _marker_by_calls(self, op: str) -> None:
+        """`marker` as `begin` + `end` (what it was before it was one frame); a subclass that overrides `begin` or
+        `end` gets this one as its `marker` (`__init_subclass__`)."""
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
         self.last_marker = (op, self.microbatch)
@@ -219,6 +319,11 @@ class Recorder:
             self._clock.resolve(self._rows, self.rank, wait=False)
         if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
             self.flush(keep_last=op == "iteration_end")  # an iteration end stays open to `reopen_iteration`
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if (cls.begin is not Recorder.begin or cls.end is not Recorder.end) and cls.marker is Recorder.marker:
+            cls.marker = Recorder._marker_by_calls
 
     def reopen_iteration(self) -> bool:
         """The last marker, an `iteration_end`, did not end the iteration (another outermost optimizer step
