@@ -282,3 +282,18 @@ def test_the_allocator_is_read_by_its_one_c_call(monkeypatch) -> None:
         fake_cuda.memory_stats_as_nested_dict
     probe = memory_module.MemoryProbe("cpu")
     assert probe.sample()[2] == -1
+
+
+def test_the_bench_uncut_state_runs_the_old_paths_and_is_undone(tmp_path: Path, fake_cuda, ticking) -> None:
+    from prism.bench import interleave_rank
+
+    ticking()
+    rec = Recorder(0, tmp_path, device="cuda")
+    rec.memory.sample = lambda: (1, 2, 3)
+    api = (rec._clock._record, rec._clock._query, rec._clock._elapsed)
+    part = interleave_rank.ABLATIONS["uncut"]
+    part.apply(rec)
+    assert rec.marker.__func__ is Recorder._marker_by_calls and rec._clock._completed() == 0
+    part.undo(rec)
+    assert (rec._clock._record, rec._clock._query, rec._clock._elapsed) == api
+    assert "marker" not in rec.__dict__ and "_completed" not in rec._clock.__dict__
