@@ -25,18 +25,19 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 
-def bench(fn, reps: int, calls: int = 17) -> tuple[float, float]:
-    """(best, median) us a call over `reps` rounds of `calls` calls."""
+def bench(fn, reps: int, calls: int = 17, between=None) -> tuple[float, float]:
+    """(best, median) us a call over `reps` rounds of `calls` calls (`between()` after each round, not timed)."""
     per = []
     for _ in range(reps):
         t0 = time.perf_counter_ns()
         for _ in range(calls):
             fn()
         per.append((time.perf_counter_ns() - t0) / calls / 1e3)
+        if between is not None:
+            between()
     return min(per), statistics.median(per)
 
 
@@ -123,13 +124,17 @@ def main(argv: list[str]) -> int:
         rec.iteration = 0
         by_calls = lambda: rec._marker_by_calls("fwd_begin")  # noqa: E731
         one_frame = lambda: rec.marker("fwd_begin")  # noqa: E731
+
+        def drop() -> None:  # the round's rows and spans (their events back to the pool), as an iteration end does
+            if rec._clock is not None:
+                rec._clock.resolve(rec._rows, 0, wait=True)
+            rec._rows.clear()
+
         for _ in range(3):  # warm both
-            bench(by_calls, args.reps // 3), bench(one_frame, args.reps // 3)
-        row("marker (begin+sample+end)", bench(by_calls, args.reps), bench(one_frame, args.reps),
-            "Recorder._marker_by_calls vs Recorder.marker")
-        if rec._clock is not None:
-            rec._clock.resolve(rec._rows, 0, wait=True)
-        rec._rows.clear()
+            bench(by_calls, args.reps // 3, between=drop), bench(one_frame, args.reps // 3, between=drop)
+        row("marker (begin+sample+end)", bench(by_calls, args.reps, between=drop),
+            bench(one_frame, args.reps, between=drop), "Recorder._marker_by_calls vs Recorder.marker")
+        drop()
         rec._clock = None
     # a CUDA event record
     ev = torch.cuda.Event(enable_timing=True)
