@@ -14,9 +14,10 @@ size of torch's four global hook dicts at its start; DIR/rank<R>.cores.json: the
 `--ablate` (a diagnostic of where PrismTrace's cost goes, not the product's number): the on blocks take turns
 between full PrismTrace and PrismTrace with one part taken away (`ABLATIONS`), each its own state in the same run,
 every such block between two off blocks: off, on, off, -A, off, -B, off, on, ... A step's state is written as
-false (off), true (on) or the ablation's name.
+false (off), true (on) or the ablation's name; "A+B" takes both parts away in one state.
 """
 
+import gc
 import json
 import os
 import sys
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> None:
             times_dir = value
         elif flag == "--ablate":
             ablate = [a for a in value.split(",") if a]
-            unknown = [a for a in ablate if a not in ABLATIONS]
+            unknown = [p for a in ablate for p in a.split("+") if p not in ABLATIONS]
             if unknown:
                 raise SystemExit(f"--ablate {','.join(unknown)}: not one of {', '.join(ABLATIONS)}")
         else:
@@ -180,7 +181,17 @@ def main(argv: list[str]) -> None:
     from prism.workloads import moe_gpt
 
     steps = moe_gpt.parse_args(argv).steps
-    rows = {"start": [], "end": [], "on": [], "events": [], "hooks": []}
+    rows = {"start": [], "end": [], "on": [], "events": [], "hooks": [], "gc": [], "gc_us": []}
+    collected = {"n": 0, "ns": 0, "t0": 0}  # the garbage collections inside the step (gc.callbacks)
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collected["t0"] = time.perf_counter_ns()
+        else:
+            collected["n"] += 1
+            collected["ns"] += time.perf_counter_ns() - collected["t0"]
+
+    gc.callbacks.append(on_gc)
     begun = [0]  # the recorder's event count at the step's start
     applied = []  # the ablation in force
 
@@ -193,17 +204,22 @@ def main(argv: list[str]) -> None:
         if step > 1:  # the step before ends here
             rows["end"].append(now)
             rows["events"].append(events() - begun[0])
+            rows["gc"].append(collected["n"])
+            rows["gc_us"].append(collected["ns"] / 1e3)
         if applied:
-            ABLATIONS[applied.pop()].undo(interception.recorder())
+            for part in reversed(applied.pop().split("+")):
+                ABLATIONS[part].undo(interception.recorder())
         if step <= steps:
             on = state(step, block, ablate)
             (interception.resume if on is not False else interception.suspend)()
-            if isinstance(on, str):
-                ABLATIONS[on].apply(interception.recorder())
+            if isinstance(on, str):  # an ablation, or several joined by "+"
+                for part in on.split("+"):
+                    ABLATIONS[part].apply(interception.recorder())
                 applied.append(on)
             rows["on"].append(on)
             rows["hooks"].append(global_hooks())
             begun[0] = events()
+            collected.update(n=0, ns=0)
             rows["start"].append(time.perf_counter_ns())
 
     moe_gpt.main(argv, between_steps=between)

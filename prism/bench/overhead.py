@@ -116,6 +116,7 @@ def run_interleaved(work: Path, nproc: int, workload: list[str], block: int,
     durations = [(max(r["end"][k] for r in per_rank) - max(r["start"][k] for r in per_rank)) / 1e6
                  for k in range(len(states))]
     return {"durations": durations, "on": states, "events": per_rank[0]["events"], "hooks": per_rank[0]["hooks"],
+            "gc": per_rank[0].get("gc", []), "gc_us": per_rank[0].get("gc_us", []),
             "bytes": _folder_bytes(out), "cores": ranks_cores(work, nproc)}
 
 
@@ -163,6 +164,8 @@ def interleave_report(runs: list[dict], where: str, nproc: int, cores: list[int]
                  "B per on step (the recorder's raw stream" + ("; over the ablated on steps too" if ablated else "")
                  + "); not switched: prism's process groups (an op still passes their `_issue`) and real mode's "
                  "watchdog thread")
+    if all(r.get("gc") for r in runs):
+        lines.append(gc_line(runs, warm))
     recorded = sorted({tuple(c) for r in runs for c in r["cores"]})
     expected = sorted(tuple([c]) for c in cores)
     lines.append(f"cores the ranks recorded (affinity): {recorded}"
@@ -174,6 +177,19 @@ def interleave_report(runs: list[dict], where: str, nproc: int, cores: list[int]
     if names:
         lines.append(ablation_table(runs, names, warm, level, confidence))
     return "\n".join(lines)
+
+
+def gc_line(runs: list[dict], warm: int) -> str:
+    """The garbage collections inside the steps of each state (rank 0): how many a step and their time, mean and
+    largest (a full collection of the heap shows as one large time)."""
+    parts = []
+    for name, flag in (("off", False), ("on", True)):
+        n = [c for r in runs for c, o in zip(r["gc"][warm:], r["on"][warm:]) if o == flag]
+        us = [t for r in runs for t, o in zip(r["gc_us"][warm:], r["on"][warm:]) if o == flag]
+        if n:
+            parts.append(f"{name} {sum(n) / len(n):.3f} a step, {sum(us) / len(us):.0f} us a step (mean), "
+                         f"largest {max(us):.0f} us")
+    return "garbage collections inside the steps (rank 0): " + "; ".join(parts)
 
 
 def ablation_table(runs: list[dict], names: list[str], warm: int, level: float, confidence: float = 0.95) -> str:
@@ -208,7 +224,8 @@ def ablation_table(runs: list[dict], names: list[str], warm: int, level: float, 
         lines.append(f"{label:<12} {len(res.on_steps):>6} {statistics.median(res.on_steps):10.3f} {len(res.ratios):>6} "
                      f"{100 * res.overhead:+8.2f}% {interval:>19} {res.overhead * off * 1e3:+8.0f} "
                      f"{statistics.median(ev) if ev else 0:12.0f} {part:>13}  "
-                     + ("what real mode records" if name is True else ABLATIONS[name].what))
+                     + ("what real mode records" if name is True
+                        else "; ".join(ABLATIONS[p].what for p in name.split("+"))))
     return "\n".join(lines)
 
 
@@ -240,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--interleave: two off blocks this many %% apart count as a change of the host's level")
     parser.add_argument("--ablate", default="",
                         help="--interleave, a diagnostic: comma-separated parts of PrismTrace (memory, events, "
-                             "markers, bwd, cpuclock; uncut: the recorder without session 17's cuts) each taken away in its own on blocks, taking turns with full "
+                             "markers, bwd, cpuclock; uncut: the recorder without session 17's cuts; A+B: both) each "
+                             "taken away in its own on blocks, taking turns with full "
                              "PrismTrace in the same run; prints what each part costs")
     parser.add_argument("--goal", type=float, default=None,
                         help="--interleave: say whether the overhead's interval lies below this %% (e.g. 3)")
@@ -254,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ablate = [a for a in args.ablate.split(",") if a]
     if ablate and not args.interleave:
         parser.error("--ablate needs --interleave")
-    if [a for a in ablate if a not in ABLATIONS]:
-        parser.error(f"--ablate {args.ablate}: each one of {', '.join(ABLATIONS)}")
+    if [p for a in ablate for p in a.split("+") if p not in ABLATIONS]:
+        parser.error(f"--ablate {args.ablate}: each one of {', '.join(ABLATIONS)} (or several joined by +)")
     try:
         given = [int(c) for c in args.cores.split(",")] if args.cores else None
     except ValueError:
