@@ -179,3 +179,10 @@ def test_each_ablation_is_undone_exactly(tmp_path, monkeypatch):
         overhead.main(["--ablate", "memory"])  # needs --interleave
     with pytest.raises(SystemExit):
         overhead.main(["--interleave", "--ablate", "nothing", "--steps", "40"])
+
+
+def test_the_garbage_collections_of_each_state():
+    runs = [{"on": [False, True, False, True, False], "gc": [0, 1, 0, 0, 0], "gc_us": [0, 300.0, 0, 0, 0]}]
+    line = overhead.gc_line(runs, 0)
+    assert "off 0.000 a step, 0 us a step (mean), largest 0 us" in line
+    assert "on 0.500 a step, 150 us a step (mean), largest 300 us" in line
