@@ -183,7 +183,8 @@ def gc_line(runs: list[dict], warm: int) -> str:
     """The garbage collections inside the steps of each state (rank 0): how many a step and their time, mean and
     largest (a full collection of the heap shows as one large time)."""
     parts = []
-    for name, flag in (("off", False), ("on", True)):
+    names = [n for n in dict.fromkeys(o for r in runs for o in r["on"]) if isinstance(n, str)]
+    for name, flag in (("off", False), ("on", True), *((f"-{n}", n) for n in names)):
         n = [c for r in runs for c, o in zip(r["gc"][warm:], r["on"][warm:]) if o == flag]
         us = [t for r in runs for t, o in zip(r["gc_us"][warm:], r["on"][warm:]) if o == flag]
         if n:
