@@ -155,9 +155,7 @@ def _resolve_in_turn(clock: _DeviceClock, rows: list, rank: int) -> None:
     for index, start, end in clock._pending:
         if not end.query():
             break
-        row = rows[index]
-        rows[index] = row[:recorder_module._DEVICE_NS] + (round(start.elapsed_time(end) * 1e6),) + \
-            row[recorder_module._DEVICE_NS + 1:]
+        rows[index * recorder_module._W + recorder_module._DEVICE_NS] = round(start.elapsed_time(end) * 1e6)
         clock._free.append(start)
         done += 1
     del clock._pending[:done]
@@ -180,7 +178,7 @@ def test_bisection_finds_the_spans_the_query_in_turn_found(tmp_path: Path, fake_
         for _ in range(4):
             for op in MARKERS:
                 rec.marker(op)
-            per_step.append((len(rec._clock._pending), [r[recorder_module._DEVICE_NS] for r in rec._rows]))
+            per_step.append((len(rec._clock._pending), rec._rows[recorder_module._DEVICE_NS::recorder_module._W]))
         results.append(per_step)
         queries.append(sum(1 for c in FakeEvent.log if c[0] == "query"))
     assert results[0] == results[1], "the same spans resolved at each iteration end, with the same device times"
@@ -297,3 +295,69 @@ def test_the_bench_uncut_state_runs_the_old_paths_and_is_undone(tmp_path: Path, 
     part.undo(rec)
     assert (rec._clock._record, rec._clock._query, rec._clock._elapsed) == api
     assert "marker" not in rec.__dict__ and "_completed" not in rec._clock.__dict__
+
+
+def _flushing_program(rec: Recorder) -> None:
+    n = itertools.count(1)
+    rec.memory.sample = lambda: (lambda k: (k, 2 * k, -1))(next(n))
+    for step in range(6):
+        for k, op in enumerate(["fwd_begin", "fwd_end", "bwd_begin", "bwd_end"] * 2):
+            rec.marker(op)
+            if k == 2:
+                s = rec.begin()
+                rec.end(s, "collective", "all_reduce", group="0", group_seq=step, nbytes=8, work_id=10 + step)
+                if step % 2:
+                    rec.waited(10 + step, sync=False)
+                rec.completed(10 + step)
+            if k == 4 and step == 2:
+                s = rec.begin()
+                rec.end(s, "p2p", "recv_anysource", group="0", work_id=99)
+                rec.await_peer(99)
+            if k == 6 and step == 4:
+                rec.resolve_peer(99, 3)
+        rec.marker("iteration_end")
+        rec.iteration += 1
+        if step == 3:
+            rec.marker("iteration_end")
+            rec.iteration += 1
+            assert rec.reopen_iteration()
+
+
+def test_the_flat_row_store_writes_the_same_stream_at_any_flush_size(tmp_path: Path, ticking, monkeypatch) -> None:
+    streams = []
+    for every in (65536, 7, 16):
+        ticking()
+        monkeypatch.setattr(recorder_module, "_FLUSH_EVERY", every)
+        rec = Recorder(0, tmp_path / str(every))
+        _flushing_program(rec)
+        streams.append(_stream(rec))
+    assert streams[0] == streams[1] == streams[2]
+    ev = streams[0]
+    assert ev["peer"][ev["op"].index("recv_anysource")] == 3, "the recv's sender, filled in across flushes"
+    assert ev["op"].count("optimizer_step") == 1 and max(ev["iteration"]) == 5
+    waited = [a for a, op in zip(ev["is_async"], ev["op"]) if op == "all_reduce"]
+    assert waited == [True] * 6, "waited on later (sync=False), or never waited by the flush: async"
+    assert [tuple(r[:3]) for r in Recorder(0, tmp_path / "b").buffered()] == []
+
+
+def test_recording_keeps_no_container_object_an_event(tmp_path: Path) -> None:
+    """A tuple a row would be a container object kept until the flush: 34 a step of the reference workload, which set
+    off every garbage collection of the interleaved bench's on steps."""
+    import gc
+
+    rec = Recorder(0, tmp_path)
+    rec.memory.sample = lambda: (1, 2, 3)
+    for op in MARKERS:
+        rec.marker(op)
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for _ in range(20):
+            for op in MARKERS:
+                rec.marker(op)
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert len(rec.buffered()) == 2 * 21 * len(MARKERS)
+    assert grown < 20, f"{grown} container objects kept for {20 * 2 * len(MARKERS)} rows"
