@@ -5,19 +5,24 @@
 # the off blocks either side. Session 15: the host's level moved within runs (~80 or ~100-130 ms a step, changing
 # every several steps), so the per-process rounds of overhead_levels.sh could not resolve 3 % of a launch-bound step.
 #   ref-b1: the reference workload (`--microbatches 4`, launch-bound), W=1, pinned to the last core, on and off
-#           every step (REF_STEPS, 801);
-#   ref-b4: the same, blocks of 4 steps (REF4_STEPS, 321): a cost that leaks from an on step into the next off step
-#           (garbage, deferred work) shows as a difference between the two;
+#           every step (REF_STEPS, 601; session 16 ran 801);
+#   ref-b4: the same, blocks of 4 steps (only when REF4_STEPS is given; session 16 ran 321): a cost that leaks from
+#           an on step into the next off step (garbage, deferred work) shows as a difference between the two;
 #   gpu-bound: WORKLOAD_GPU (session 15's, ~1.2 s of fp32 matmuls a step), every step (GPU_STEPS, 25).
+#   Session 17 (where the launch-bound cost goes): cuts-micro first (scripts/recorder_cuts_cost.py --device cuda:
+#   each recorder cut's call before/after, ~10 s), then ref-ablate after ref-b1: the reference workload with
+#   `--ablate ABLATE` (default uncut,memory,events,markers,bwd; ABLATE_STEPS, 1201: ~100 pairs a state): a
+#   DIAGNOSTIC table, each part of PrismTrace taken away in its own on blocks of the same run (`uncut`: the recorder
+#   without session 17's cuts, so before/after in one process).
 #   A sampler (scripts/host_sampler.py: the last core's clock, busy, irq, steal every 0.5 s) and nvidia-smi's
 #   clocks/utilisation run alongside, the bench's lines stamped with the unix second to join with them.
 # Usage (the device, from the repository root; PKGS: the wheels prism's deps come from, default .whl):
-#   bash scripts/overhead_interleave.sh $OUT 280
-#   DEVICE=cpu PYTHON=.venv/bin/python REF_STEPS=25 REF4_STEPS=20 GPU_STEPS=9 WORKLOAD_GPU="--microbatches 1" \
-#       bash scripts/overhead_interleave.sh /tmp/ilv 280      (here, on CPU: ~1-2 min)
+#   bash scripts/overhead_interleave.sh $OUT 290
+#   DEVICE=cpu PYTHON=.venv/bin/python REF_STEPS=25 ABLATE_STEPS=45 GPU_STEPS=9 WORKLOAD_GPU="--microbatches 1" \
+#       MICRO_REPS=30 bash scripts/overhead_interleave.sh /tmp/ilv 280      (here, on CPU: ~1 min)
 # Files: OUT/bench.txt (the tables), OUT/host.txt, OUT/log.txt, OUT/interleave.tgz (the stamped logs, samples.tsv,
-# gpu.csv). Expected on the H200: ~220 s. Each stage starts only when its budget is left of BUDGET_S, and `timeout`
-# stops it at what is left: the call ends within BUDGET_S + ~15 s.
+# gpu.csv). Expected on the H200: ~265 s with BUDGET_S 290 (session 16's three stages took 180 s). Each stage starts
+# only when its budget is left of BUDGET_S, and `timeout` stops it at what is left: the call ends within BUDGET_S + ~15 s.
 set -uo pipefail
 begin=$(date +%s)
 out=${1:?usage: overhead_interleave.sh OUT BUDGET_S} total=${2:-280}
@@ -39,14 +44,18 @@ start_samplers "$py" "$last" "$device"  # scripts/device_site.sh
 STAGE_STAMP=1 STAGE_SLACK=8  # stage (scripts/device_site.sh): lines stamped to join with the samples
 bench=($py -m prism.cli bench overhead --interleave --device "$device" --nproc 1 --cores "$last")
 ref=${WORKLOAD:---microbatches 4}
-stage ref-b1 110 "${bench[@]}" --steps "${REF_STEPS:-801}" --block 1 --goal 3 "--workload=$ref"
-stage ref-b4 50 "${bench[@]}" --steps "${REF4_STEPS:-321}" --block 4 --goal 3 "--workload=$ref"
+stage cuts-micro 250 timeout 60 taskset -c "$last" $py scripts/recorder_cuts_cost.py --device "$device" --reps "${MICRO_REPS:-300}"
+stage ref-b1 90 "${bench[@]}" --steps "${REF_STEPS:-601}" --block 1 --goal 3 "--workload=$ref"
+stage ref-ablate 135 "${bench[@]}" --steps "${ABLATE_STEPS:-1201}" --block 1 \
+    --ablate "${ABLATE:-uncut,memory,events,markers,bwd}" "--workload=$ref"
+[ -n "${REF4_STEPS:-}" ] && stage ref-b4 50 "${bench[@]}" --steps "$REF4_STEPS" --block 4 --goal 3 "--workload=$ref"
 stage gpu-bound 55 "${bench[@]}" --steps "${GPU_STEPS:-25}" --block 1 --goal 1 \
     "--workload=${WORKLOAD_GPU:-$GPU_BOUND_WORKLOAD}"
 stop_samplers
-for b in ref-b1 ref-b4 gpu-bound; do
+for b in cuts-micro ref-b1 ref-ablate ref-b4 gpu-bound; do
     [ -f "$work/$b.log" ] || continue
     echo "== $b"
+    if [ "$b" = cuts-micro ]; then cut -d' ' -f2- "$work/$b.log"; continue; fi
     sed -n '/prism bench overhead --interleave:/,$p' "$work/$b.log" | cut -d' ' -f2-
 done > "$out/bench.txt"
 cat "$out/bench.txt"

@@ -93,7 +93,7 @@ def interleave_warmup(block: int) -> int:
 
 
 def run_interleaved(work: Path, nproc: int, workload: list[str], block: int,
-                    cores: list[int] = ()) -> dict:
+                    cores: list[int] = (), ablate: list[str] = ()) -> dict:
     """One `prism launch --mode real` run of the reference workload whose ranks switch PrismTrace off and on by
     blocks of `block` steps (`interleave_rank`). Returns the job's step times (ms: from the last rank's start of
     the step to the last rank's end of it), each step's state, the events rank 0 recorded in each step, the
@@ -102,7 +102,8 @@ def run_interleaved(work: Path, nproc: int, workload: list[str], block: int,
     times.mkdir(parents=True)
     if workload[:2] != ["-m", "prism.workloads.moe_gpt"]:
         raise ValueError("--interleave runs the reference workload (prism.workloads.moe_gpt) only")
-    prog = [str(INTERLEAVE_RANK), "--times", str(times), "--block", str(block), *workload[2:]]
+    prog = [str(INTERLEAVE_RANK), "--times", str(times), "--block", str(block),
+            *(["--ablate", ",".join(ablate)] if ablate else []), *workload[2:]]
     spec = launcher.LaunchSpec(nproc=nproc, script=prog[0], args=prog[1:], pin=True, pin_cores=list(cores),
                                mode="real", out=out)
     code = _quiet_launch(spec)
@@ -115,6 +116,7 @@ def run_interleaved(work: Path, nproc: int, workload: list[str], block: int,
     durations = [(max(r["end"][k] for r in per_rank) - max(r["start"][k] for r in per_rank)) / 1e6
                  for k in range(len(states))]
     return {"durations": durations, "on": states, "events": per_rank[0]["events"], "hooks": per_rank[0]["hooks"],
+            "gc": per_rank[0].get("gc", []), "gc_us": per_rank[0].get("gc_us", []),
             "bytes": _folder_bytes(out), "cores": ranks_cores(work, nproc)}
 
 
@@ -156,9 +158,14 @@ def interleave_report(runs: list[dict], where: str, nproc: int, cores: list[int]
                      f"{statistics.median(result.off_steps):.3f} ms = {100 * result.pooled:+.2f} %; "
                      f"each process's pairs' median: "
                      + ", ".join(f"{100 * p.overhead:+.2f} %" if p.ratios else "-" for p in parts))
-    lines.append(f"written: {statistics.median(r['bytes'] for r in runs) / max(1, sum(r['on'].count(True) for r in runs) / len(runs)):,.0f} "
-                 "B per on step (the recorder's raw stream); not switched: prism's process groups (an op still "
-                 "passes their `_issue`) and real mode's watchdog thread")
+    on_steps = sum(sum(1 for o in r["on"] if o is not False) for r in runs) / len(runs)
+    ablated = any(isinstance(o, str) for r in runs for o in r["on"])
+    lines.append(f"written: {statistics.median(r['bytes'] for r in runs) / max(1, on_steps):,.0f} "
+                 "B per on step (the recorder's raw stream" + ("; over the ablated on steps too" if ablated else "")
+                 + "); not switched: prism's process groups (an op still passes their `_issue`) and real mode's "
+                 "watchdog thread")
+    if all(r.get("gc") for r in runs):
+        lines.append(gc_line(runs, warm))
     recorded = sorted({tuple(c) for r in runs for c in r["cores"]})
     expected = sorted(tuple([c]) for c in cores)
     lines.append(f"cores the ranks recorded (affinity): {recorded}"
@@ -166,6 +173,60 @@ def interleave_report(runs: list[dict], where: str, nproc: int, cores: list[int]
     lines += [f"warning: {w}" for w in stats.interleave_warnings(result, confidence)]
     if goal is not None:
         lines.append(stats.goal_verdict(result, goal, confidence))
+    names = [n for n in dict.fromkeys(o for r in runs for o in r["on"]) if isinstance(n, str)]
+    if names:
+        lines.append(ablation_table(runs, names, warm, level, confidence))
+    return "\n".join(lines)
+
+
+def gc_line(runs: list[dict], warm: int) -> str:
+    """The garbage collections inside the steps of each state (rank 0): how many a step and their time, mean and
+    largest (a full collection of the heap shows as one large time)."""
+    parts = []
+    names = [n for n in dict.fromkeys(o for r in runs for o in r["on"]) if isinstance(n, str)]
+    for name, flag in (("off", False), ("on", True), *((f"-{n}", n) for n in names)):
+        n = [c for r in runs for c, o in zip(r["gc"][warm:], r["on"][warm:]) if o == flag]
+        us = [t for r in runs for t, o in zip(r["gc_us"][warm:], r["on"][warm:]) if o == flag]
+        if n:
+            parts.append(f"{name} {sum(n) / len(n):.3f} a step, {sum(us) / len(us):.0f} us a step (mean), "
+                         f"largest {max(us):.0f} us")
+    return "garbage collections inside the steps (rank 0): " + "; ".join(parts)
+
+
+def ablation_table(runs: list[dict], names: list[str], warm: int, level: float, confidence: float = 0.95) -> str:
+    """`--ablate`'s table, a diagnostic: each on state (full, and each ablation: PrismTrace with one part taken away)
+    paired with the off blocks either side of it in the same run; a part's cost is the full state's overhead less
+    its ablation's, in us a step of the off steps' median."""
+    from prism.bench.interleave_rank import ABLATIONS
+
+    def pooled(which):
+        parts = [stats.interleaved(r["durations"], r["on"], warm, level, which) for r in runs]
+        return stats.Interleaved([x for p in parts for x in p.ratios], [x for p in parts for x in p.changed],
+                                 [x for p in parts for x in p.on_steps], [x for p in parts for x in p.off_steps],
+                                 level)
+
+    full = pooled(True)
+    off = statistics.median(full.off_steps) if full.off_steps else float("nan")
+    lines = ["", "DIAGNOSTIC, not the product's number: ablations (`--ablate`): the on blocks take turns between full "
+             "PrismTrace and PrismTrace with one part taken away, each paired with the off blocks either side in this "
+             f"run (off steps' median {off:.3f} ms); a part's cost = full's overhead - the ablation's",
+             f"{'on state':<12} {'steps':>6} {'median ms':>10} {'pairs':>6} {'overhead':>9} {'interval':>19} "
+             f"{'us/step':>8} {'events/step':>12} {'part us/step':>13}  what is taken away"]
+    for name in (True, *names):
+        res = pooled(name)
+        ev = [e for r in runs for e, o in zip(r["events"][warm:], r["on"][warm:]) if o == name]
+        label = "full" if name is True else f"-{name}"
+        if not res.ratios:
+            lines.append(f"{label:<12} {len(res.on_steps):>6} {'':>10} {0:>6}  no complete pair")
+            continue
+        lo, hi, _ = res.ci(confidence)
+        interval = f"{100 * lo:+.2f} .. {100 * hi:+.2f} %" if lo != float("-inf") else "too few"
+        part = "" if name is True or not full.ratios else f"{(full.overhead - res.overhead) * off * 1e3:+13.0f}"
+        lines.append(f"{label:<12} {len(res.on_steps):>6} {statistics.median(res.on_steps):10.3f} {len(res.ratios):>6} "
+                     f"{100 * res.overhead:+8.2f}% {interval:>19} {res.overhead * off * 1e3:+8.0f} "
+                     f"{statistics.median(ev) if ev else 0:12.0f} {part:>13}  "
+                     + ("what real mode records" if name is True
+                        else "; ".join(ABLATIONS[p].what for p in name.split("+"))))
     return "\n".join(lines)
 
 
@@ -195,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=1, help="--interleave: steps a block")
     parser.add_argument("--level", type=float, default=10.0,
                         help="--interleave: two off blocks this many %% apart count as a change of the host's level")
+    parser.add_argument("--ablate", default="",
+                        help="--interleave, a diagnostic: comma-separated parts of PrismTrace (memory, events, "
+                             "markers, bwd, cpuclock; uncut: the recorder without session 17's cuts; A+B: both) each "
+                             "taken away in its own on blocks, taking turns with full "
+                             "PrismTrace in the same run; prints what each part costs")
     parser.add_argument("--goal", type=float, default=None,
                         help="--interleave: say whether the overhead's interval lies below this %% (e.g. 3)")
     args = parser.parse_args(argv)
@@ -202,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1 if args.interleave else 3
     if args.block < 1 or args.repeats < 1:
         parser.error("--block and --repeats must be 1 or more")
+    from prism.bench.interleave_rank import ABLATIONS
+
+    ablate = [a for a in args.ablate.split(",") if a]
+    if ablate and not args.interleave:
+        parser.error("--ablate needs --interleave")
+    if [p for a in ablate for p in a.split("+") if p not in ABLATIONS]:
+        parser.error(f"--ablate {args.ablate}: each one of {', '.join(ABLATIONS)} (or several joined by +)")
     try:
         given = [int(c) for c in args.cores.split(",")] if args.cores else None
     except ValueError:
@@ -235,11 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
             for rep in range(args.repeats):
-                run = run_interleaved(Path(tmp) / f"interleave-{rep}", args.nproc, workload, args.block, cores)
+                run = run_interleaved(Path(tmp) / f"interleave-{rep}", args.nproc, workload, args.block, cores,
+                                      ablate)
                 runs.append(run)
-                for name, flag in (("off", False), ("on", True)):
+                for name, flag in (("off", False), ("on", True), *((f"-{a}", a) for a in ablate)):
                     d = [t for t, o in zip(run["durations"], run["on"]) if o == flag]
-                    print(f"  process {rep + 1}/{args.repeats} {name:<3} median {statistics.median(d):8.3f} ms "
+                    print(f"  process {rep + 1}/{args.repeats} {name:<8} median {statistics.median(d):8.3f} ms "
                           f"over {len(d)} steps", file=sys.stderr, flush=True)
         print(interleave_report(runs, where, args.nproc, cores, workload, args.steps, args.block,
                                 interleave_warmup(args.block), args.level / 100,

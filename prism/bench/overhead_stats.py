@@ -143,13 +143,14 @@ class Interleaved:
         return statistics.median(self.on_steps) / statistics.median(self.off_steps) - 1
 
 
-def interleaved(durations: list[float], on: list[bool], warm: int, level: float = 0.10) -> Interleaved:
-    """Pair the blocks of `durations` (a step's time, ms, in step order; `on[k]`: PrismTrace was on in step k):
-    the steps from `warm` on, cut into runs of one state (a run cut by the warm-up or the end keeps the steps it
-    has); each on run with an off run on either side is one pair."""
+def interleaved(durations: list[float], on: list, warm: int, level: float = 0.10, which=True) -> Interleaved:
+    """Pair the blocks of `durations` (a step's time, ms, in step order; `on[k]`: PrismTrace's state in step k,
+    False for off, True for on, or an ablation's name: `--ablate`): the steps from `warm` on, cut into runs of one
+    state (a run cut by the warm-up or the end keeps the steps it has); each run of state `which` with an off run
+    on either side is one pair."""
     if len(durations) != len(on):
         raise ValueError(f"{len(durations)} step times for {len(on)} states")
-    runs: list[tuple[bool, list[float]]] = []
+    runs: list[tuple[object, list[float]]] = []
     for k in range(warm, len(durations)):
         if not runs or on[k] != runs[-1][0]:
             runs.append((on[k], []))
@@ -157,13 +158,16 @@ def interleaved(durations: list[float], on: list[bool], warm: int, level: float 
     ratios, changed, on_steps, off_steps = [], [], [], []
     for i in range(1, len(runs) - 1):
         state, steps = runs[i]
-        if not state or runs[i - 1][0] or runs[i + 1][0]:
+        if state != which or runs[i - 1][0] is not False or runs[i + 1][0] is not False:
             continue
         before, after = statistics.median(runs[i - 1][1]), statistics.median(runs[i + 1][1])
         ratios.append(statistics.median(steps) / ((before + after) / 2))
         changed.append(max(before, after) / min(before, after) - 1 > level)
     for state, steps in runs:
-        (on_steps if state else off_steps).extend(steps)
+        if state is False:
+            off_steps.extend(steps)
+        elif state == which:
+            on_steps.extend(steps)
     return Interleaved(ratios, changed, on_steps, off_steps, level)
 
 

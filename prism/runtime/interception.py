@@ -84,6 +84,7 @@ def suspend() -> None:
         return
     for handle in _state["hooks"]:
         handle.remove()
+    _state["again"] = getattr(_state["hooks"], "again", None)  # resume registers the same hook functions
     _state["hooks"] = []
     for pg in _GROUPS:
         pg._rec = None
@@ -91,15 +92,22 @@ def suspend() -> None:
 
 
 def resume() -> None:
-    """Undo `suspend()`: the same hooks `markers.install` gives a rank at its first group, the groups' recorder
-    back; the time since suspending is no event's (`Recorder.resync`)."""
+    """Undo `suspend()`: the hooks `markers.install` gave the rank at its first group registered again (the same
+    functions and their state), the groups' recorder back; the time since suspending is no event's
+    (`Recorder.resync`)."""
     if not _state["suspended"]:
         return
     rec = _state["recorder"]
     if rec is not None:
         rec.resync()
     drain = _drain if modes.get(_state["mode"]).coordinator else None
-    _state["hooks"] = markers.install(rec, on_boundary=drain) if _state["wanted"] else []
+    again = _state.pop("again", None)
+    if not _state["wanted"]:
+        _state["hooks"] = []
+    elif again is not None:  # the hooks `markers.install` made at the rank's first group, registered again (a
+        _state["hooks"] = again()  # new install a switch made ~100 objects, whose collection then fell in on steps)
+    else:
+        _state["hooks"] = markers.install(rec, on_boundary=drain)
     for pg in _GROUPS:
         pg._rec = rec
     _state["suspended"] = False

@@ -249,13 +249,23 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
         if _state.step_depth == 0 and not named_it:
             end_iteration(merge=True)
 
-    pre_handle, post_handle = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
-    handles = [
-        _Removal(pre_handle, lifted),
-        _Removal(post_handle, lifted),
-        register_optimizer_step_pre_hook(step_pre),
-        register_optimizer_step_post_hook(step_post),
-    ]
+    def register() -> "_Handles":
+        """The four global hooks into torch's dicts; the returned handles' `again()` registers the same functions
+        once more (`interception.resume`: no new closures, wrappers or state a switch)."""
+        nonlocal pre_handle, post_handle
+        lifted["on"] = True
+        pre_handle, post_handle = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+        registered = _Handles([
+            _Removal(pre_handle, lifted),
+            _Removal(post_handle, lifted),
+            register_optimizer_step_pre_hook(step_pre),
+            register_optimizer_step_post_hook(step_post),
+        ])
+        registered.again = register
+        return registered
+
+    pre_handle = post_handle = None
+    handles = register()
     if not named_mb and torch.distributed.is_available() and not _WATCHING:
         _WATCHING.append(True)  # once a process (a second install, after `interception.resume`, adds no finder)
         named_boundaries.on_import("torch.distributed.pipelining.stage", _watch_pipeline_stages)
@@ -264,6 +274,12 @@ def install(rec: Recorder | None, on_boundary=None) -> list:
     if named_mb:
         named_boundaries.hook(named_mb, "--microbatch-fn", begin_microbatch, end_microbatch)
     return handles
+
+
+class _Handles(list):
+    """`install`'s handles; `again()` (set by `install`) puts the same hooks back after they were all removed."""
+
+    again = None
 
 
 class _Removal:

@@ -26,6 +26,31 @@ except (OSError, AttributeError):  # not glibc
     _malloc_trim = None
 
 
+def _allocator_reader(torch):
+    """What `torch.cuda.memory_stats_as_nested_dict()` returns, for the current device, without its Python path where
+    it is torch's own: that function checks `is_initialized()` and finds the current device through
+    `_get_device_index(None, optional=True)` (~20 Python calls, an environment read by `is_available`) before its
+    one C call, `torch._C._cuda_memoryStats(device)`; here the device is `torch._C._cuda_getDevice()` (what that path
+    ends at) and the initialised check is made until it first holds (CUDA does not become uninitialised). The
+    function itself where it is not torch's (a test's fake, a patched torch)."""
+    nested = torch.cuda.memory_stats_as_nested_dict
+    memory_mod = getattr(torch.cuda, "memory", None)
+    stats, device = getattr(torch._C, "_cuda_memoryStats", None), getattr(torch._C, "_cuda_getDevice", None)
+    if (stats is None or device is None or memory_mod is None
+            or nested is not getattr(memory_mod, "memory_stats_as_nested_dict", None)):
+        return nested
+    ready = []
+
+    def read() -> dict:
+        if not ready:
+            if not torch.cuda.is_initialized():
+                return {}
+            ready.append(True)
+        return stats(device())
+
+    return read
+
+
 class MemoryProbe:
     """`sample()` -> (bytes in use now, peak bytes so far, bytes reserved) for this rank's device
     (reserved: the caching allocator's on CUDA; -1 on CPU, where there is none)."""
@@ -37,7 +62,7 @@ class MemoryProbe:
         if self.cuda:
             import torch
 
-            self._allocator_stats = torch.cuda.memory_stats_as_nested_dict
+            self._allocator_stats = _allocator_reader(torch)
 
     def sample(self) -> tuple[int, int, int]:
         if self.cuda:

@@ -33,11 +33,43 @@ _cpu = time.thread_time_ns
 # Column order of the tuples kept in memory (a prefix of RAW_EVENTS without `rank`).
 _COLUMNS = [f.name for f in schemas.RAW_EVENTS if f.name != "rank"]
 _DEVICE_NS = _COLUMNS.index("device_ns")
+_W = len(_COLUMNS)  # a row's fields: the rows in memory are one flat list, row i at [i * _W, (i + 1) * _W)
+_PEER, _ASYNC, _KIND, _OP, _ITERATION = (_COLUMNS.index(c) for c in ("peer", "is_async", "kind", "op", "iteration"))
 _FLUSH_EVERY = 65536
+_COMPUTE, _MARKER = schemas.KIND_COMPUTE, schemas.KIND_MARKER
 
 
 class NegativeDuration(RuntimeError):
     """A clock went backwards inside an event: the trace would be wrong, so the rank stops."""
+
+
+def _event_api(torch):
+    """(record, query, elapsed) of a CUDA event, called without `torch.cuda.Event`'s Python wrappers where torch's own
+    class is in use: `record(ev)` on the current stream (`Event.record()` builds it through
+    `torch.cuda.current_stream()`: `_lazy_init`, `_get_device_index(None, optional=True)` - ~20 Python calls, an
+    environment read by `is_available` - and a new `Stream` object, each record); here the stream object for each
+    (stream id, device, type) `torch._C._cuda_getCurrentStream` answers is made once and kept, and the record is the
+    base class's (`cudaEventRecord` on that stream, as before). Plain method calls where `torch.cuda.Event` is not
+    torch's (a test's fake)."""
+    base = getattr(torch._C, "_CudaEventBase", None)
+    event = torch.cuda.Event
+    streams_mod = getattr(torch.cuda, "streams", None)
+    if (base is None or not isinstance(event, type) or not issubclass(event, base) or streams_mod is None
+            or event.record is not getattr(streams_mod.Event, "record", None)
+            or not hasattr(torch._C, "_cuda_getCurrentStream")):
+        return (lambda ev: ev.record()), (lambda ev: ev.query()), (lambda start, end: start.elapsed_time(end))
+    torch.cuda._lazy_init()  # as the first `Event.record()` did (the recorder marks one event when it is made)
+    record, current, device, stream_cls = base.record, torch._C._cuda_getCurrentStream, torch._C._cuda_getDevice, torch.cuda.Stream
+    streams: dict = {}
+
+    def record_current(ev) -> None:
+        key = current(device())
+        stream = streams.get(key)
+        if stream is None:  # the same object torch.cuda.current_stream() would make for this stream
+            stream = streams[key] = stream_cls(stream_id=key[0], device_index=key[1], device_type=key[2])
+        record(ev, stream)
+
+    return record_current, base.query, base.elapsed_time
 
 
 class _DeviceClock:
@@ -47,34 +79,64 @@ class _DeviceClock:
         import torch
 
         self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._record, self._query, self._elapsed = _event_api(torch)
         self._free: list = []
         self._pending: list[tuple[int, object, object]] = []  # (row index, start event, end event)
 
     def mark(self):
         ev = self._free.pop() if self._free else self._event()
-        ev.record()
+        self._record(ev)
         return ev
 
     def span(self, index: int, start, end) -> None:
         self._pending.append((index, start, end))
 
+    def _completed(self) -> int:
+        """How many of the pending spans, from the first, have completed: on one stream the events complete in
+        the order they were recorded, so the answer is found by bisection on their end events (a few queries
+        instead of one a span; the spans an iteration end finds complete are the same as querying each in turn
+        up to the first incomplete one)."""
+        pending, query = self._pending, self._query
+        lo, hi = 0, len(pending)  # spans [0, lo) are complete; [hi, n) are not
+        if hi and query(pending[-1][2]):
+            return hi
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if query(pending[mid][2]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def resolve(self, rows: list[tuple], rank: int, wait: bool) -> None:
         """Write the device time of every completed span into `rows` (all of them with `wait`)."""
-        done = 0
-        for index, start, end in self._pending:
-            if wait:
+        pending = self._pending
+        if wait:
+            for _, _, end in pending:
                 end.synchronize()
-            elif not end.query():
-                break  # one stream: the later spans are not complete either
-            ns = round(start.elapsed_time(end) * 1e6)
-            row = rows[index]
+            complete = len(pending)
+        else:
+            complete = self._completed()
+        elapsed, free = self._elapsed, self._free
+        done = 0
+        for index, start, end in pending[:complete]:
+            try:
+                ms = elapsed(start, end)
+            except RuntimeError:
+                if wait:
+                    raise
+                break  # (events on several streams: one not complete after all; read at a later iteration end)
+            ns = round(ms * 1e6)
+            at = index * _W
             if ns < 0:
-                raise NegativeDuration(f"rank {rank}: event seq {row[0]} ({row[1]} {row[2]}) has negative device "
-                                       f"time {ns} ns (its CUDA events were recorded on different streams)")
-            rows[index] = row[:_DEVICE_NS] + (ns,) + row[_DEVICE_NS + 1:]
-            self._free.append(start)
+                raise NegativeDuration(f"rank {rank}: event seq {rows[at]} ({rows[at + 1]} {rows[at + 2]}) has "
+                                       f"negative device time {ns} ns (its CUDA events were recorded on different "
+                                       "streams)")
+            rows[at + _DEVICE_NS] = ns
+            free.append(start)
             done += 1
-        del self._pending[:done]
+        del pending[:done]
 
 
 class Recorder:
@@ -84,7 +146,10 @@ class Recorder:
         self.rank = rank
         self.dir = Path(out_dir) / f"rank={rank}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._rows: list[tuple] = []
+        # the buffered events, one flat list (row i: its fields at [i * _W, (i + 1) * _W), in `_COLUMNS` order):
+        # a tuple a row would be a container object kept until the flush, 34 a step of the reference workload,
+        # and those alone set off the garbage collections (none ran in an off step of the interleaved bench)
+        self._rows: list = []
         self._seq = 0
         self._groups: list[tuple] = []
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
@@ -116,16 +181,13 @@ class Recorder:
         # two threads' CPU clocks cannot be subtracted: unknown (-1) when the span changed thread
         seg_cpu = cpu - self._last_end_cpu if threading.get_ident() == self._last_end_thread else -1
         if seg_cpu > 0 or wall - self._last_end_wall > 0:
-            self._rows.append(
-                (
-                    self._seq, schemas.KIND_COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1,
-                    self.iteration, self.microbatch, self._last_end_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, -1,
-                    0,
-                )
+            self._rows += (
+                self._seq, schemas.KIND_COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1,
+                self.iteration, self.microbatch, self._last_end_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, -1, 0,
             )
             self._seq += 1
             if clock is not None:
-                clock.span(len(self._rows) - 1, self._last_end_event, ev)
+                clock.span(len(self._rows) // _W - 1, self._last_end_event, ev)
         return wall, cpu, ev
 
     def end(
@@ -149,35 +211,33 @@ class Recorder:
         if dcpu < 0 or wall < start[0]:
             raise NegativeDuration(f"rank {self.rank}: event seq {self._seq} ({kind} {op}) has a negative duration "
                                    f"(cpu {dcpu} ns, wall {wall - start[0]} ns): begin and end on different threads?")
-        self._rows.append(
-            (
-                self._seq, kind, op, group, group_seq, peer, tag, nbytes, dtype, shape, False, work_id,
-                self.iteration, self.microbatch, start[0], wall, dcpu, dcpu, -1, mem[0], mem[1], mem[2], 0,
-            )
+        self._rows += (
+            self._seq, kind, op, group, group_seq, peer, tag, nbytes, dtype, shape, False, work_id,
+            self.iteration, self.microbatch, start[0], wall, dcpu, dcpu, -1, mem[0], mem[1], mem[2], 0,
         )
         self._seq += 1
         self._last_end_wall, self._last_end_cpu = wall, cpu
         self._last_end_thread = threading.get_ident()
+        index = len(self._rows) // _W - 1
         if self._clock is not None:
             ev = self._clock.mark()
-            self._clock.span(len(self._rows) - 1, start[2], ev)
+            self._clock.span(index, start[2], ev)
             self._last_end_event = ev
         if work_id >= 0 and kind != schemas.KIND_WAIT:
-            self._pending_async[work_id] = len(self._rows) - 1
-        return len(self._rows) - 1
+            self._pending_async[work_id] = index
+        return index
 
     def await_peer(self, work_id: int) -> None:
         """The op just recorded is a recv from any source: its peer is filled in by `resolve_peer` (its
         row stays in memory until then)."""
-        self._unresolved[work_id] = len(self._rows) - 1
+        self._unresolved[work_id] = len(self._rows) // _W - 1
 
     def resolve_peer(self, work_id: int, peer: int) -> None:
         """The recv from any source `work_id` received from global rank `peer` (any thread)."""
         with self._lock:
             index = self._unresolved.pop(work_id, None)
             if index is not None:
-                row = self._rows[index]
-                self._rows[index] = row[:5] + (peer,) + row[6:]
+                self._rows[index * _W + _PEER] = peer
 
     def completed(self, work_id: int) -> None:
         """Called from a communication thread when an op's result is ready."""
@@ -191,8 +251,12 @@ class Recorder:
         """The program waits on `work_id`; `sync`: torch's own blocking call waits right after issuing."""
         index = self._pending_async.pop(work_id, None)
         if index is not None and not sync:
-            row = self._rows[index]
-            self._rows[index] = row[:10] + (True,) + row[11:]
+            self._rows[index * _W + _ASYNC] = True
+
+    def buffered(self) -> list[tuple]:
+        """The events not flushed yet, a tuple each (`_COLUMNS` order): a copy, for reading."""
+        rows = self._rows
+        return [tuple(rows[at:at + _W]) for at in range(0, len(rows), _W)]
 
     @property
     def recorded(self) -> int:
@@ -212,33 +276,77 @@ class Recorder:
             self._last_end_event = self._clock.mark()
 
     def marker(self, op: str) -> None:
+        """A marker event: `begin()`, the memory sample, `end(start, marker, op, mem=...)`, in that order, with the
+        same rows, clock reads and CUDA events as those two calls (`_marker_by_calls`; `tests/unit/
+        test_recorder_fast_paths.py` compares them), in one frame: the reference workload records 17 a step."""
+        wall, cpu = _wall(), _cpu()
+        clock = self._clock
+        ev = clock.mark() if clock is not None else None
+        thread = threading.get_ident()
+        rows, seq, last_wall = self._rows, self._seq, self._last_end_wall
+        seg_cpu = cpu - self._last_end_cpu if thread == self._last_end_thread else -1
+        if seg_cpu > 0 or wall - last_wall > 0:
+            rows += (seq, _COMPUTE, "compute", None, -1, -1, -1, 0, None, None, False, -1, self.iteration,
+                     self.microbatch, last_wall, wall, seg_cpu, seg_cpu, -1, -1, -1, -1, 0)
+            seq += 1
+            self._seq = seq
+            if clock is not None:
+                clock.span(len(rows) // _W - 1, self._last_end_event, ev)
+        mem = self.memory.sample()
+        wall_end, cpu_end = _wall(), _cpu()
+        dcpu = cpu_end - cpu
+        if dcpu < 0 or wall_end < wall:
+            raise NegativeDuration(f"rank {self.rank}: event seq {seq} ({_MARKER} {op}) has a negative duration "
+                                   f"(cpu {dcpu} ns, wall {wall_end - wall} ns): begin and end on different threads?")
+        microbatch = self.microbatch
+        rows += (seq, _MARKER, op, None, -1, -1, 0, 0, None, None, False, -1, self.iteration, microbatch, wall,
+                 wall_end, dcpu, dcpu, -1, mem[0], mem[1], mem[2], 0)
+        self._seq = seq + 1
+        self._last_end_wall, self._last_end_cpu = wall_end, cpu_end
+        self._last_end_thread = threading.get_ident()
+        if clock is not None:
+            end_ev = clock.mark()
+            clock.span(len(rows) // _W - 1, ev, end_ev)
+            self._last_end_event = end_ev
+        self.last_marker = (op, microbatch)
+        if op == "iteration_end" and clock is not None:  # read the device times already known
+            clock.resolve(rows, self.rank, wait=False)
+        if len(rows) >= _FLUSH_EVERY * _W:  # flush between ops, never between an op and its wait
+            self.flush(keep_last=op == "iteration_end")  # an iteration end stays open to `reopen_iteration`
+
+    def _marker_by_calls(self, op: str) -> None:
+        """`marker` as `begin` + `end` (what it was before it was one frame); a subclass that overrides `begin` or
+        `end` gets this one as its `marker` (`__init_subclass__`)."""
         start = self.begin()
         self.end(start, schemas.KIND_MARKER, op, mem=self.memory.sample())
         self.last_marker = (op, self.microbatch)
         if op == "iteration_end" and self._clock is not None:  # read the device times already known
             self._clock.resolve(self._rows, self.rank, wait=False)
-        if len(self._rows) >= _FLUSH_EVERY:  # flush between ops, never between an op and its wait
+        if len(self._rows) >= _FLUSH_EVERY * _W:  # flush between ops, never between an op and its wait
             self.flush(keep_last=op == "iteration_end")  # an iteration end stays open to `reopen_iteration`
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if (cls.begin is not Recorder.begin or cls.end is not Recorder.end) and cls.marker is Recorder.marker:
+            cls.marker = Recorder._marker_by_calls
 
     def reopen_iteration(self) -> bool:
         """The last marker, an `iteration_end`, did not end the iteration (another outermost optimizer step
         of it followed, with no forward between: `markers`): it becomes an `optimizer_step` marker and the
         events recorded since return to its iteration. False (nothing changed) if the last marker is not
         an `iteration_end` still in memory."""
-        it, op = _COLUMNS.index("iteration"), _COLUMNS.index("op")
+        rows = self._rows
         with self._lock:
-            for index in range(len(self._rows) - 1, -1, -1):
-                row = self._rows[index]
-                if row[1] == schemas.KIND_MARKER:
+            for at in range(len(rows) - _W, -1, -_W):
+                if rows[at + _KIND] == schemas.KIND_MARKER:
                     break
             else:
                 return False
-            if row[op] != "iteration_end":
+            if rows[at + _OP] != "iteration_end":
                 return False
-            self._rows[index] = row[:op] + ("optimizer_step",) + row[op + 1:]
-            for k in range(index + 1, len(self._rows)):
-                r = self._rows[k]
-                self._rows[k] = r[:it] + (r[it] - 1,) + r[it + 1:]
+            rows[at + _OP] = "optimizer_step"
+            for k in range(at + _W + _ITERATION, len(rows), _W):
+                rows[k] -= 1
         self.iteration -= 1
         return True
 
@@ -251,28 +359,28 @@ class Recorder:
         first recv from any source whose sender is not known yet stay buffered (unless `final`: then its
         peer stays -1, the program never completed it); with `keep_last`, the last row too."""
         with self._lock:
-            cut = len(self._rows) if final else min(self._unresolved.values(), default=len(self._rows))
+            n = len(self._rows) // _W
+            cut = n if final else min(self._unresolved.values(), default=n)
             if keep_last and not final:
-                cut = min(cut, len(self._rows) - 1)
+                cut = min(cut, n - 1)
             if not cut:
                 return
             if self._clock is not None:
                 self._clock.resolve(self._rows, self.rank, wait=True)
-            rows, self._rows = self._rows[:cut], self._rows[cut:]
+            rows, self._rows = self._rows[:cut * _W], self._rows[cut * _W:]
             self._unresolved = {w: i - cut for w, i in self._unresolved.items() if i >= cut}
             # ops not waited on yet are being overlapped with what follows them (or consumed through
             # their future, as DDP does): they are async.
             kept = {}
             for work_id, index in self._pending_async.items():
                 if index < cut:
-                    rows[index] = rows[index][:10] + (True,) + rows[index][11:]
+                    rows[index * _W + _ASYNC] = True
                 else:
                     kept[work_id] = index - cut
             self._pending_async = kept
-            cols = list(zip(*rows))
-            data = {"rank": pa.array([self.rank] * len(rows), pa.int32())}
-            for name, values in zip(_COLUMNS, cols):
-                data[name] = values
+            data = {"rank": pa.array([self.rank] * cut, pa.int32())}
+            for k, name in enumerate(_COLUMNS):
+                data[name] = rows[k::_W]
             done = self._completions
             data["t_complete_ns"] = [
                 done.pop(w, -1) if w >= 0 and k != schemas.KIND_WAIT else -1

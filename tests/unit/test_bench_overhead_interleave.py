@@ -134,3 +134,55 @@ def test_the_interleaved_mode_checks_its_steps():
     with pytest.raises(SystemExit):
         overhead.main(["--interleave", "--steps", "6", "--block", "1"])  # warm-up 4 + off on off: 7
     assert overhead.interleave_warmup(1) == 4 and overhead.interleave_warmup(5) == 10
+
+
+def test_ablations_take_turns_with_full_prismtrace_each_between_off_blocks():
+    # block 1, two ablations: off, on, off, -memory, off, -bwd, off, on, ...
+    got = [interleave_rank.state(k, 1, ["memory", "bwd"]) for k in range(1, 14)]
+    assert got == [False, True, False, "memory", False, "bwd", False, True, False, "memory", False, "bwd", False]
+    assert [interleave_rank.state(k, 2) for k in range(1, 9)] == [interleave_rank.is_on(k, 2) for k in range(1, 9)]
+    # each state paired with the off steps either side of it; the off steps are every off step
+    d = [10, 11, 10, 12, 10, 13, 10, 11, 10, 12, 10, 13, 10]
+    full = stats.interleaved(d, got, warm=0)
+    memory = stats.interleaved(d, got, warm=0, which="memory")
+    bwd = stats.interleaved(d, got, warm=0, which="bwd")
+    assert full.ratios == pytest.approx([1.1, 1.1]) and memory.ratios == pytest.approx([1.2, 1.2])
+    assert bwd.ratios == pytest.approx([1.3, 1.3])
+    assert sorted(full.on_steps) == [11, 11] and full.off_steps == memory.off_steps == [10] * 7
+    runs = [{"durations": d, "on": got, "events": [0, 34, 0, 34, 0, 18] * 2 + [0]}]
+    table = overhead.ablation_table(runs, ["memory", "bwd"], 0, 0.1)
+    assert "DIAGNOSTIC, not the product's number" in table
+    lines = {line.split()[0]: line.split() for line in table.splitlines() if line[:1] in ("f", "-")}
+    assert lines["full"][4] == "+10.00%" and lines["-memory"][4] == "+20.00%" and lines["-bwd"][4] == "+30.00%"
+    assert lines["-memory"][-1 - len(interleave_rank.ABLATIONS["memory"].what.split())] == "-1000", \
+        "the part's cost: full's overhead less the ablation's, in us of the 10 ms off step"
+
+
+def test_each_ablation_is_undone_exactly(tmp_path, monkeypatch):
+    from prism.runtime import markers, recorder
+    from prism.runtime.recorder import Recorder
+
+    rec = Recorder(0, tmp_path)
+    first_grad, cpu = markers._first_grad_tensor, recorder._cpu
+    for name, part in interleave_rank.ABLATIONS.items():
+        part.apply(rec)
+        part.undo(rec)
+        assert "marker" not in rec.__dict__ and "sample" not in rec.memory.__dict__, name
+        assert markers._first_grad_tensor is first_grad and recorder._cpu is cpu, name
+        assert not {"_saved_clock", "_saved_first_grad", "_saved_cpu"} & (set(rec.__dict__) | set(vars(markers))
+                                                                          | set(vars(recorder))), name
+    interleave_rank.ABLATIONS["memory"].apply(rec)
+    assert rec.memory.sample() == (-1, -1, -1)
+    interleave_rank.ABLATIONS["memory"].undo(rec)
+    assert rec.memory.sample()[0] > 0
+    with pytest.raises(SystemExit):
+        overhead.main(["--ablate", "memory"])  # needs --interleave
+    with pytest.raises(SystemExit):
+        overhead.main(["--interleave", "--ablate", "nothing", "--steps", "40"])
+
+
+def test_the_garbage_collections_of_each_state():
+    runs = [{"on": [False, True, False, True, False], "gc": [0, 1, 0, 0, 0], "gc_us": [0, 300.0, 0, 0, 0]}]
+    line = overhead.gc_line(runs, 0)
+    assert "off 0.000 a step, 0 us a step (mean), largest 0 us" in line
+    assert "on 0.500 a step, 150 us a step (mean), largest 300 us" in line

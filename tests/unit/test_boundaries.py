@@ -40,7 +40,7 @@ def recorded(tmp_path, monkeypatch):
 
 def _markers(rec) -> list[tuple[str, int, int]]:
     op, it, mb = COLS.index("op"), COLS.index("iteration"), COLS.index("microbatch")
-    return [(r[op], r[it], r[mb]) for r in rec._rows if r[1] == schemas.KIND_MARKER]
+    return [(r[op], r[it], r[mb]) for r in rec.buffered() if r[1] == schemas.KIND_MARKER]
 
 
 class Container(torch.optim.Optimizer):
@@ -94,7 +94,7 @@ def test_several_optimizers_stepped_in_turn_end_one_iteration(recorded):
         ("optimizer_step", 0), ("iteration_end", 0), ("optimizer_step", 1), ("iteration_end", 1),
         ("optimizer_step", 2), ("iteration_end", 2)]
     it = COLS.index("iteration")
-    assert [r[it] for r in rec._rows] == sorted(r[it] for r in rec._rows)  # never decreases along the rank
+    assert [r[it] for r in rec.buffered()] == sorted(r[it] for r in rec.buffered())  # never decreases along the rank
 
 
 def test_without_any_module_forward_every_step_is_an_iteration(recorded):
