@@ -114,11 +114,12 @@ def test_an_op_without_a_captured_result_takes_a_real_ranks_path_itself(monkeypa
     10-20 us of CPU more than the truth's on the host); a group with one substitutes exactly that op's result."""
     monkeypatch.setenv(settings.SLICE_RANKS.name, "0,1")
     store = HashStore()
-    for name, results in (("9", None), ("9", _Results()), ("0", _Results())):
-        made = on_both_members(lambda rank: SliceTransport(PrefixStore(name, store), rank, 2, timedelta(seconds=20),
+    for case, (name, results) in enumerate((("9", None), ("9", _Results()), ("0", _Results()))):
+        made = on_both_members(lambda rank: SliceTransport(PrefixStore(f"case{case}/", store), rank, 2, timedelta(seconds=20),
                                                            want_nccl=False, global_ranks=[0, 1], group_name=name,
                                                            results=results))
         plain = name != "0"
+        assert None not in made
         assert all((getattr(t.call, "__func__", None) is RealTransport.call) == plain for t in made)
 
         def three(rank):
