@@ -115,9 +115,9 @@ def test_an_op_without_a_captured_result_takes_a_real_ranks_path_itself(monkeypa
     monkeypatch.setenv(settings.SLICE_RANKS.name, "0,1")
     store = HashStore()
     for case, (name, results) in enumerate((("9", None), ("9", _Results()), ("0", _Results()))):
-        made = on_both_members(lambda rank: SliceTransport(PrefixStore(f"case{case}/", store), rank, 2, timedelta(seconds=20),
-                                                           want_nccl=False, global_ranks=[0, 1], group_name=name,
-                                                           results=results))
+        made = on_both_members(lambda rank: SliceTransport(
+            PrefixStore(f"case{case}/", store), rank, 2, timedelta(seconds=20), want_nccl=False, global_ranks=[0, 1],
+            group_name=name, results=results))
         plain = name != "0"
         assert None not in made
         assert all((getattr(t.call, "__func__", None) is RealTransport.call) == plain for t in made)
