@@ -24,7 +24,9 @@ calibrated (the transfer hold: `replay.clock`'s module doc; `transfer_hold_s`); 
 (`emulate.works`), never the group thread's, so a group's next collective is exchanged while the previous
 one is held. A native op of an all-sandbox group is not held: it is the job's own op (`_native`).
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
-(tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
+(tag, sender, receiver). In a timed emulation a send completes for the program at once, as the model has it
+(`prism.clock_rule`), its data going out on a sender thread (`works.SendQueue`): a gloo send completes only once
+the receiver posted its recv. `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
 
 Worker side (`serve`): one process for every virtual rank, forked by the zygote. It reads the capture's
@@ -52,7 +54,7 @@ from prism.runtime import ops, semantics, shm, watchdog
 from prism.runtime.emulate import native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.backend import flat_tensors
-from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
+from prism.runtime.emulate.works import HOPS, SENDS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
 from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
@@ -414,7 +416,11 @@ class EmulateTransport(ContributionTransport):
             raise EmulationError(f"send within group {self.group} of one participant")
         STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
         STATS["messages"] += 1
-        return self.pg.send(list(tensors), self.host[self.members[dst]], p2p_tag(tag, self.n, self.me, dst))
+        to, gloo_tag = self.host[self.members[dst]], p2p_tag(tag, self.n, self.me, dst)
+        if timed(self.store) and all(t.device.type == "cpu" for t in tensors):
+            # the model's send completes locally; gloo's waits for the receiver's recv (`works.SendQueue`)
+            return SENDS.send(self.pg, list(tensors), to, gloo_tag)
+        return self.pg.send(list(tensors), to, gloo_tag)
 
     def _recv(self, work_id, op, tensors, src, tag):
         if self.pg is None:
