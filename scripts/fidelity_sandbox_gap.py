@@ -28,6 +28,7 @@ in the calibrated sweep with the sandbox's measured durations substituted; ``del
 
     .venv/bin/python scripts/fidelity_sandbox_gap.py F/a/* F/b/*          # F: an unpacked artifacts.tar.xz
     .venv/bin/python scripts/fidelity_sandbox_gap.py --ops F/a/CONFIG      # + per op kind: n, excess median/p95
+    .venv/bin/python scripts/fidelity_sandbox_gap.py --emulation emulation_after2 W/CONFIG   # fidelity_hold's
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from prism.clock_rule import NEG
-from prism.emulate.results import read_figures
+from prism.emulate.results import figures
 from prism.runtime.replay import cone as cones
 from prism.runtime.replay.cone import ARRIVE, ARRIVE_RECV, ARRIVE_SEND, LOCAL_WAIT, PLAIN, WAIT
 
@@ -50,15 +51,16 @@ def _job(folder: Path) -> Path:
     return folder / "prism0" if (folder / "prism0").is_dir() else folder
 
 
-def decompose(job: Path, rank: int | None = None) -> dict:
-    """The decomposition of one emulated job's sandbox rank (see the module doc); rank None: the default."""
-    meta = json.loads((job / "emulation" / "meta.json").read_text())
+def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") -> dict:
+    """The decomposition of one emulated job's sandbox rank (see the module doc); rank None: the default;
+    `emulation`: the folder of JOB holding the emulation (`prism.bench.fidelity_hold` writes several)."""
+    meta = json.loads((job / emulation / "meta.json").read_text())
     sandbox = [int(r) for r in meta["sandbox"]]
     rank = sandbox[0] if rank is None else rank
     j = cones.load(job / "graph" / "events.parquet", job / "calibrated" / "timeline.parquet", set(sandbox))
     n = len(j.rank)
     key = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(j.rank, j.seq))}
-    em = pq.read_table(job / "emulation" / "events.parquet",
+    em = pq.read_table(job / emulation / "events.parquet",
                        columns=["rank", "seq", "kind", "op", "start_ns", "end_ns", "source"]).to_pydict()
     start, end = j.start.copy(), j.end.copy()  # the emulation's times where it has them, else calibrated
     kind = np.array([""] * n, dtype=object)
@@ -82,7 +84,8 @@ def decompose(job: Path, rank: int | None = None) -> dict:
         np.maximum.at(a, j.comm[sel], start[sel])
     model_done = np.where(j.p2p, np.maximum(acc_recv, acc_send + j.xfer), acc + j.xfer)
 
-    fig = read_figures(job)
+    fig = figures(pq.read_table(job / emulation / "iterations.parquet"),
+                  pq.read_table(job / "calibrated" / "iterations.parquet"))
     keep = set(fig.iterations)
     mine = np.flatnonzero(j.rank == rank)
     its = sorted(k for k in set(j.iteration[mine].tolist()) if k in keep and k >= 1 and k - 1 in keep)
@@ -136,16 +139,16 @@ def _f(v: float) -> str:
     return f"{v:+.1f}"
 
 
-def table(folders: list[Path], ops: bool = False) -> list[str]:
+def table(folders: list[Path], ops: bool = False, emulation: str = "emulation") -> list[str]:
     out = ["| config | rank (of) | predicted ms | measured ms | gap % (median) | gap ms/it (mean) | compute | issues "
            "| markers | waits: model | waits: excess, by op | residual | program - predicted % | delay (measured - "
            "program) % |", "|" + "---|" * 14]
     detail = []
     for folder in folders:
         job = _job(folder)
-        if not (job / "emulation" / "meta.json").exists():
+        if not (job / emulation / "meta.json").exists():
             continue
-        d = decompose(job)
+        d = decompose(job, emulation=emulation)
         t = d["terms"]
         gap = d["measured_mean_ms"] - d["predicted_mean_ms"]
         model = sum(v for k, v in t.items() if k.endswith(" model"))
@@ -170,11 +173,17 @@ def table(folders: list[Path], ops: bool = False) -> list[str]:
 
 def main(argv: list[str]) -> int:
     ops = "--ops" in argv
-    folders = [Path(a) for a in argv if a != "--ops"]
+    argv = [a for a in argv if a != "--ops"]
+    emulation = "emulation"
+    if "--emulation" in argv:
+        at = argv.index("--emulation")
+        emulation = argv[at + 1]
+        argv = argv[:at] + argv[at + 2:]
+    folders = [Path(a) for a in argv]
     if not folders:
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    print("\n".join(table(folders, ops)))
+    print("\n".join(table(folders, ops, emulation)))
     return 0
 
 
