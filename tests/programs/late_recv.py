@@ -1,7 +1,8 @@
 """Rank 0 sends ranks 1 and 2 each a tensor that they receive LATE_S later; every rank then joins an all-reduce.
 
 Run: torchrun --nproc-per-node 3 tests/programs/late_recv.py
-Prints `timing 0 <send wait to 1> <send wait to 2>` (seconds each of rank 0's isend + wait took) and `result <name> <rank> <sha256>` lines.
+Prints `timing 0 <send wait to 1> <send wait to 2>` (seconds each of rank 0's isend + wait took), `reduced
+<rank> <time.monotonic()>` when a rank's all-reduce returned and `result <name> <rank> <sha256>` lines.
 On gloo a send completes only once its receiver posted the recv (rank 0's wait lasts ~LATE_S, any size); the model of
 prism's calibrated timeline has a send complete locally, which the timed emulation follows
 (`prism.runtime.emulate.works.SendQueue`).
@@ -41,6 +42,7 @@ def main() -> None:
         emit("message", rank, message)
     total = torch.full((16,), float(rank + 1))
     dist.all_reduce(total)
+    os.write(1, f"reduced {rank} {time.monotonic():.4f}\n".encode())  # (one host: one monotonic clock)
     emit("total", rank, total)
     dist.destroy_process_group()
 

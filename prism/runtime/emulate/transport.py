@@ -60,8 +60,21 @@ from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
 TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
+OWNS_KEY = "prism-emu/wait-owns"  # the worker's `TimedReplay.wait_owns`, as JSON
 _TRANSFERS: dict[str, int] | None = None
+_OWNS: dict[str, int] | None = None
 _TIMED = False
+
+
+def wait_owns(store) -> dict[str, int]:
+    """This rank's calibrated own times of its waits on the real collectives (ns by "<group>/<seq>"; the
+    worker's `TimedReplay.wait_owns`), read once; empty in an uncalibrated job."""
+    global _OWNS
+    if _OWNS is None:
+        base = job_store(store)
+        owns = json.loads(base.get(OWNS_KEY)) if base.check([OWNS_KEY]) else {}
+        _OWNS = owns.get(os.environ.get("RANK", "0"), {})
+    return _OWNS
 
 
 def transfers(store) -> dict[str, int]:
@@ -269,13 +282,14 @@ class EmulateTransport(ContributionTransport):
         arrival = time.monotonic_ns()
         key = ("c", self.group, self.seq)
         floor = self._own_floor(arrival)
+        own_ns = wait_owns(self.store).get(f"{self.group}/{self.seq}", 0)  # this rank's lag (the model's)
         floor_src = self.floor_src if timed(self.store) else None
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
         order = stream_order(list(mine or []) + flat_tensors(result))
-        work = EmuWork(result)
+        work = EmuWork(result, own_ns)
 
         def exchange() -> tuple[int, int, torch.Tensor]:
             wire = GlooWire(self.pg)

@@ -132,11 +132,17 @@ def held_future(source: torch.futures.Future, floor: Callable[[], int], result) 
 
 class EmuWork(OwnResult, Work):
     """An emulated collective in flight: its exchange and completion run on the group's thread, which then
-    calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor."""
+    calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor, and a wait
+    end `own` (ns: the calibrated own time of this rank's wait on it, `TimedReplay.wait_owns`) past the later
+    of its call and the floor, as the model ends a wait (`clock_rule.wait_ends`: a member's lag behind the
+    first member to see the completion; the future and `is_completed`, which have no call time, at the floor
+    + `own`). Without the own time, a rank the model has lagging saw every held collective early (session
+    17: 35.6-48.6 ms an iteration in dp8, tp2dp4, tp4dp2 of session 16's call 2)."""
 
-    def __init__(self, result) -> None:
+    def __init__(self, result, own: int = 0) -> None:
         super().__init__()
         self.inner = torch.futures.Future()
+        self.own = max(0, int(own))
         self.floor = 0
         self.exchanged = 0  # (host monotonic ns: when its group thread finished the exchange)
         self._result = result
@@ -163,17 +169,20 @@ class EmuWork(OwnResult, Work):
             with STATS_LOCK:
                 HOPS["waited_ops"] += 1
                 HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
-        hold_until(self.floor)
+        hold_until(max(called, self.floor) + self.own if self.own and self.floor else self.floor)
         return True
+
+    def _held(self) -> int:
+        return self.floor + self.own if self.floor else 0
 
     def get_future(self) -> torch.futures.Future:
         with self.lock:
             if self.future is None:
-                self.future = held_future(self.inner, lambda: self.floor, self._result)
+                self.future = held_future(self.inner, self._held, self._result)
         return self.future
 
     def is_completed(self) -> bool:
-        return self.inner.done() and time.monotonic_ns() >= self.floor
+        return self.inner.done() and time.monotonic_ns() >= self._held()
 
 
 class NativeWork(OwnResult, Work):

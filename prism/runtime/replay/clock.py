@@ -256,6 +256,22 @@ class TimedReplay:
         return {f"{g}/{k}": max(0, int(self.xfer[self.index[c]])) for (g, k), c in self.collective_comm.items()
                 if c in self.index}
 
+    def wait_owns(self) -> dict[str, dict[str, int]]:
+        """Per sandbox rank ("<rank>"), the calibrated own time (ns, > 0) of its first blocking wait on each real
+        collective, by "<group>/<group_seq>": the model ends that wait its own time after max(its start, the
+        completion) (`clock_rule.wait_ends`; a member's lag behind the first member to see the completion), so
+        the sandbox's work holds that long past its floor (`emulate.works.EmuWork`)."""
+        name = {self.index[c]: f"{g}/{k}" for (g, k), c in self.collective_comm.items() if c in self.index}
+        job = self.job
+        sel = np.flatnonzero((job.code == WAIT) & ~job.virtual & (job.comm >= 0))
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for i in sel:  # (rank, seq) order: a rank's first wait on a comm comes first
+            key = name.get(int(job.comm[i]))
+            mine = out[str(int(job.rank[i]))]
+            if key is not None and key not in mine and int(job.dur[i]) > 0 and not job.p2p[job.comm[i]]:
+                mine[key] = int(job.dur[i])
+        return dict(out)
+
     def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> int:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
         the last arrival (with `hold`: the last arrival + the comm's calibrated transfer less `lead_ns`, the
