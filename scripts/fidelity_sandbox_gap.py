@@ -27,7 +27,8 @@ bench's figure is a median). ``program`` is the emulate stage's own split (`pris
 in the calibrated sweep with the sandbox's measured durations substituted; ``delay`` = measured - program.
 
     .venv/bin/python scripts/fidelity_sandbox_gap.py F/a/* F/b/*          # F: an unpacked artifacts.tar.xz
-    .venv/bin/python scripts/fidelity_sandbox_gap.py --ops F/a/CONFIG      # + per op kind: n, excess median/p95
+    .venv/bin/python scripts/fidelity_sandbox_gap.py --ops F/a/CONFIG      # + per op kind: n, excess median/p95,
+                                                                          # and compute wall/CPU against the slice's
     .venv/bin/python scripts/fidelity_sandbox_gap.py --emulation emulation_after2 W/CONFIG   # fidelity_hold's
 """
 
@@ -61,18 +62,35 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
     n = len(j.rank)
     key = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(j.rank, j.seq))}
     em = pq.read_table(job / emulation / "events.parquet",
-                       columns=["rank", "seq", "kind", "op", "start_ns", "end_ns", "source"]).to_pydict()
+                       columns=["rank", "seq", "kind", "op", "start_ns", "end_ns", "source", "cpu_ns"]).to_pydict()
+    cpu = np.zeros(n, dtype=np.int64)
     start, end = j.start.copy(), j.end.copy()  # the emulation's times where it has them, else calibrated
     kind = np.array([""] * n, dtype=object)
     op = np.array([""] * n, dtype=object)
-    for r, s, k, o, b, e, src in zip(em["rank"], em["seq"], em["kind"], em["op"], em["start_ns"], em["end_ns"],
-                                     em["source"]):
+    for r, s, k, o, b, e, src, c in zip(em["rank"], em["seq"], em["kind"], em["op"], em["start_ns"], em["end_ns"],
+                                        em["source"], em["cpu_ns"]):
         i = key.get((int(r), int(s)))
         if i is None:
             continue
         kind[i], op[i] = k, o
         if src in ("sandbox", "replay"):
             start[i], end[i] = b, e
+        if src == "sandbox":
+            cpu[i] = c
+    # the slice run that calibrated this rank: its compute events' CPU time and wall span (the calibrated durations)
+    slice_cpu = np.zeros(n, dtype=np.int64)
+    slice_wall = np.zeros(n, dtype=np.int64)
+    plan = job / "slices" / "plan.parquet"
+    if plan.exists():
+        p = pq.read_table(plan, columns=["rank", "slice"]).to_pydict()
+        k = dict(zip(p["rank"], p["slice"])).get(rank)
+        sl = job / "slices" / f"slice={k}" / "events.parquet"
+        if k is not None and sl.exists():
+            t = pq.read_table(sl, columns=["rank", "seq", "cpu_ns", "t_start_ns", "t_end_ns"]).to_pydict()
+            for r, q, c, b, e in zip(t["rank"], t["seq"], t["cpu_ns"], t["t_start_ns"], t["t_end_ns"]):
+                i = key.get((int(r), int(q)))
+                if i is not None:
+                    slice_cpu[i], slice_wall[i] = c, e - b
     m = len(j.comm_ids)
     issue = (j.code >= ARRIVE) & (j.code <= ARRIVE_RECV)
     acc = np.full(m, NEG, dtype=np.int64)
@@ -83,6 +101,12 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
         sel = issue & (j.code == code)
         np.maximum.at(a, j.comm[sel], start[sel])
     model_done = np.where(j.p2p, np.maximum(acc_recv, acc_send + j.xfer), acc + j.xfer)
+    # who arrived last at each collective: another sandbox rank than the one decomposed (whose arrival the
+    # sandbox's floor does not see: it holds to its own arrival and the virtual ones, + the transfer)
+    last_rank = np.full(m, -1, dtype=np.int64)
+    order = np.flatnonzero(issue)
+    order = order[np.lexsort((start[order], j.comm[order]))]  # by comm, then arrival: the last one wins
+    last_rank[j.comm[order]] = j.rank[order]
 
     fig = figures(pq.read_table(job / emulation / "iterations.parquet"),
                   pq.read_table(job / "calibrated" / "iterations.parquet"))
@@ -112,8 +136,15 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
                 t[f"wait {o} model"] += ((model_end - s) - b) / 1e6
                 t[f"wait {o} excess"] += excess / 1e6
                 excess_by_op[o].append(excess / 1e6)
+                if c == WAIT and comm >= 0 and not j.p2p[comm] and last_rank[comm] in sandbox \
+                        and last_rank[comm] != rank:
+                    t[f"wait {o} excess, last arrival another sandbox rank"] += excess / 1e6
             elif c == PLAIN and kind[i] == "compute":
                 t["compute"] += (a - b) / 1e6
+                t["compute cpu"] += cpu[i] / 1e6
+                t["compute calibrated"] += b / 1e6
+                t["slice compute cpu"] += slice_cpu[i] / 1e6
+                t["slice compute wall"] += slice_wall[i] / 1e6
             elif c == PLAIN:
                 t["markers"] += (a - b) / 1e6
             else:
@@ -135,6 +166,10 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
             "excess_by_op": {o: v for o, v in excess_by_op.items()}}
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b else "-"
+
+
 def _f(v: float) -> str:
     return f"{v:+.1f}"
 
@@ -144,6 +179,7 @@ def table(folders: list[Path], ops: bool = False, emulation: str = "emulation") 
            "| markers | waits: model | waits: excess, by op | residual | program - predicted % | delay (measured - "
            "program) % |", "|" + "---|" * 14]
     detail = []
+    compute = []
     for folder in folders:
         job = _job(folder)
         if not (job / emulation / "meta.json").exists():
@@ -153,6 +189,10 @@ def table(folders: list[Path], ops: bool = False, emulation: str = "emulation") 
         gap = d["measured_mean_ms"] - d["predicted_mean_ms"]
         model = sum(v for k, v in t.items() if k.endswith(" model"))
         excess = {k[5:-7]: v for k, v in t.items() if k.endswith(" excess")}
+        compute.append(f"| {'/'.join(folder.resolve().parts[-3:])} | {t.get('compute calibrated', 0) + t.get('compute', 0):.1f} "
+                       f"| {t.get('compute cpu', 0):.1f} | {t.get('compute calibrated', 0):.1f} | "
+                       f"{t.get('slice compute wall', 0):.1f} | {t.get('slice compute cpu', 0):.1f} | "
+                       f"{_ratio(t.get('compute cpu', 0), t.get('slice compute cpu', 0))} |")
         ex = ", ".join(f"{o} {_f(v)}" for o, v in sorted(excess.items(), key=lambda kv: -abs(kv[1])) if abs(v) >= 0.05)
         pm, me, pr = d["program_median_ms"], d["measured_median_ms"], d["predicted_median_ms"]
         name = "/".join(folder.resolve().parts[-3:]) if folder.name != "prism0" else str(folder)
@@ -163,11 +203,16 @@ def table(folders: list[Path], ops: bool = False, emulation: str = "emulation") 
         if ops:
             for o, v in sorted(d["excess_by_op"].items()):
                 a = np.asarray(v)
+                other = t.get(f"wait {o} excess, last arrival another sandbox rank")
                 detail.append(f"| {name} | wait {o} | {len(a)} | {np.median(a):.2f} / {np.percentile(a, 95):.2f} / "
-                              f"{a.max():.2f} | {t.get(f'wait {o} model', 0):+.1f} | {t.get(f'wait {o} excess', 0):+.1f} |")
+                              f"{a.max():.2f} | {t.get(f'wait {o} model', 0):+.1f} | {t.get(f'wait {o} excess', 0):+.1f} "
+                              f"| {'-' if other is None else f'{other:+.1f}'} |")
     if detail:
-        out += ["", "| config | wait on | n | excess ms: median / p95 / max | model ms/it | excess ms/it |",
-                "|---|---|---|---|---|---|"] + detail
+        out += ["", "| config | wait on | n | excess ms: median / p95 / max | model ms/it | excess ms/it | of it, "
+                "where another sandbox rank arrived last, ms/it |", "|---|---|---|---|---|---|---|"] + detail
+        out += ["", "compute, ms per iteration of the rank (mean over the iterations):", "",
+                "| config | sandbox wall | sandbox CPU | calibrated (the slice's wall) | slice wall | slice CPU "
+                "| sandbox CPU / slice CPU |", "|---|---|---|---|---|---|---|"] + compute
     return out
 
 

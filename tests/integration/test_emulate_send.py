@@ -5,7 +5,10 @@
   17 in `docs/fidelity.md`: the pipeline configs' sends waited for the next stage's arrival, up to 36.6 ms an
   iteration past the model);
 - a wait on a held collective ends its calibrated own time after the later of its call and the completion
-  (`wait_ends`: a member's lag), not at the completion (`EmuWork`, `TimedReplay.wait_owns`).
+  (`wait_ends`: a member's lag), not at the completion (`EmuWork`, `TimedReplay.wait_owns`);
+- that completion is a transfer after the last arrival of any member, another sandbox member's included (the
+  sandbox participants exchange their arrivals: `transport.ARRIVAL_TAG`), not after the rank's own arrival
+  or the virtual members' last.
 """
 
 from __future__ import annotations
@@ -49,7 +52,36 @@ def _timeline(events: list[dict], lag_s: float = 0.0) -> list[dict]:
     return rows
 
 
-def _job(tmp_path, lag_s: float):
+def _timeline_last_sandbox(events: list[dict], xfer_s: float) -> list[dict]:
+    """Each rank's events back to back, 1 ms each, but rank 1's sleep (LATE_S, before its recv): the last
+    arrival at the all-reduce is rank 1, a sandbox rank, and every member's wait on it ends `xfer_s` after."""
+    rows, clock = [], {}
+    by_id = {r["event_id"]: r for r in events}
+    one = sorted((r for r in events if r["rank"] == 1), key=lambda r: r["seq"])
+    recv = next(r["seq"] for r in one if r["kind"] == "recv")
+    sleep = max(r["seq"] for r in one if r["seq"] < recv and r["kind"] == "compute")
+    arrive = {}
+    for r in sorted(events, key=lambda r: (r["rank"], r["seq"])):
+        start = clock.get(r["rank"], 0)
+        end = start + (int(LATE_S * 1e9) if (r["rank"], r["seq"]) == (1, sleep) else 1_000_000)
+        if r["kind"] == "collective":
+            arrive[r["rank"]] = start
+        rows.append(dict(rank=r["rank"], seq=r["seq"], event_id=r["event_id"], start_ns=start, end_ns=end))
+        clock[r["rank"]] = end
+    done = max(arrive.values()) + int(xfer_s * 1e9)
+    clock = {}
+    for row, r in zip(rows, sorted(events, key=lambda r: (r["rank"], r["seq"]))):  # again, the waits at `done`
+        op = by_id.get(r["op_event_id"]) if r["kind"] == "wait" else None
+        start = clock.get(r["rank"], row["start_ns"])
+        end = start + (row["end_ns"] - row["start_ns"])
+        if op is not None and op["kind"] == "collective":
+            end = max(start, done) + 100_000
+        row["start_ns"], row["end_ns"] = start, end
+        clock[r["rank"]] = end
+    return rows
+
+
+def _job(tmp_path, lag_s: float, timeline=None):
     job = tmp_path / "job"
     program = [str(PROGRAMS / "late_recv.py")]
     cap = _capture(job, 3, program)
@@ -57,7 +89,8 @@ def _job(tmp_path, lag_s: float):
     assert graph.returncode == 0, graph.stderr[-3000:]
     events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
     (job / "calibrated").mkdir()
-    pq.write_table(pa.Table.from_pylist(_timeline(events, lag_s), schema=schemas.TIMELINE),
+    pq.write_table(pa.Table.from_pylist(timeline(events) if timeline else _timeline(events, lag_s),
+                                        schema=schemas.TIMELINE),
                    job / "calibrated" / "timeline.parquet")
     proc = _emulate(job, 3, "0,1", program, "--devices", "2")  # rank 2 virtual: the worker's recv, at ~2 s
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,6 +104,17 @@ def test_a_lagging_member_waits_its_own_time_past_the_completion(tmp_path):
             if line.startswith("reduced ")}
     assert done[1] - done[0] >= LAG_S - 0.15, done  # rank 1's wait: its own time after the completion
     assert done[1] - done[0] <= LAG_S + 0.5, done
+
+
+def test_a_held_collective_counts_the_other_sandbox_members_arrivals(tmp_path):
+    """Rank 1 (sandbox) arrives last, LATE_S after rank 0; the model completes the all-reduce XFER_S after
+    that: rank 0's wait too, not XFER_S after its own arrival (nor the virtual rank 2's)."""
+    xfer_s = 1.0
+    cap, proc = _job(tmp_path, 0.0, lambda events: _timeline_last_sandbox(events, xfer_s))
+    assert _results(proc.stdout) == _results(cap.stdout, {0, 1})
+    done = {int(line.split()[1]): float(line.split()[2]) for line in proc.stdout.splitlines()
+            if line.startswith("reduced ")}
+    assert abs(done[1] - done[0]) < 0.3, done  # both at rank 1's arrival + the transfer
 
 
 def test_a_send_to_a_late_receiver_completes_at_once(tmp_path):

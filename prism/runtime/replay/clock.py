@@ -24,7 +24,9 @@ without it). A collective's data moves as soon as its participants arrive; its *
 worker exchanges at t0 + the virtual members' last arrival (`gate(comm)`), sends the sandbox members the
 comm's virtual floor, t0 + that arrival + the transfer (what `gate` returns; `emulation.FLOOR_TAG`), and
 completes the comm for the virtual ranks no earlier (`complete(comm, floor)`); a sandbox member's
-collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
+collective ends no earlier than that floor nor than the last sandbox member's arrival + the transfer (the
+sandbox participants exchange their arrivals; before session 17 only its own counted, and a member that
+arrived first completed a transfer early: dp8's DP all-reduces 50 ms an iteration) (`collective_transfers`,
 published to the sandbox ranks before the common start), held off the thread that exchanges
 (`emulated_works`). A native op of a group of sandbox ranks only (`native_group`) is not held: it is the
 job's own gloo op among the job's own ranks. So the op completes about at the model's completion whoever arrives last, and a burst
