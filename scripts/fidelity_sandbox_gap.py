@@ -107,6 +107,10 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
     order = np.flatnonzero(issue)
     order = order[np.lexsort((start[order], j.comm[order]))]  # by comm, then arrival: the last one wins
     last_rank[j.comm[order]] = j.rank[order]
+    # collectives of a group of two sandbox members (a TP pair: gloo's own all-reduce SUM since session 17)
+    comms = pq.read_table(job / "graph" / "comms.parquet", columns=["comm_id", "members"]).to_pydict()
+    pair_ids = {c for c, mem in zip(comms["comm_id"], comms["members"]) if len(mem) == 2 and set(mem) <= set(sandbox)}
+    pair = np.isin(j.comm_ids, np.asarray(sorted(pair_ids), dtype=np.int64))
 
     fig = figures(pq.read_table(job / emulation / "iterations.parquet"),
                   pq.read_table(job / "calibrated" / "iterations.parquet"))
@@ -139,6 +143,8 @@ def decompose(job: Path, rank: int | None = None, emulation: str = "emulation") 
                 if c == WAIT and comm >= 0 and not j.p2p[comm] and last_rank[comm] in sandbox \
                         and last_rank[comm] != rank:
                     t[f"wait {o} excess, last arrival another sandbox rank"] += excess / 1e6
+                if c == WAIT and comm >= 0 and pair[comm]:
+                    t[f"wait {o} excess, sandbox pair"] += excess / 1e6
             elif c == PLAIN and kind[i] == "compute":
                 t["compute"] += (a - b) / 1e6
                 t["compute cpu"] += cpu[i] / 1e6
@@ -204,12 +210,14 @@ def table(folders: list[Path], ops: bool = False, emulation: str = "emulation") 
             for o, v in sorted(d["excess_by_op"].items()):
                 a = np.asarray(v)
                 other = t.get(f"wait {o} excess, last arrival another sandbox rank")
+                in_pair = t.get(f"wait {o} excess, sandbox pair")
                 detail.append(f"| {name} | wait {o} | {len(a)} | {np.median(a):.2f} / {np.percentile(a, 95):.2f} / "
                               f"{a.max():.2f} | {t.get(f'wait {o} model', 0):+.1f} | {t.get(f'wait {o} excess', 0):+.1f} "
-                              f"| {'-' if other is None else f'{other:+.1f}'} |")
+                              f"| {'-' if other is None else f'{other:+.1f}'} | {'-' if in_pair is None else f'{in_pair:+.1f}'} |")
     if detail:
         out += ["", "| config | wait on | n | excess ms: median / p95 / max | model ms/it | excess ms/it | of it, "
-                "where another sandbox rank arrived last, ms/it |", "|---|---|---|---|---|---|---|"] + detail
+                "where another sandbox rank arrived last, ms/it | of it, in a group of two sandbox ranks, ms/it |",
+                "|---|---|---|---|---|---|---|---|"] + detail
         out += ["", "compute, ms per iteration of the rank (mean over the iterations):", "",
                 "| config | sandbox wall | sandbox CPU | calibrated (the slice's wall) | slice wall | slice CPU "
                 "| sandbox CPU / slice CPU |", "|---|---|---|---|---|---|---|"] + compute
