@@ -40,7 +40,6 @@ payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +52,7 @@ from prism import job_paths, settings
 from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate.common_start import to_local_clock
 from prism.runtime import ops, semantics, shm, watchdog
-from prism.runtime.emulate import native_group
+from prism.runtime.emulate import calibrated, native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.backend import flat_tensors
 from prism.runtime.emulate.works import HOPS, SENDS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
@@ -61,40 +60,8 @@ from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
-OWNS_KEY = "prism-emu/wait-owns"  # the worker's `TimedReplay.wait_owns`, as JSON
-_TRANSFERS: dict[str, int] | None = None
-_OWNS: dict[str, int] | None = None
-_TIMED = False
-
-
-def wait_owns(store) -> dict[str, int]:
-    """This rank's calibrated own times of its waits on the real collectives (ns by "<group>/<seq>"; the
-    worker's `TimedReplay.wait_owns`), read once; empty in an uncalibrated job."""
-    global _OWNS
-    if _OWNS is None:
-        base = job_store(store)
-        owns = json.loads(base.get(OWNS_KEY)) if base.check([OWNS_KEY]) else {}
-        _OWNS = owns.get(os.environ.get("RANK", "0"), {})
-    return _OWNS
-
-
-def transfers(store) -> dict[str, int]:
-    """The calibrated transfers of the real collectives (ns by "<group>/<seq>"), read once from the job's
-    store after the common start; empty when the worker published none (an uncalibrated job)."""
-    global _TRANSFERS, _TIMED
-    if _TRANSFERS is None:
-        base = job_store(store)
-        _TIMED = bool(base.check([TRANSFERS_KEY]))
-        _TRANSFERS = json.loads(base.get(TRANSFERS_KEY)) if _TIMED else {}
-    return _TRANSFERS
-
-
-def timed(store) -> bool:
-    """Whether the worker runs the timed replay (it published the transfers): then it sends each real
-    collective's virtual floor (`floor_sender`)."""
-    transfers(store)
-    return _TIMED
+TRANSFERS_KEY, OWNS_KEY = calibrated.TRANSFERS_KEY, calibrated.OWNS_KEY
+transfers, wait_owns, timed = calibrated.transfers, calibrated.wait_owns, calibrated.timed
 
 
 def floor_sender(parts: list[tuple[int, list[int]]], sandbox: set[int]) -> int | None:
