@@ -4,8 +4,9 @@ native op of sandbox ranks only (`prism/runtime/emulate/works.py`, `EmulateTrans
 A burst of async all-reduces whose calibrated completions differ (the first long, the second short, the
 second waited first: DDP's buckets) must complete each at its own calibrated time: while the hold was the
 group thread's (and the worker's), the second was exchanged only after the first's hold ended. A native op
-of a group of sandbox ranks only (all_gather_into_tensor) is the job's own op: not held to the calibrated
-transfer; that group's all-reduce runs prism's protocol and is held.
+of a group of sandbox ranks only (all_gather_into_tensor; and, that group being a pair, its all-reduce SUM:
+gloo's own, `native_group._allreduce`) is the job's own op: not held to the calibrated transfer; that
+group's all-reduce MAX runs prism's protocol and is held.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def test_a_collective_is_held_alone_and_a_native_op_not_at_all(tmp_path):
     events = pq.read_table(job / "graph" / "events.parquet").to_pylist()
     mine = sorted((r for r in events if r["rank"] == 0 and r["kind"] == "collective"), key=lambda r: r["seq"])
     assert [(r["group_name"] == "0", r["group_seq"], r["op"]) for r in mine] == [
-        (True, 0, "all_reduce"), (True, 1, "all_reduce"), (False, 0, "all_gather_into_tensor"), (False, 1, "all_reduce")]
+        (True, 0, "all_reduce"), (True, 1, "all_reduce"), (False, 0, "all_gather_into_tensor"), (False, 1, "all_reduce"),
+        (False, 2, "all_reduce")]
     (job / "calibrated").mkdir()
     pq.write_table(pa.Table.from_pylist(_timeline(events), schema=schemas.TIMELINE),
                    job / "calibrated" / "timeline.parquet")
@@ -56,10 +58,11 @@ def test_a_collective_is_held_alone_and_a_native_op_not_at_all(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _results(proc.stdout) == _results(cap.stdout, {0, 1})  # the values do not depend on the timing
     for rank in (0, 1):
-        second_s, first_s, gather_s, reduce_s = next(map(float, line.split()[2:]) for line in proc.stdout.splitlines()
-                                                     if line.startswith(f"timing {rank} "))
+        second_s, first_s, gather_s, reduce_s, max_s = next(map(float, line.split()[2:]) for line in
+                                                            proc.stdout.splitlines() if line.startswith(f"timing {rank} "))
         assert first_s >= LONG_S - 0.05, (rank, second_s, first_s)  # held to its calibrated completion
         assert second_s < LONG_S - 0.5, (rank, second_s, first_s)  # not held behind the first
         assert gather_s - first_s < LONG_S - 0.5, (rank, first_s, gather_s)  # native, all sandbox: not held
-        assert reduce_s - gather_s >= LONG_S - 0.05, (rank, gather_s, reduce_s)  # the protocol's: held
+        assert reduce_s - gather_s < LONG_S - 0.5, (rank, gather_s, reduce_s)  # a pair's SUM: native, not held
+        assert max_s - reduce_s >= LONG_S - 0.05, (rank, reduce_s, max_s)  # the protocol's: held
     assert _meta(job)["emulation"]["transfer_holds"] > 0

@@ -30,3 +30,10 @@ def test_the_check_is_bitwise_and_order_sensitive():
     ins = [emulate_ops.case("all_reduce", r, 4)["record"][1][0] for r in range(4)]
     assert emulate_ops._bitwise(want, ((ins[0] + ins[1]) + ins[2]) + ins[3])
     assert not emulate_ops._bitwise(want, ((ins[3] + ins[2]) + ins[1]) + ins[0])
+
+
+def test_a_pairs_all_reduce_is_gloos_own_and_the_left_fold_bitwise():
+    """A group of two sandbox members reduces with gloo's own allreduce (`native_group._allreduce`: x0 + x1
+    has no order); the workers check its output against the left fold, bitwise."""
+    table = emulate_ops.measure(2, 3, ["all_reduce"])
+    assert {(r["shape"], r["op"]) for r in table} == {(s, "all_reduce") for s in emulate_ops.SHAPES}

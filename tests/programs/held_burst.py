@@ -1,11 +1,12 @@
 """A burst of async all-reduces, the second waited first (what gradient buckets do), then, on the group of
-ranks 0 and 1, an all_gather_into_tensor (a native op when both are sandbox ranks) and an all-reduce.
+ranks 0 and 1, an all_gather_into_tensor and an all-reduce SUM (native ops when both are sandbox ranks) and
+an all-reduce MAX (prism's protocol).
 
 Run: torchrun --nproc-per-node 4 tests/programs/held_burst.py
-Prints `timing <rank> <second> <first> [<pair gather> <pair all-reduce>]`: seconds from just before the
+Prints `timing <rank> <second> <first> [<pair gather> <pair all-reduce> <pair max>]`: seconds from just before the
 first is issued to the end of each wait (the pair's ops on ranks 0 and 1 only), and `result <name> <rank>
 <sha256>` lines. The emulation's test calibrates the first all-reduce, the pair's all-gather and the pair's
-all-reduce to long transfers and the second to a short one.
+all-reduce and max to long transfers and the second to a short one.
 """
 
 import hashlib
@@ -41,8 +42,12 @@ def main() -> None:
         third = torch.full((64,), 2.0) * (rank + 1)
         dist.all_reduce(third, group=pair)
         times.append(time.monotonic() - began)
+        fourth = torch.full((64,), 3.0) * (rank + 1)
+        dist.all_reduce(fourth, op=dist.ReduceOp.MAX, group=pair)
+        times.append(time.monotonic() - began)
         emit("pair.gather", rank, gathered)
         emit("pair.all_reduce", rank, third)
+        emit("pair.max", rank, fourth)
     os.write(1, f"timing {rank} {' '.join(f'{t:.4f}' for t in times)}\n".encode())
     emit("first", rank, first)
     emit("second", rank, second)

@@ -8,10 +8,18 @@ compensator to talk to: the participants' own `ProcessGroupGloo` moves the same 
   every member's output holds the other members' input bytes, as the protocol's `got` does;
 - reduce_scatter_tensor keeps prism's left fold (`semantics.reduce`, bitwise what the protocol's chain
   gives): each member receives its chunk of every member's input (`alltoall_base`, equal splits) and folds
-  them in group order (`compensation.fold`). Gloo's own reductions (ring order) are never used.
-The other kinds answer None and `EmulateTransport` runs the protocol for them: all_reduce (gathering every
-member's tensor to fold it locally measured no faster than the protocol's chain: `prism bench
-emulate-ops`), reduce, list reduce_scatter / all_to_all, gather, scatter, all_gather_coalesced. CUDA tensors go through host copies (gloo here
+  them in group order (`compensation.fold`). Gloo's own reductions (ring order) are not used where order
+  matters;
+- all_reduce SUM of a group of two members (a TP pair): gloo's own allreduce. Two members have no order:
+  each element is x0 + x1, and IEEE addition is commutative, so gloo's result is the left fold's bitwise
+  (float32/64, float16, bfloat16, int64 checked). It is the op the slice runs timed (`SliceTransport` runs
+  the real backend), where the protocol's chain on the group thread, held to that calibrated transfer,
+  ended 0.3 ms an op past the model at the median, 22-31 ms an iteration in the TP configs of session 16
+  (session 17 in `docs/fidelity.md`).
+The other kinds answer None and `EmulateTransport` runs the protocol for them: all_reduce of more than two
+members or another op (gathering every member's tensor to fold it locally measured no faster than the
+protocol's chain: `prism bench emulate-ops`), reduce, list reduce_scatter / all_to_all, gather, scatter,
+all_gather_coalesced. CUDA tensors go through host copies (gloo here
 reads and writes host memory; nothing is allocated on the sandbox's device); CPU contiguous tensors are
 read and written in place. `sent` is the tensor bytes this member sends (the protocol's accounting).
 """
@@ -21,7 +29,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions, ProcessGroupGloo, Work
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, AllToAllOptions, ProcessGroupGloo, ReduceOp, Work
 
 from prism.runtime.emulate import compensation as comp
 from prism.runtime import semantics
@@ -111,5 +119,16 @@ def _reduce_scatter_single(pg, n, me, output, input, opts) -> Issued:
     return works, finish, _nbytes(src) - _nbytes(src) // n
 
 
-_METHODS = {"alltoall_base": _alltoall_base, "all_gather_single": _all_gather_single, "allgather": _allgather,
+def _allreduce(pg, n, me, tensors, opts) -> Issued | None:
+    if n != 2 or semantics.red_op(opts) != semantics.RedOp.SUM or not tensors \
+            or any(t.is_sparse or t.is_complex() or t.dtype == torch.bool for t in tensors):
+        return None  # the protocol's chain: the left fold in group order
+    bufs = [_host(t) for t in tensors]  # (CPU contiguous: reduced in place, as gloo's allreduce does)
+    options = AllreduceOptions()
+    options.reduceOp = ReduceOp.SUM
+    work = pg.allreduce(bufs, options)
+    return [work], lambda: _back(list(zip(tensors, bufs))), sum(map(_nbytes, bufs))
+
+
+_METHODS = {"allreduce": _allreduce, "alltoall_base": _alltoall_base, "all_gather_single": _all_gather_single, "allgather": _allgather,
             "broadcast": _broadcast, "barrier": _barrier, "reduce_scatter_single": _reduce_scatter_single}

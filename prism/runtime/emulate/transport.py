@@ -19,12 +19,16 @@ substitutes); data movement sends each sandbox member only what it reads. Comple
 outputs (`ContributionTransport`'s completion functions where the outcome is the members' contributions).
 The protocol runs on one thread per group (issue order = group order, as on a real backend), so async ops
 stay async. A collective run by the protocol completes no earlier than the member's arrival (its call) +
-the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`), when the job is
-calibrated (the transfer hold: `replay.clock`'s module doc; `transfer_hold_s`); the hold is the work's
+the op's calibrated transfer, nor than the virtual floor the worker sends (`floor_sender`), nor than the
+group's other sandbox members' last arrival + the transfer (each sandbox participant sends the others its
+arrival, `ARRIVAL_TAG`), when the job is calibrated (the transfer hold: `replay.clock`'s module doc;
+`transfer_hold_s`); the hold is the work's
 (`emulate.works`), never the group thread's, so a group's next collective is exchanged while the previous
 one is held. A native op of an all-sandbox group is not held: it is the job's own op (`_native`).
 Point-to-point messages go straight over the participants' gloo pair, with a tag that names
-(tag, sender, receiver). `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
+(tag, sender, receiver). In a timed emulation a send completes for the program at once, as the model has it
+(`prism.clock_rule`), its data going out on a sender thread (`works.SendQueue`): a gloo send completes only once
+the receiver posted its recv. `bytes_sent` counts the tensor bytes of every message (the protocol's bytes);
 `framing_bytes` the messages' headers apart.
 
 Worker side (`serve`): one process for every virtual rank, forked by the zygote. It reads the capture's
@@ -36,7 +40,6 @@ payloads / receives. Payloads are loaded ahead through `prefetch.PayloadPool` (`
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,35 +52,16 @@ from prism import job_paths, settings
 from prism.runtime.emulate import compensation as comp
 from prism.runtime.emulate.common_start import to_local_clock
 from prism.runtime import ops, semantics, shm, watchdog
-from prism.runtime.emulate import native_group
+from prism.runtime.emulate import calibrated, native_group
 from prism.runtime.emulate import pruned
 from prism.runtime.backend import flat_tensors
-from prism.runtime.emulate.works import HOPS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
+from prism.runtime.emulate.works import HOPS, SENDS, STATS, STATS_LOCK, EmuWork, NativeWork, SourceWork, stream_order
 from prism.runtime.contributions import ContributionTransport
 from prism.runtime.transport import job_store
 
 EMU_PREFIX = "prism-emu"
-TRANSFERS_KEY = "prism-emu/transfers"  # the worker's `TimedReplay.collective_transfers`, as JSON
-_TRANSFERS: dict[str, int] | None = None
-_TIMED = False
-
-
-def transfers(store) -> dict[str, int]:
-    """The calibrated transfers of the real collectives (ns by "<group>/<seq>"), read once from the job's
-    store after the common start; empty when the worker published none (an uncalibrated job)."""
-    global _TRANSFERS, _TIMED
-    if _TRANSFERS is None:
-        base = job_store(store)
-        _TIMED = bool(base.check([TRANSFERS_KEY]))
-        _TRANSFERS = json.loads(base.get(TRANSFERS_KEY)) if _TIMED else {}
-    return _TRANSFERS
-
-
-def timed(store) -> bool:
-    """Whether the worker runs the timed replay (it published the transfers): then it sends each real
-    collective's virtual floor (`floor_sender`)."""
-    transfers(store)
-    return _TIMED
+TRANSFERS_KEY, OWNS_KEY = calibrated.TRANSFERS_KEY, calibrated.OWNS_KEY
+transfers, wait_owns, timed = calibrated.transfers, calibrated.wait_owns, calibrated.timed
 
 
 def floor_sender(parts: list[tuple[int, list[int]]], sandbox: set[int]) -> int | None:
@@ -133,6 +117,7 @@ def decode_parts(data: bytes) -> dict[int, tuple[dict, list[torch.Tensor]]]:
 
 COLL_TAG = 1 << 30  # gloo tags of the collectives' messages (p2p tags stay far below: p2p_tag)
 FLOOR_TAG = COLL_TAG - 1  # a collective's virtual floor (int64 ns), from `floor_sender` to each sandbox participant
+ARRIVAL_TAG = COLL_TAG - 2  # a sandbox participant's arrival at a collective (int64 ns, host 0's clock), to the others
 
 
 class GlooWire:
@@ -236,6 +221,8 @@ class EmulateTransport(ContributionTransport):
             STATS["communicators"] += 1
         self.native = self.pg is not None and native_group.all_sandbox(self.parts, sandbox_ranks())
         self.floor_src = floor_sender(self.parts, sandbox_ranks())
+        # the group's other sandbox participants: each protocol collective's arrivals are exchanged with them
+        self.peers = [i for i, p in enumerate(self.parts) if i != self.index and comp.is_sandbox(p, sandbox_ranks())]
         self.got: dict[tuple, dict] = {}
         self.store = store
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"prism-emu-g{group_name}")
@@ -267,45 +254,58 @@ class EmulateTransport(ContributionTransport):
         arrival = time.monotonic_ns()
         key = ("c", self.group, self.seq)
         floor = self._own_floor(arrival)
+        own_ns = wait_owns(self.store).get(f"{self.group}/{self.seq}", 0)  # this rank's lag (the model's)
         floor_src = self.floor_src if timed(self.store) else None
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
         own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
         order = stream_order(list(mine or []) + flat_tensors(result))
-        work = EmuWork(result)
+        work = EmuWork(result, own_ns)
 
-        def exchange() -> tuple[int, int, torch.Tensor]:
+        peers = self.peers if timed(self.store) else []
+
+        def exchange() -> tuple[int, int, torch.Tensor, int]:
             wire = GlooWire(self.pg)
             virtual = torch.zeros(1, dtype=torch.int64)
             got_floor = None if floor_src is None else self.pg.recv([virtual], floor_src, FLOOR_TAG)
+            # the other sandbox members' arrivals: the model completes the op a transfer after the last
+            # arrival of any member, and the floor the worker sends knows only the virtual ones
+            stamp = torch.tensor([arrival - settings.CLOCK_OFFSET_NS.get()], dtype=torch.int64)
+            theirs = [torch.zeros(1, dtype=torch.int64) for _ in peers]
+            stamps = [self.pg.send([stamp], i, ARRIVAL_TAG) for i in peers]
+            stamps += [self.pg.recv([t], i, ARRIVAL_TAG) for t, i in zip(theirs, peers)]
             outcome = pruned.run(proto, self.index, own, wire, red)
             wire.flush()
             data = time.monotonic_ns()
             if got_floor is not None:
                 got_floor.wait()
+            for w in stamps:
+                w.wait()
+            last = max((to_local_clock(int(t[0])) for t in theirs), default=0)
             told = time.monotonic_ns()
             self.got[key] = (outcome or {}).get("got", outcome)
             with torch.no_grad():
                 complete(key)
             del self.got[key]
-            return data, told, virtual
+            return data, told, virtual, last
 
         def run() -> None:  # the exchange; the hold is the work's (`emulate.works`), never this thread's
             began = time.monotonic_ns()
             try:
                 if order is None:
-                    data, told, virtual = exchange()
+                    data, told, virtual, last = exchange()
                 else:  # CUDA tensors: ordered after the caller's stream, outputs written before completion
                     with order.device():
                         order.inputs_ready()
-                        data, told, virtual = exchange()
+                        data, told, virtual, last = exchange()
                         order.outputs_written()
                 STATS["collectives"] += 1
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 work.fail(exc)
                 return
-            at = max(floor, to_local_clock(int(virtual[0])))  # the worker's floor (host 0's clock) on ours
+            # the worker's floor (host 0's clock) on ours, and the last other sandbox member's arrival + the transfer
+            at = max(floor, to_local_clock(int(virtual[0])), last + (floor - arrival) if last else 0)
             with STATS_LOCK:  # past the floor: the data, then the floor message (0 when on time)
                 HOPS["data_past_floor_s"] += max(0, data - at) / 1e9
                 HOPS["floor_msg_past_floor_s"] += max(0, told - max(at, data)) / 1e9
@@ -414,7 +414,11 @@ class EmulateTransport(ContributionTransport):
             raise EmulationError(f"send within group {self.group} of one participant")
         STATS["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
         STATS["messages"] += 1
-        return self.pg.send(list(tensors), self.host[self.members[dst]], p2p_tag(tag, self.n, self.me, dst))
+        to, gloo_tag = self.host[self.members[dst]], p2p_tag(tag, self.n, self.me, dst)
+        if timed(self.store) and all(t.device.type == "cpu" for t in tensors):
+            # the model's send completes locally; gloo's waits for the receiver's recv (`works.SendQueue`)
+            return SENDS.send(self.pg, list(tensors), to, gloo_tag)
+        return self.pg.send(list(tensors), to, gloo_tag)
 
     def _recv(self, work_id, op, tensors, src, tag):
         if self.pg is None:

@@ -267,6 +267,7 @@ def serve(spec: ZygoteSpec) -> int:
     store = worker.shared_store()
     watch = worker.watch(store, spec)
     if worker.timed is not None:  # before the common start, so that the sandbox ranks find it after it
+        store.set(transport.OWNS_KEY, json.dumps(worker.timed.wait_owns()))  # (before the transfers: they say "timed")
         store.set(transport.TRANSFERS_KEY, json.dumps(worker.timed.collective_transfers()))
     try:  # the common start: the sandbox ranks meet the worker at their first process group
         t0_ns = common_start(store, len(spec.ranks) + 1,

@@ -16,6 +16,9 @@ an iteration past the model, device-10a in `docs/fidelity.md`).
 - `NativeWork`: a native gloo op of an all-sandbox group (`native_group`); it can be held the same way,
   but `EmulateTransport` gives it no floor (the job's own op is not held: `EmulateTransport._native`).
 - `SourceWork`: a recv's work that says who sent.
+- `LocalSend`: a send the model completes locally (`prism.clock_rule`: a wait on a send is its own time
+  only), while gloo's send is a rendezvous, complete only once the receiver posted its recv: the data goes
+  out on a sender thread of the transport (`SENDS`), the program's work is complete at once.
 `STATS` are the rank's numbers (`write_rank_stats`), shared with `emulate.transport` and `emulate.worker`.
 """
 
@@ -28,6 +31,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -128,11 +132,17 @@ def held_future(source: torch.futures.Future, floor: Callable[[], int], result) 
 
 class EmuWork(OwnResult, Work):
     """An emulated collective in flight: its exchange and completion run on the group's thread, which then
-    calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor."""
+    calls `finish(floor)` (or `fail`); the program sees it complete no earlier than that floor, and a wait
+    end `own` (ns: the calibrated own time of this rank's wait on it, `TimedReplay.wait_owns`) past the later
+    of its call and the floor, as the model ends a wait (`clock_rule.wait_ends`: a member's lag behind the
+    first member to see the completion; the future and `is_completed`, which have no call time, at the floor
+    + `own`). Without the own time, a rank the model has lagging saw every held collective early (session
+    17: 35.6-48.6 ms an iteration in dp8, tp2dp4, tp4dp2 of session 16's call 2)."""
 
-    def __init__(self, result) -> None:
+    def __init__(self, result, own: int = 0) -> None:
         super().__init__()
         self.inner = torch.futures.Future()
+        self.own = max(0, int(own))
         self.floor = 0
         self.exchanged = 0  # (host monotonic ns: when its group thread finished the exchange)
         self._result = result
@@ -159,17 +169,20 @@ class EmuWork(OwnResult, Work):
             with STATS_LOCK:
                 HOPS["waited_ops"] += 1
                 HOPS["wake_s"] += max(0, woken - max(self.exchanged, called)) / 1e9
-        hold_until(self.floor)
+        hold_until(max(called, self.floor) + self.own if self.own and self.floor else self.floor)
         return True
+
+    def _held(self) -> int:
+        return self.floor + self.own if self.floor else 0
 
     def get_future(self) -> torch.futures.Future:
         with self.lock:
             if self.future is None:
-                self.future = held_future(self.inner, lambda: self.floor, self._result)
+                self.future = held_future(self.inner, self._held, self._result)
         return self.future
 
     def is_completed(self) -> bool:
-        return self.inner.done() and time.monotonic_ns() >= self.floor
+        return self.inner.done() and time.monotonic_ns() >= self._held()
 
 
 class NativeWork(OwnResult, Work):
@@ -246,8 +259,80 @@ class SourceWork(Forwarding, Work):
         return self._src
 
 
+class LocalSend(OwnResult, Work):
+    """A send of the timed emulation, complete for the program at once (`SendQueue`)."""
+
+    def __init__(self, result) -> None:
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        SENDS.check()
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+
+class SendQueue:
+    """The timed emulation's sends, each on a sender thread per (gloo instance, receiving participant), in
+    the program's order there: a send's gloo work is waited on that thread, never the program's. The model
+    (`prism.clock_rule`) has a send complete locally, and the calibrated timeline has it so (a send's wait
+    lasts its own ~10 us in the slices' calibration), while a gloo send completes only once its receiver
+    posted the recv: with the program's thread in that wait a sandbox rank sending to a later pipeline stage
+    (another sandbox rank, or a virtual one, whose recv the worker posts at its calibrated arrival) waited
+    for the receiver's arrival, which the prediction it is replayed on has not (session 17,
+    `docs/fidelity.md`: tp2pp4-mb4's sends 36.6 ms an iteration past the model). An error of a send is raised
+    by the program's next send, wait, or the rank's end (`drain`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[tuple[int, int], ThreadPoolExecutor] = {}
+        self._pending: list = []
+        self._error: BaseException | None = None
+
+    def send(self, pg, tensors: list[torch.Tensor], dst: int, tag: int) -> LocalSend:
+        self.check()
+        copies = [t.detach().clone() for t in tensors]  # the program may write its buffer once "sent"
+        with self._lock:
+            pool = self._threads.get((id(pg), dst))
+            if pool is None:
+                pool = self._threads[(id(pg), dst)] = ThreadPoolExecutor(1, thread_name_prefix="prism-emu-send")
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(pool.submit(self._run, pg, copies, dst, tag))
+        return LocalSend(list(tensors))
+
+    def _run(self, pg, tensors, dst: int, tag: int) -> None:
+        try:
+            pg.send(tensors, dst, tag).wait()
+        except BaseException as exc:  # noqa: BLE001 - raised on the program's thread (`check`)
+            self._error = self._error or exc
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def drain(self) -> None:
+        """Wait until every send went out (the rank's end), raising the first error."""
+        with self._lock:
+            pending = list(self._pending)
+        for f in pending:
+            f.result()
+        self.check()
+
+
+SENDS = SendQueue()
+
+
 def write_rank_stats(rank: int) -> None:
-    """At the sandbox rank's end: its transports' numbers (`STATS`, `HOPS`), for meta.json (`emulation`)."""
+    """At the sandbox rank's end: its transports' numbers (`STATS`, `HOPS`), for meta.json (`emulation`);
+    first, every send still going out (`SENDS.drain`)."""
+    SENDS.drain()
     folder = settings.STATUS_DIR.get()
     if folder and STATS["groups"]:  # (not in the zygote, which has no groups)
         path = Path(folder) / f"emulate-rank{rank}.json"

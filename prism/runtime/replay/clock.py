@@ -24,7 +24,9 @@ without it). A collective's data moves as soon as its participants arrive; its *
 worker exchanges at t0 + the virtual members' last arrival (`gate(comm)`), sends the sandbox members the
 comm's virtual floor, t0 + that arrival + the transfer (what `gate` returns; `emulation.FLOOR_TAG`), and
 completes the comm for the virtual ranks no earlier (`complete(comm, floor)`); a sandbox member's
-collective ends no earlier than that floor nor than its own arrival + the transfer (`collective_transfers`,
+collective ends no earlier than that floor nor than the last sandbox member's arrival + the transfer (the
+sandbox participants exchange their arrivals; before session 17 only its own counted, and a member that
+arrived first completed a transfer early: dp8's DP all-reduces 50 ms an iteration) (`collective_transfers`,
 published to the sandbox ranks before the common start), held off the thread that exchanges
 (`emulated_works`). A native op of a group of sandbox ranks only (`native_group`) is not held: it is the
 job's own gloo op among the job's own ranks. So the op completes about at the model's completion whoever arrives last, and a burst
@@ -255,6 +257,22 @@ class TimedReplay:
         sandbox member's op lasts at least from its own arrival (the transfer hold, module doc)."""
         return {f"{g}/{k}": max(0, int(self.xfer[self.index[c]])) for (g, k), c in self.collective_comm.items()
                 if c in self.index}
+
+    def wait_owns(self) -> dict[str, dict[str, int]]:
+        """Per sandbox rank ("<rank>"), the calibrated own time (ns, > 0) of its first blocking wait on each real
+        collective, by "<group>/<group_seq>": the model ends that wait its own time after max(its start, the
+        completion) (`clock_rule.wait_ends`; a member's lag behind the first member to see the completion), so
+        the sandbox's work holds that long past its floor (`emulate.works.EmuWork`)."""
+        name = {self.index[c]: f"{g}/{k}" for (g, k), c in self.collective_comm.items() if c in self.index}
+        job = self.job
+        sel = np.flatnonzero((job.code == WAIT) & ~job.virtual & (job.comm >= 0))
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for i in sel:  # (rank, seq) order: a rank's first wait on a comm comes first
+            key = name.get(int(job.comm[i]))
+            mine = out[str(int(job.rank[i]))]
+            if key is not None and key not in mine and int(job.dur[i]) > 0 and not job.p2p[job.comm[i]]:
+                mine[key] = int(job.dur[i])
+        return dict(out)
 
     def gate(self, comm: int, hold: bool = False, lead_ns: int = 0) -> int:
         """Block until every virtual member of real communication `comm` arrived and the wall clock reached
