@@ -9,6 +9,8 @@
 #   ref-b4: the same, blocks of 4 steps (only when REF4_STEPS is given; session 16 ran 321): a cost that leaks from
 #           an on step into the next off step (garbage, deferred work) shows as a difference between the two;
 #   gpu-bound: WORKLOAD_GPU (session 15's, ~1.2 s of fp32 matmuls a step), every step (GPU_STEPS, 25).
+#   STAGES: the stages to run, comma-separated (default all; session 17's first call left gpu-bound 54 s, it timed
+#   out: it needs ~80 s, model set-up included).
 #   Session 17 (where the launch-bound cost goes): cuts-micro first (scripts/recorder_cuts_cost.py --device cuda:
 #   each recorder cut's call before/after, ~10 s), then ref-ablate after ref-b1: the reference workload with
 #   `--ablate ABLATE` (default uncut,memory,events,markers,bwd; ABLATE_STEPS, 1201: ~100 pairs a state): a
@@ -44,12 +46,13 @@ start_samplers "$py" "$last" "$device"  # scripts/device_site.sh
 STAGE_STAMP=1 STAGE_SLACK=8  # stage (scripts/device_site.sh): lines stamped to join with the samples
 bench=($py -m prism.cli bench overhead --interleave --device "$device" --nproc 1 --cores "$last")
 ref=${WORKLOAD:---microbatches 4}
-stage cuts-micro 250 timeout 60 taskset -c "$last" $py scripts/recorder_cuts_cost.py --device "$device" --reps "${MICRO_REPS:-300}"
-stage ref-b1 90 "${bench[@]}" --steps "${REF_STEPS:-601}" --block 1 --goal 3 "--workload=$ref"
-stage ref-ablate 135 "${bench[@]}" --steps "${ABLATE_STEPS:-1201}" --block 1 \
+want() { [[ ",${STAGES:-cuts-micro,ref-b1,ref-ablate,ref-b4,gpu-bound}," == *",$1,"* ]]; }  # STAGES: a subset
+want cuts-micro && stage cuts-micro 250 timeout 60 taskset -c "$last" $py scripts/recorder_cuts_cost.py --device "$device" --reps "${MICRO_REPS:-300}"
+want ref-b1 && stage ref-b1 90 "${bench[@]}" --steps "${REF_STEPS:-601}" --block 1 --goal 3 "--workload=$ref"
+want ref-ablate && stage ref-ablate 135 "${bench[@]}" --steps "${ABLATE_STEPS:-1201}" --block 1 \
     --ablate "${ABLATE:-uncut,memory,events,markers,bwd}" "--workload=$ref"
-[ -n "${REF4_STEPS:-}" ] && stage ref-b4 50 "${bench[@]}" --steps "$REF4_STEPS" --block 4 --goal 3 "--workload=$ref"
-stage gpu-bound 55 "${bench[@]}" --steps "${GPU_STEPS:-25}" --block 1 --goal 1 \
+[ -n "${REF4_STEPS:-}" ] && want ref-b4 && stage ref-b4 50 "${bench[@]}" --steps "$REF4_STEPS" --block 4 --goal 3 "--workload=$ref"
+want gpu-bound && stage gpu-bound 80 "${bench[@]}" --steps "${GPU_STEPS:-25}" --block 1 --goal 1 \
     "--workload=${WORKLOAD_GPU:-$GPU_BOUND_WORKLOAD}"
 stop_samplers
 for b in cuts-micro ref-b1 ref-ablate ref-b4 gpu-bound; do
