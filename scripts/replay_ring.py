@@ -27,7 +27,7 @@ against gloo's own ring all-reduce of N real processes, in the same run: bursts 
 all-reduces (DDP's buckets), a barrier between bursts, both layouts interleaved `--repeats` times. The slice
 ranks are the ring positions `--live` (default 0,1: an EDP group of dp16-ep4 in a slice of 8, two real and two
 virtual members), one process each on `--cores` in turn; the server on `--server-cores`; gloo's member i on the
-i-th of `--cores` (cycled). Each process prints its burst's wall per op (first issue to last completion / ops,
+i-th of `--gloo-cores` (cycled; default `--cores`). Each process prints its burst's wall per op (first issue to last completion / ops,
 the median over bursts) and its threads' CPU per op (schedstat run time, by thread kind); `--table` prints the
 ring against gloo. `--dtype int32`: the server plays the exact sums and each slice rank checks its result.
 
@@ -237,6 +237,67 @@ def _dtype(name: str):
     return {"float32": torch.float32, "int32": torch.int32, "int64": torch.int64}[name]
 
 
+def _s16_ring(self, t, op, tag: int) -> None:
+    """Session 16's `LiveRing._ring` (before issue 24's change), for `--layouts ...,ring16`: each step posts its
+    receive, then its send, waits for both; a new receive buffer a step."""
+    import torch
+
+    from prism.runtime.slice.ring import chunks, received_chunk, reduce_into, sent_chunk, steps
+
+    flat = t.view(-1)
+    ch = chunks(flat, self.n)
+    m, n = self.pos, self.n
+    for j in range(steps(n)):
+        out, into = ch[sent_chunk(m, j, n)], ch[received_chunk(m, j, n)]
+        tmp = torch.empty_like(into) if into.numel() else None
+        r = self.pg.recv([tmp], self.left, tag) if tmp is not None else None
+        s = self.pg.send([out], self.right, tag) if out.numel() else None
+        if r is not None:
+            r.wait()
+            if j < n - 1:
+                reduce_into(into, tmp, op)
+            else:
+                into.copy_(tmp)
+        if s is not None:
+            s.wait()
+
+
+def _s16_play(pg, n: int, live: list[int], tag: int, template, op, contributions) -> int:
+    """Session 16's `ring.play` for a floating-point op (zeros), for `ring16`: a run's receive of step j posted
+    only once step j-1's was waited."""
+    import torch
+
+    from prism.runtime.slice.ring import chunks, runs, sent_chunk, steps
+
+    index = {p: i for i, p in enumerate(live)}
+    proto = chunks(torch.empty(template.numel(), dtype=template.dtype), n)
+    bufs: dict[int, torch.Tensor] = {}
+
+    def buf(size: int):
+        return bufs.setdefault(size, torch.zeros(size, dtype=template.dtype))
+
+    plays = [(a, b, (b - 1) % n) for a, b in runs(n, live)]
+    total, sent = steps(n), []
+
+    def send(end: int, b: int, j: int) -> None:
+        size = proto[sent_chunk(end, j, n)].numel()
+        if size:
+            sent.append(pg.send([buf(size)], index[b], tag))
+
+    for _, b, end in plays:
+        send(end, b, 0)
+    for j in range(total):
+        for a, b, end in plays:
+            size = proto[sent_chunk(a, j, n)].numel()
+            if size:
+                pg.recv([torch.empty(size, dtype=template.dtype)], index[a], tag).wait()
+            if j + 1 < total:
+                send(end, b, j + 1)
+    for w in sent:
+        w.wait()
+    return len(sent)
+
+
 def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burst: int, bursts: int,
                dtype: str) -> None:
     """`--burst`, gloo's layout: member `rank` of N real processes, `burst` async all-reduces then wait all."""
@@ -272,8 +333,9 @@ def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burs
 
 
 def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], nbytes: int, burst: int,
-                bursts: int, dtype: str) -> None:
-    """`--burst`, the ring's layout, a slice rank: the runtime's `LiveRing` at ring position `pos`."""
+                bursts: int, dtype: str, s16: bool = False) -> None:
+    """`--burst`, the ring's layout, a slice rank: the runtime's `LiveRing` at ring position `pos` (`s16`: with
+    session 16's steps, `_s16_ring`)."""
     import torch
     import torch.distributed as dist
 
@@ -284,6 +346,8 @@ def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=60)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout)
+    if s16:
+        ring.LiveRing._ring = _s16_ring
     lr = ring.LiveRing(store, list(range(n)), set(live), pos, timeout, "micro")
     dt = _dtype(dtype)
     numel = max(1, nbytes // torch.empty(0, dtype=dt).element_size())
@@ -314,9 +378,11 @@ def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], 
 
 
 def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: int, burst: int, bursts: int,
-                 dtype: str) -> None:
+                 dtype: str, queue: bool = False, s16: bool = False) -> None:
     """`--burst`, the ring's layout, the replay server's end: `ring.play` per op, `GLOO_THREADS` at once, in
-    issue order, as `ReplayServer._ring_group` runs them."""
+    issue order, as `ReplayServer._ring_group` runs them (its main thread hands an op to a pool thread once a
+    slot is free). `queue` (`--server-queue`, an experiment): every op of a burst handed to the pool at once, so
+    a pool thread that ends an op starts the next without the main thread's hand-off."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -334,11 +400,11 @@ def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: i
     numel = max(1, nbytes // torch.empty(0, dtype=dt).element_size())
     template = torch.ones(numel, dtype=dt)
     contributions = {p: template for p in range(n)} if ring.exact(dt) else None
-    slots = threading.Semaphore(ring.GLOO_THREADS)
+    slots = threading.Semaphore(burst if queue else ring.GLOO_THREADS)
 
     def played(tag: int) -> None:
         try:
-            ring.play(pg, n, live, tag, template, semantics.RedOp.SUM, contributions)
+            (_s16_play if s16 else ring.play)(pg, n, live, tag, template, semantics.RedOp.SUM, contributions)
         finally:
             slots.release()
 
@@ -364,22 +430,26 @@ def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: i
 
 
 def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bursts: int, cores: list[int],
-              server_cores: list[int], dtype: str) -> dict:
-    """One `--burst` row: `layout` "gloo" (N processes) or "ring" (the slice ranks at `live` and the server)."""
+              server_cores: list[int], dtype: str, gloo_cores: list[int] | None = None, queue: bool = False) -> dict:
+    """One `--burst` row: `layout` "gloo" (N processes), "ring" (the slice ranks at `live` and the server) or
+    "ring16" (the same with session 16's steps: `_s16_ring`, `_s16_play`)."""
     port = _free_port()
     me = [sys.executable, __file__, "--burst-proc"]
-    common = {"port": port, "n": n, "bytes": nbytes, "burst": burst, "bursts": bursts, "dtype": dtype, "live": live}
+    common = {"port": port, "n": n, "bytes": nbytes, "burst": burst, "bursts": bursts, "dtype": dtype, "live": live,
+              "s16": layout == "ring16"}
     if layout == "gloo":
+        cores = gloo_cores or cores
         specs = [dict(common, role="gloo", rank=r, cores=[cores[r % len(cores)]]) for r in range(n)]
     else:
-        specs = [dict(common, role="server", cores=server_cores)]
+        specs = [dict(common, role="server", cores=server_cores, queue=queue)]
         specs += [dict(common, role="slice", pos=p, cores=[cores[i % len(cores)]]) for i, p in enumerate(live)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
     children = [subprocess.Popen(me + [json.dumps(s)], stdout=subprocess.PIPE, text=True, env=env) for s in specs]
-    row: dict = {"layout": layout, "members": n, "live": live if layout == "ring" else None, "bytes": nbytes,
+    row: dict = {"layout": layout, "server_queue": queue if layout != "gloo" else None, "members": n,
+                 "live": live if layout != "gloo" else None, "bytes": nbytes,
                  "dtype": dtype, "burst": burst, "bursts": bursts, "cores": cores, "server_cores":
-                 server_cores if layout == "ring" else None}
+                 server_cores if layout != "gloo" else None}
     for p in children:
         try:
             out, _ = p.communicate(timeout=300)
@@ -400,29 +470,47 @@ def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bur
 
 
 def burst_table(rows: list[dict]) -> str:
-    """The ring against gloo: per repeat, the op's wall (the slowest rank's median burst / ops) and CPU."""
-    lines = ["| repeat | gloo op us | ring op us | ring / gloo | gloo CPU us/op/rank | ring CPU us/op/slice rank "
-             "| server CPU us/op | ring slice rank's threads (us/op) | server's threads (us/op) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    by = {}
+    """The ring against gloo: rows in run order, a round from each gloo row to the next; per round and layout the
+    op's wall (the slowest rank's median burst / ops), its ratio to that round's gloo, the CPU per op of a rank
+    (mean over the slice ranks / gloo's members) and of the server; then the threads of the last layout's."""
+    rounds: list[dict] = []
     for r in rows:
-        by.setdefault(r.get("repeat", 0), {})[r["layout"]] = r
-    ratios = []
-    for i, d in sorted(by.items()):
-        g, r = d.get("gloo", {}), d.get("ring", {})
-        if "op_us" not in g or "op_us" not in r:
-            lines.append(f"| {i} | {g.get('op_us', g.get('error'))} | {r.get('op_us', r.get('error'))} | | | | | | |")
-            continue
-        ratios.append(r["op_us"] / g["op_us"])
-        s0 = next(v for k, v in r.items() if k.startswith("slice"))
-        srv = r.get("server", {})
-        lines.append(f"| {i} | {g['op_us']} | {r['op_us']} | {ratios[-1]:.2f} | {g['rank_cpu_us_per_op']} | "
-                     f"{r['rank_cpu_us_per_op']} | {srv.get('cpu_us_per_op_total')} | "
-                     f"{', '.join(f'{k} {v}' for k, v in s0['cpu_us_per_op'].items() if v >= 1)} | "
-                     f"{', '.join(f'{k} {v}' for k, v in srv.get('cpu_us_per_op', {}).items() if v >= 1)} |")
-    if ratios:
-        lines.append(f"\nring / gloo: median {statistics.median(ratios):.2f} over {len(ratios)} repeats "
-                     f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+        if r["layout"] == "gloo" or not rounds:
+            rounds.append({})
+        rounds[-1][r["layout"]] = r
+    layouts = [x for x in ("ring16", "ring") if any(x in d for d in rounds)]
+    head = ["repeat", "gloo op us"] + [f"{x} op us (/ gloo)" for x in layouts] + ["gloo CPU us/op/rank"] + \
+        [f"{x} CPU us/op/slice rank, server" for x in layouts] + [f"{layouts[-1]}: a slice rank's threads us/op",
+                                                                   f"{layouts[-1]}: the server's threads us/op"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ratios: dict[str, list[float]] = {x: [] for x in layouts}
+
+    def threads(d: dict) -> str:
+        return ", ".join(f"{k} {v:.0f}" for k, v in d.get("cpu_us_per_op", {}).items() if v >= 1)
+
+    for i, d in enumerate(rounds):
+        g = d.get("gloo", {})
+        cells = [str(i), str(g.get("op_us", g.get("error", "-")))]
+        for x in layouts:
+            r = d.get(x, {})
+            if "op_us" in r and "op_us" in g:
+                ratios[x].append(r["op_us"] / g["op_us"])
+                cells.append(f"{r['op_us']} ({ratios[x][-1]:.2f})")
+            else:
+                cells.append(str(r.get("op_us", r.get("error", "-"))))
+        cells.append(str(g.get("rank_cpu_us_per_op", "-")))
+        for x in layouts:
+            r = d.get(x, {})
+            cells.append(f"{r.get('rank_cpu_us_per_op', '-')}, {r.get('server', {}).get('cpu_us_per_op_total', '-')}")
+        last = d.get(layouts[-1], {})
+        s0 = next((v for k, v in last.items() if k.startswith("slice") and isinstance(v, dict)), {})
+        cells += [threads(s0), threads(last.get("server", {}))]
+        lines.append("| " + " | ".join(cells) + " |")
+    for x in layouts:
+        if ratios[x]:
+            v = ratios[x]
+            lines.append(f"\n{x} / gloo: median {statistics.median(v):.2f} over {len(v)} rounds "
+                         f"(min {min(v):.2f}, max {max(v):.2f})")
     return "\n".join(lines)
 
 
@@ -478,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
         if s["role"] == "gloo":
             burst_gloo(*a, s["rank"], s["cores"], *rest)
         elif s["role"] == "slice":
-            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest)
+            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest, s.get("s16", False))
         else:
-            burst_server(*a, s["live"], s["cores"], *rest)
+            burst_server(*a, s["live"], s["cores"], *rest, s.get("queue", False), s.get("s16", False))
         return 0
     if argv[:1] == ["--neighbour"]:
         s = json.loads(argv[1])
@@ -502,17 +590,35 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 20); --members and --bytes take one value each")
     ap.add_argument("--bursts", type=int, default=25, help="--burst: bursts a row")
     ap.add_argument("--live", default="0,1", help="--burst: the slice ranks' ring positions")
+    ap.add_argument("--gloo-cores", help="--burst: gloo's members' cores, member i on the i-th (cycled; default "
+                                         "--cores)")
+    ap.add_argument("--layouts", default="gloo,ring",
+                    help="--burst: the layouts of a round, in order: gloo (N processes), ring (the runtime's "
+                         "neighbours ring), ring16 (the ring with session 16's steps, float32 only)")
+    ap.add_argument("--server-queue", action="store_true",
+                    help="--burst: the server hands a burst's ops to its pool at once (an experiment, not the runtime)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "int32", "int64"])
     ap.add_argument("--table", action="store_true", help="--burst: print the ring against gloo at the end")
+    ap.add_argument("--table-from", nargs="+", metavar="ROWS.jsonl",
+                    help="print the --burst table of rows saved by --out (one table a file) and exit")
     args = ap.parse_args(argv)
+    if args.table_from:
+        for path in args.table_from:
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            print(f"{path}:\n{burst_table(rows)}\n")
+        return 0
     cores, server_cores = _cores(args.cores), _cores(args.server_cores)
     if args.burst is not None:
         n, nbytes, live = int(args.members.split(",")[0]), int(args.bytes.split(",")[0]), _cores(args.live)
+        if "ring16" in args.layouts and args.dtype != "float32":
+            ap.error("ring16 plays zeros: --dtype float32 only")
         rows = []
         for i in range(args.repeats):
-            for layout in ("gloo", "ring"):
+            for layout in args.layouts.split(","):
                 row = dict(burst_one(layout, n, live, nbytes, args.burst, args.bursts, cores, server_cores,
-                                     args.dtype), repeat=i, load1=round(os.getloadavg()[0], 2))
+                                     args.dtype, _cores(args.gloo_cores) if args.gloo_cores else None,
+                                     args.server_queue), repeat=i, load1=round(os.getloadavg()[0], 2))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.out:
