@@ -294,3 +294,32 @@ def test_the_server_posts_the_next_receive_before_waiting():
     assert len(sends) == total
     for j in range(1, total):  # send j after the wait of step j-1
         assert sends[j] > events.index(("wait recv", j - 1)), events
+
+
+def test_a_failed_op_drops_the_threads_receive_buffers():
+    """An op that fails (a timeout) may leave a receive posted into the ring thread's kept buffers: they are
+    dropped, so the thread's next op does not receive into memory gloo may still write."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class PG:
+        def send(self, tensors, dst, tag):
+            return FakePG._Done()
+
+        def recv(self, tensors, src, tag):
+            class W:
+                def wait(self):
+                    raise RuntimeError("timed out")
+            return W()
+
+    lr = object.__new__(ring.LiveRing)
+    lr.n, lr.pos, lr.pg, lr.left, lr.right, lr.seq, lr.name = 4, 0, PG(), 3, 1, 0, "t"
+    lr._local, lr._lock, lr._thread = threading.local(), threading.Lock(), ThreadPoolExecutor(1)
+
+    class Opts:
+        reduceOp = torch.distributed.ReduceOp.SUM
+
+    work = lr.allreduce([torch.ones(64)], Opts())
+    with pytest.raises(RuntimeError, match="timed out"):
+        work.wait()
+    assert lr._thread.submit(lambda: "buffers" in lr._local.__dict__).result() is False
+    lr._thread.shutdown()

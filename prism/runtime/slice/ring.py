@@ -208,6 +208,7 @@ class LiveRing:
                 self._ring(t, semantics.red_op(opts), tag)
                 work.inner.set_result([t])
             except BaseException as exc:  # noqa: BLE001 - raised by the work's wait
+                self._local.__dict__.pop("buffers", None)  # (a receive posted into them may still be pending)
                 work.inner.set_exception(exc)
 
         self._thread.submit(run)
