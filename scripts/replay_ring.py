@@ -231,6 +231,27 @@ def _burst_report(who: str, walls: list[float], burst: int, cpu: dict[str, float
                       "cpu_us_per_op_total": round(sum(cpu.values()), 1), **extra}), flush=True)
 
 
+def _drain(works, main: str) -> None:
+    """The rank's main thread until a burst's ops complete: `wait` (blocked in each op's wait, the GIL released),
+    `torch` (a loop of small torch ops, as a program computing while its all-reduces run: each op releases the
+    GIL for its kernel), `python` (a pure Python loop: the GIL is released only at the switch interval)."""
+    if main == "wait":
+        for w in works:
+            w.wait()
+        return
+    import torch
+
+    a, b = torch.ones(256), torch.ones(256)
+    while not all(w.is_completed() for w in works):
+        if main == "torch":
+            for _ in range(8):
+                torch.add(a, b, out=b)
+        else:
+            sum(range(200))
+    for w in works:
+        w.wait()
+
+
 def _dtype(name: str):
     import torch
 
@@ -299,7 +320,7 @@ def _s16_play(pg, n: int, live: list[int], tag: int, template, op, contributions
 
 
 def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burst: int, bursts: int,
-               dtype: str) -> None:
+               dtype: str, main: str = "wait") -> None:
     """`--burst`, gloo's layout: member `rank` of N real processes, `burst` async all-reduces then wait all."""
     import torch
     import torch.distributed as dist
@@ -322,8 +343,7 @@ def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burs
             b.fill_(1)
         t0 = time.perf_counter()
         works = [pg.allreduce([b]) for b in bufs]
-        for w in works:
-            w.wait()
+        _drain(works, main)
         walls.append(time.perf_counter() - t0)
     cpu = _cpu_per_op(c0, _thread_ns(), burst * bursts)
     if not all(torch.equal(b, torch.full_like(b, n)) for b in bufs):
@@ -333,7 +353,7 @@ def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burs
 
 
 def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], nbytes: int, burst: int,
-                bursts: int, dtype: str, s16: bool = False) -> None:
+                bursts: int, dtype: str, s16: bool = False, main: str = "wait") -> None:
     """`--burst`, the ring's layout, a slice rank: the runtime's `LiveRing` at ring position `pos` (`s16`: with
     session 16's steps, `_s16_ring`)."""
     import torch
@@ -367,8 +387,7 @@ def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], 
             b.fill_(1)
         t0 = time.perf_counter()
         works = [lr.allreduce([b], opts) for b in bufs]
-        for w in works:
-            w.wait()
+        _drain(works, main)
         walls.append(time.perf_counter() - t0)
     cpu = _cpu_per_op(c0, _thread_ns(), burst * bursts)
     if ring.exact(dt) and not all(torch.equal(b, torch.full_like(b, n)) for b in bufs):
@@ -430,13 +449,14 @@ def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: i
 
 
 def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bursts: int, cores: list[int],
-              server_cores: list[int], dtype: str, gloo_cores: list[int] | None = None, queue: bool = False) -> dict:
+              server_cores: list[int], dtype: str, gloo_cores: list[int] | None = None, queue: bool = False,
+              main: str = "wait") -> dict:
     """One `--burst` row: `layout` "gloo" (N processes), "ring" (the slice ranks at `live` and the server) or
     "ring16" (the same with session 16's steps: `_s16_ring`, `_s16_play`)."""
     port = _free_port()
     me = [sys.executable, __file__, "--burst-proc"]
     common = {"port": port, "n": n, "bytes": nbytes, "burst": burst, "bursts": bursts, "dtype": dtype, "live": live,
-              "s16": layout == "ring16"}
+              "s16": layout == "ring16", "main": main}
     if layout == "gloo":
         cores = gloo_cores or cores
         specs = [dict(common, role="gloo", rank=r, cores=[cores[r % len(cores)]]) for r in range(n)]
@@ -446,7 +466,7 @@ def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bur
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
     children = [subprocess.Popen(me + [json.dumps(s)], stdout=subprocess.PIPE, text=True, env=env) for s in specs]
-    row: dict = {"layout": layout, "server_queue": queue if layout != "gloo" else None, "members": n,
+    row: dict = {"layout": layout, "main": main, "server_queue": queue if layout != "gloo" else None, "members": n,
                  "live": live if layout != "gloo" else None, "bytes": nbytes,
                  "dtype": dtype, "burst": burst, "bursts": bursts, "cores": cores, "server_cores":
                  server_cores if layout != "gloo" else None}
@@ -564,9 +584,9 @@ def main(argv: list[str] | None = None) -> int:
         a = (s["port"], s["n"])
         rest = (s["bytes"], s["burst"], s["bursts"], s["dtype"])
         if s["role"] == "gloo":
-            burst_gloo(*a, s["rank"], s["cores"], *rest)
+            burst_gloo(*a, s["rank"], s["cores"], *rest, s.get("main", "wait"))
         elif s["role"] == "slice":
-            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest, s.get("s16", False))
+            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest, s.get("s16", False), s.get("main", "wait"))
         else:
             burst_server(*a, s["live"], s["cores"], *rest, s.get("queue", False), s.get("s16", False))
         return 0
@@ -595,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="gloo,ring",
                     help="--burst: the layouts of a round, in order: gloo (N processes), ring (the runtime's "
                          "neighbours ring), ring16 (the ring with session 16's steps, float32 only)")
+    ap.add_argument("--main", default="wait", choices=["wait", "torch", "python"],
+                    help="--burst: what a rank's main thread does while its burst runs (`_drain`)")
     ap.add_argument("--server-queue", action="store_true",
                     help="--burst: the server hands a burst's ops to its pool at once (an experiment, not the runtime)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "int32", "int64"])
@@ -618,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
             for layout in args.layouts.split(","):
                 row = dict(burst_one(layout, n, live, nbytes, args.burst, args.bursts, cores, server_cores,
                                      args.dtype, _cores(args.gloo_cores) if args.gloo_cores else None,
-                                     args.server_queue), repeat=i, load1=round(os.getloadavg()[0], 2))
+                                     args.server_queue, args.main), repeat=i, load1=round(os.getloadavg()[0], 2))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.out:
