@@ -30,6 +30,9 @@ virtual members), one process each on `--cores` in turn; the server on `--server
 i-th of `--gloo-cores` (cycled; default `--cores`). Each process prints its burst's wall per op (first issue to last completion / ops,
 the median over bursts) and its threads' CPU per op (schedstat run time, by thread kind); `--table` prints the
 ring against gloo. `--dtype int32`: the server plays the exact sums and each slice rank checks its result.
+`--layouts gloo,ring16,ring`: also session 16's ring steps (`_s16_ring`, `_s16_play`) in the same round;
+`--main torch|python`: a rank's main thread busy while its burst runs; `--server-queue`: an experiment (the
+server's ops handed to its pool at once); `--table-from ROWS.jsonl`: the table of saved rows.
 
     .venv/bin/python scripts/replay_ring.py --burst --members 4 --live 0,1 --bytes 262144 --cores 0-1 --server-cores 1 --repeats 3 --table
 """

@@ -12,7 +12,9 @@ talks to member-1 and member+1, so the rest need not run at all:
 - a right neighbour that is a slice rank gets the chunk directly; one that is virtual is the first member of a
   *run* of virtual members, which the server plays: it takes what the slice rank sends, and sends to the slice
   rank at the run's other end what the run's last member would send at that step (`sent_chunk`,
-  `partial_positions`), paced as a ring: its step j+1 leaves once step j of the run's first slice rank arrived.
+  `partial_positions`), paced as a ring: its step j+1 leaves once step j of the run's first slice rank arrived;
+- both sides post a step's receive one step ahead (a gloo send leaves only once its receive is posted), as
+  gloo's ring does: the op then takes about what gloo's own all-reduce does (`scripts/replay_ring.py --burst`).
 
 The server's work is 2(N-1) messages per run, O(S) bytes, not (N-1) x 2(N-1) ring steps, and a slice rank's
 pattern is the N-ring's own (2(N-1) hops of S/N), not a collapsed 2-member ring (2 steps of S/2).
