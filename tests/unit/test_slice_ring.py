@@ -3,6 +3,8 @@ all-reduce, and the server's played chunks against what the simulated run's last
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -127,3 +129,197 @@ def test_the_setting_takes_two_values(monkeypatch):
 def test_averaging_is_refused():
     with pytest.raises(ring.RingError, match="AVG"):
         ring.reduce_into(torch.ones(2), torch.ones(2), semantics.RedOp.AVG)
+
+
+# -- the slice rank's steps (`LiveRing._ring`) over an in-process network -------------------------------------
+class Net:
+    """Messages by (src, dst, tag), in order, as a gloo pair matches an unbound buffer's sends and receives;
+    every post and wait logged per member."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.queues: dict[tuple, list] = {}
+        self.log: dict[int, list] = {}
+
+    def pg(self, rank: int) -> "NetPG":
+        return NetPG(self, rank)
+
+
+class NetPG:
+    def __init__(self, net: Net, rank: int):
+        self.net, self.rank = net, rank
+        self.sends = self.recvs = 0
+        net.log[rank] = []
+
+    def _event(self, *what):
+        self.net.log[self.rank].append(what)
+
+    def send(self, tensors, dst, tag):
+        t = tensors[0]
+        k, self.sends = self.sends, self.sends + 1
+        snapshot = t.clone()
+        with self.net.cv:
+            self.net.queues.setdefault((self.rank, dst, tag), []).append(snapshot)
+            self.net.cv.notify_all()
+        self._event("post send", k, dst, t.numel())
+        pg = self
+
+        class W:
+            def wait(self):
+                # a real send reads its buffer until it completes: the chunk must not have changed meanwhile
+                assert torch.equal(t, snapshot), f"member {pg.rank}: send #{k}'s chunk was written before it completed"
+                pg._event("wait send", k)
+                return True
+        return W()
+
+    def recv(self, tensors, src, tag):
+        t = tensors[0]
+        k, self.recvs = self.recvs, self.recvs + 1
+        self._event("post recv", k, src, t.numel())
+        pg = self
+
+        class W:
+            def wait(self):
+                pg._event("wait recv", k)
+                with pg.net.cv:
+                    q = pg.net.queues.setdefault((src, pg.rank, tag), [])
+                    assert pg.net.cv.wait_for(lambda: q, timeout=10), f"member {pg.rank}: recv #{k} never came"
+                    value = q.pop(0)
+                assert value.numel() == t.numel(), (pg.rank, k, value.numel(), t.numel())
+                t.copy_(value)
+                return True
+        return W()
+
+
+def _live(net: Net, n: int, m: int) -> ring.LiveRing:
+    lr = object.__new__(ring.LiveRing)  # (no gloo group: the ring's steps over `net`)
+    lr.n, lr.pos, lr.pg = n, m, net.pg(m)
+    lr.left, lr.right = (m - 1) % n, (m + 1) % n
+    lr._local = threading.local()
+    return lr
+
+
+def _run_all(n: int, tensors: list[torch.Tensor], op, ops: int = 1) -> Net:
+    net = Net()
+    lives = [_live(net, n, m) for m in range(n)]
+    errors = []
+
+    def go(m):
+        try:
+            for tag in range(ops):
+                lives[m]._ring(tensors[m][tag], op, tag)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(m,)) for m in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return net
+
+
+@pytest.mark.parametrize("n,numel,op", [(3, 10, "SUM"), (4, 12929 // 4, "SUM"), (5, 3, "MAX"), (3, 2, "SUM"),
+                                        (7, 100, "BXOR"), (4, 65536, "SUM")])
+def test_the_slice_ranks_steps_are_the_rings_and_exact(n, numel, op):
+    """Every member running `LiveRing._ring`: each one's result is the exact reduction, and its messages are the
+    N-ring's (step j: one chunk of the ring's sizes to the right, one from the left, none for an empty chunk),
+    with two ops in a row on the same thread (its kept buffers) and a non-contiguous tensor."""
+    red = getattr(semantics.RedOp, op)
+    gen = torch.Generator().manual_seed(numel + n)
+    contribs = [[torch.randint(0, 1 << 20, (numel,), generator=gen) for _ in range(2)] for _ in range(n)]
+    tensors = [[c.clone() for c in cs] for cs in contribs]
+    if numel == 100:  # a non-contiguous tensor (a transposed 10x10)
+        tensors = [[c.clone().reshape(10, 10).t() for c in cs] for cs in contribs]
+    net = _run_all(n, tensors, red, ops=2)
+    for k in range(2):
+        want = [c[k] for c in contribs]
+        acc = want[0].clone()
+        for w in want[1:]:
+            semantics.fold_into(acc, w, red)
+        for m in range(n):
+            got = tensors[m][k].t().reshape(-1) if numel == 100 else tensors[m][k]
+            assert torch.equal(got, acc), (m, k)
+    sizes = [c.numel() for c in ring.chunks(torch.empty(numel), n)]
+    for m in range(n):
+        sends = [(e[2], e[3]) for e in net.log[m] if e[0] == "post send"]
+        recvs = [(e[2], e[3]) for e in net.log[m] if e[0] == "post recv"]
+        one_s = [((m + 1) % n, sizes[ring.sent_chunk(m, j, n)]) for j in range(ring.steps(n))
+                 if sizes[ring.sent_chunk(m, j, n)]]
+        one_r = [((m - 1) % n, sizes[ring.received_chunk(m, j, n)]) for j in range(ring.steps(n))
+                 if sizes[ring.received_chunk(m, j, n)]]
+        assert sends == one_s * 2 and recvs == one_r * 2, m
+
+
+def test_the_next_steps_receive_is_posted_before_this_ones_is_waited():
+    """A gloo send leaves only once its receiver posted the receive: the slice rank posts step j+1's receive
+    before it waits for step j's (as gloo's own ring), so its left neighbour's next chunk never waits for that."""
+    n = 4
+    net = _run_all(n, [[torch.ones(64, dtype=torch.int32)] for _ in range(n)], semantics.RedOp.SUM)
+    for m in range(n):
+        log = net.log[m]
+        for j in range(ring.steps(n) - 1):
+            assert log.index(("post recv", j + 1, (m - 1) % n, 16)) < log.index(("wait recv", j)), (m, j, log)
+
+
+def test_the_server_posts_the_next_receive_before_waiting():
+    """The server's side too: a run's receive of step j+1 is posted before step j's is waited, and its step j+1
+    still leaves only once step j of the run's first slice rank arrived (the pacing)."""
+    n, live = 4, [0, 1]
+    events = []
+
+    class PG:
+        k = 0
+
+        def send(self, tensors, dst, tag):
+            events.append(("send", dst))
+            return FakePG._Done()
+
+        def recv(self, tensors, src, tag):
+            k, PG.k = PG.k, PG.k + 1
+            events.append(("post recv", k))
+
+            class W:
+                def wait(self):
+                    events.append(("wait recv", k))
+                    return True
+            return W()
+
+    ring.play(PG(), n, live, 0, torch.ones(16), semantics.RedOp.SUM, None)
+    total = ring.steps(n)
+    for j in range(total - 1):
+        assert events.index(("post recv", j + 1)) < events.index(("wait recv", j)), events
+    sends = [i for i, e in enumerate(events) if e[0] == "send"]
+    assert len(sends) == total
+    for j in range(1, total):  # send j after the wait of step j-1
+        assert sends[j] > events.index(("wait recv", j - 1)), events
+
+
+def test_a_failed_op_drops_the_threads_receive_buffers():
+    """An op that fails (a timeout) may leave a receive posted into the ring thread's kept buffers: they are
+    dropped, so the thread's next op does not receive into memory gloo may still write."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class PG:
+        def send(self, tensors, dst, tag):
+            return FakePG._Done()
+
+        def recv(self, tensors, src, tag):
+            class W:
+                def wait(self):
+                    raise RuntimeError("timed out")
+            return W()
+
+    lr = object.__new__(ring.LiveRing)
+    lr.n, lr.pos, lr.pg, lr.left, lr.right, lr.seq, lr.name = 4, 0, PG(), 3, 1, 0, "t"
+    lr._local, lr._lock, lr._thread = threading.local(), threading.Lock(), ThreadPoolExecutor(1)
+
+    class Opts:
+        reduceOp = torch.distributed.ReduceOp.SUM
+
+    work = lr.allreduce([torch.ones(64)], Opts())
+    with pytest.raises(RuntimeError, match="timed out"):
+        work.wait()
+    assert lr._thread.submit(lambda: "buffers" in lr._local.__dict__).result() is False
+    lr._thread.shutdown()
