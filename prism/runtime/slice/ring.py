@@ -12,9 +12,7 @@ talks to member-1 and member+1, so the rest need not run at all:
 - a right neighbour that is a slice rank gets the chunk directly; one that is virtual is the first member of a
   *run* of virtual members, which the server plays: it takes what the slice rank sends, and sends to the slice
   rank at the run's other end what the run's last member would send at that step (`sent_chunk`,
-  `partial_positions`), paced as a ring: its step j+1 leaves once step j of the run's first slice rank arrived;
-- both sides post a step's receive one step ahead (a gloo send leaves only once its receive is posted), as
-  gloo's ring does: the op then takes about what gloo's own all-reduce does (`scripts/replay_ring.py --burst`).
+  `partial_positions`), paced as a ring: its step j+1 leaves once step j of the run's first slice rank arrived.
 
 The server's work is 2(N-1) messages per run, O(S) bytes, not (N-1) x 2(N-1) ring steps, and a slice rank's
 pattern is the N-ring's own (2(N-1) hops of S/N), not a collapsed 2-member ring (2 steps of S/2).
@@ -33,7 +31,6 @@ reads it at group creation (`decision`). Every other group keeps one gloo instan
 
 from __future__ import annotations
 
-import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -52,7 +49,6 @@ DECISION_KEY = "ring"  # in the group's slice store: b"neighbours" or b"members"
 GLOO_THREADS = ProcessGroupGloo._Options()._threads
 MIN_MEMBERS = 3  # a 2-member group keeps today's path (its one gloo peer is the whole ring)
 RING_OPS = ("all_reduce",)
-KEPT_SIZES = 32  # a ring thread keeps the receive buffers of this many op sizes (`LiveRing._buffers`)
 
 
 class RingError(RuntimeError):
@@ -84,13 +80,6 @@ def partial_positions(m: int, j: int, n: int) -> list[int]:
 def chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     """The ring's n chunks of a flat tensor (the first ones one element longer; some empty when numel < n)."""
     return list(torch.tensor_split(flat, n))
-
-
-@functools.lru_cache(maxsize=4096)
-def chunk_sizes(numel: int, n: int) -> tuple[int, ...]:
-    """The sizes of `chunks` of a tensor of `numel` elements (tensor_split's: the first numel % n one longer)."""
-    q, r = divmod(numel, n)
-    return tuple(q + 1 if c < r else q for c in range(n))
 
 
 def live_positions(members, slice_ranks) -> list[int]:
@@ -191,7 +180,6 @@ class LiveRing:
         self.seq = 0
         self._thread = ThreadPoolExecutor(GLOO_THREADS, thread_name_prefix=f"prism-ring-g{name}")
         self._lock = threading.Lock()
-        self._local = threading.local()  # each ring thread's receive buffers (`_buffers`)
 
     def _peer(self, position: int) -> int:
         return self.index.get(position, self.server)
@@ -211,91 +199,30 @@ class LiveRing:
                 self._ring(t, semantics.red_op(opts), tag)
                 work.inner.set_result([t])
             except BaseException as exc:  # noqa: BLE001 - raised by the work's wait
-                self._local.__dict__.pop("buffers", None)  # (a receive posted into them may still be pending)
                 work.inner.set_exception(exc)
 
         self._thread.submit(run)
         return work
 
     def _ring(self, t: torch.Tensor, op, tag: int) -> None:
-        """The op's 2(N-1) steps. Step j+1's receive is posted before step j's is waited (gloo's own ring also
-        keeps its receives posted ahead): a gloo send of an unbound buffer leaves only once its receiver has
-        posted the matching receive (the pair's rendezvous: a notification, then the data), so a receive posted
-        only at the start of its step made every hop wait for that round trip (session 16's steps: 1.6x gloo's
-        all-reduce at 4 KB one op at a time, 0.93x with this; docs/results/fidelity/s17/ring). Each step's send
-        is waited only before its chunk is written again (two steps later at the earliest, n >= 3) or at the
-        end. The receive buffers are the thread's own, kept between ops."""
         flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
-        n = self.n
-        ch = chunks(flat, n)
-        plan = schedule(self.pos, n, flat.numel())
-        tmp = self._buffers(flat.dtype, flat.numel(), plan)
-        fold = folder(op)
-        recv, send, left, right = self.pg.recv, self.pg.send, self.left, self.right
-        total = len(plan)
-        posted = recv([tmp[0]], left, tag) if plan[0][3] else None
-        pending: dict[int, Work] = {}  # chunk -> its send, not waited yet
-        for j, (out_c, into_c, out_n, into_n) in enumerate(plan):
-            s = send([ch[out_c]], right, tag) if out_n else None
-            r = posted
-            posted = recv([tmp[j + 1]], left, tag) if j + 1 < total and plan[j + 1][3] else None
+        ch = chunks(flat, self.n)
+        m, n = self.pos, self.n
+        for j in range(steps(n)):
+            out, into = ch[sent_chunk(m, j, n)], ch[received_chunk(m, j, n)]
+            tmp = torch.empty_like(into) if into.numel() else None
+            r = self.pg.recv([tmp], self.left, tag) if tmp is not None else None
+            s = self.pg.send([out], self.right, tag) if out.numel() else None
             if r is not None:
                 r.wait()
-                w = pending.pop(into_c, None)
-                if w is not None:
-                    w.wait()
                 if j < n - 1:
-                    fold(ch[into_c], tmp[j])
+                    reduce_into(into, tmp, op)
                 else:
-                    ch[into_c].copy_(tmp[j])
+                    into.copy_(tmp)
             if s is not None:
-                pending[out_c] = s
-        for w in pending.values():
-            w.wait()
+                s.wait()
         if not t.is_contiguous():  # (a contiguous tensor was reduced in place through its view)
             t.copy_(flat.view_as(t))
-
-    def _buffers(self, dtype: torch.dtype, numel: int, plan) -> list[torch.Tensor]:
-        """This ring thread's receive buffers of an op of `numel` elements, one view a step over two blocks
-        (step j's receive is posted while step j-1's is reduced), kept for the next op of that size."""
-        mine = self._local.__dict__.setdefault("buffers", {})
-        key = (dtype, numel)
-        views = mine.get(key)
-        if views is None:
-            if len(mine) >= KEPT_SIZES:  # (a job with many sizes: the memory stays bounded)
-                mine.clear()
-            most = max(p[3] for p in plan)
-            blocks = [torch.empty(most, dtype=dtype) for _ in range(2)]
-            views = [blocks[j % 2][:p[3]] for j, p in enumerate(plan)]
-            mine[key] = views
-        return views
-
-
-def schedule(m: int, n: int, numel: int) -> list[tuple[int, int, int, int]]:
-    """Member `m`'s steps of an N-ring all-reduce of `numel` elements: per step (the chunk it sends, the chunk
-    it receives, their sizes)."""
-    return _schedule(m, n, numel)
-
-
-@functools.lru_cache(maxsize=4096)
-def _schedule(m: int, n: int, numel: int) -> list[tuple[int, int, int, int]]:
-    sizes = chunk_sizes(numel, n)
-    out = []
-    for j in range(steps(n)):
-        o, i = sent_chunk(m, j, n), received_chunk(m, j, n)
-        out.append((o, i, sizes[o], sizes[i]))
-    return out
-
-
-def folder(op):
-    """dst <- dst (op) src in place, as `reduce_into` (the op resolved once for an op's steps)."""
-    if op == semantics.RedOp.AVG:
-        raise RingError("the neighbours ring cannot average (gloo has no AVG); set PRISM_SLICE_RING=members")
-    fn = semantics._FOLD.get(op) or semantics.Fold(op).fn  # (as `semantics.fold_into`; Fold raises for an op
-    # prism does not support)
-    if fn is torch.add:  # the same kernel in place, without out='s checks (2 against 3-4 us at 64 KB)
-        return torch.Tensor.add_
-    return lambda dst, src: fn(dst, src, out=dst)
 
 
 # -- the server's side -----------------------------------------------------------------------------------------
@@ -308,14 +235,14 @@ def play(pg: ProcessGroupGloo, n: int, live: list[int], tag: int, template: torc
     floating-point one (zeros are sent)."""
     index = {p: i for i, p in enumerate(live)}
     flat_n = template.numel()
-    proto = chunk_sizes(flat_n, n)
+    proto = chunks(torch.empty(flat_n, dtype=template.dtype), n)
     parts = {p: chunks(c.reshape(-1), n) for p, c in contributions.items()} if contributions is not None else None
     zeros: dict[int, torch.Tensor] = {}
     sinks: dict[int, torch.Tensor] = {}
 
     def value(end: int, j: int) -> torch.Tensor:
         c = sent_chunk(end, j, n)
-        size = proto[c]
+        size = proto[c].numel()
         if parts is None:
             if size not in zeros:
                 zeros[size] = torch.zeros(size, dtype=template.dtype)
@@ -344,22 +271,13 @@ def play(pg: ProcessGroupGloo, n: int, live: list[int], tag: int, template: torc
         if v.numel():
             sent.append(pg.send([v], index[b], tag))
 
-    # every run's receive of step j+1 is posted before step j's is waited (as the slice ranks do): the slice
-    # rank's send leaves at once instead of waiting for the server's receive to be announced
-    sizes = [[proto[sent_chunk(a, j, n)] for j in range(total)] for a, _, _ in plays]
-
-    def post(i: int, j: int):
-        size = sizes[i][j] if j < total else 0
-        return pg.recv([sink(size)], index[plays[i][0]], tag) if size else None
-
     for _, b, end in plays:
         send(end, b, 0)
-    posted = [post(i, 0) for i in range(len(plays))]
     for j in range(total):
-        for i, (a, b, end) in enumerate(plays):
-            r, posted[i] = posted[i], post(i, j + 1)
-            if r is not None:
-                r.wait()
+        for a, b, end in plays:
+            size = proto[sent_chunk(a, j, n)].numel()
+            if size:
+                pg.recv([sink(size)], index[a], tag).wait()
             if j + 1 < total:
                 send(end, b, j + 1)
     for w in sent:
