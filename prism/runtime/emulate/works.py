@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Callable
 
@@ -303,8 +303,8 @@ class SendQueue:
             pool = self._threads.get((id(pg), dst))
             if pool is None:
                 pool = self._threads[(id(pg), dst)] = ThreadPoolExecutor(1, thread_name_prefix="prism-emu-send")
-            self._pending = [f for f in self._pending if not f.done()]
-            self._pending.append(pool.submit(self._run, pg, copies, dst, tag))
+            self._pending = [(f, what) for f, what in self._pending if not f.done()]
+            self._pending.append((pool.submit(self._run, pg, copies, dst, tag), (dst, tag)))
         return LocalSend(list(tensors))
 
     def _run(self, pg, tensors, dst: int, tag: int) -> None:
@@ -317,12 +317,28 @@ class SendQueue:
         if self._error is not None:
             raise self._error
 
-    def drain(self) -> None:
-        """Wait until every send went out (the rank's end), raising the first error."""
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Wait until every send went out (the rank's end), raising the first error. A send still out after
+        `timeout_s` (default: the hang watchdog's, `PRISM_HANG_TIMEOUT`; 0 or None: no bound) is a hang: its
+        receiver never posted the recv. The watchdog cannot see it (the program's send completed locally), so it
+        is named here, not waited out."""
+        if timeout_s is None:
+            from prism.runtime import watchdog
+
+            timeout_s = watchdog.timeout_from_env()
+        deadline = time.monotonic() + timeout_s if timeout_s else None
         with self._lock:
             pending = list(self._pending)
-        for f in pending:
-            f.result()
+        for f, (dst, tag) in pending:
+            try:
+                f.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                late = [f"to group rank {d} (tag {t})" for g, (d, t) in pending if not g.done()]
+                raise TimeoutError(
+                    f"prism emulate: {len(late)} send(s) of this sandbox rank never went out within "
+                    f"{timeout_s:g} s of its end ({', '.join(late[:4])}{', ...' if len(late) > 4 else ''}): the "
+                    "receiver never posted the matching recv; the program's sends and receives do not pair up "
+                    f"as in the capture. ({settings.HANG_TIMEOUT.name} sets the bound)") from None
         self.check()
 
 
