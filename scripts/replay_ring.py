@@ -30,7 +30,7 @@ virtual members), one process each on `--cores` in turn; the server on `--server
 i-th of `--gloo-cores` (cycled; default `--cores`). Each process prints its burst's wall per op (first issue to last completion / ops,
 the median over bursts) and its threads' CPU per op (schedstat run time, by thread kind); `--table` prints the
 ring against gloo. `--dtype int32`: the server plays the exact sums and each slice rank checks its result.
-`--layouts gloo,ring16,ring`: also session 16's ring steps (`_s16_ring`, `_s16_play`) in the same round;
+`--layouts gloo,ring16,ring`: ring16 was session 16's ring steps beside session 17's change, in the same round; since that change was reverted both run the runtime's steps (kept for the committed rows' layout names);
 `--main torch|python`: a rank's main thread busy while its burst runs; `--server-queue`: an experiment (the
 server's ops handed to its pool at once); `--table-from ROWS.jsonl`: the table of saved rows.
 
@@ -261,67 +261,6 @@ def _dtype(name: str):
     return {"float32": torch.float32, "int32": torch.int32, "int64": torch.int64}[name]
 
 
-def _s16_ring(self, t, op, tag: int) -> None:
-    """Session 16's `LiveRing._ring` (before issue 24's change), for `--layouts ...,ring16`: each step posts its
-    receive, then its send, waits for both; a new receive buffer a step."""
-    import torch
-
-    from prism.runtime.slice.ring import chunks, received_chunk, reduce_into, sent_chunk, steps
-
-    flat = t.view(-1)
-    ch = chunks(flat, self.n)
-    m, n = self.pos, self.n
-    for j in range(steps(n)):
-        out, into = ch[sent_chunk(m, j, n)], ch[received_chunk(m, j, n)]
-        tmp = torch.empty_like(into) if into.numel() else None
-        r = self.pg.recv([tmp], self.left, tag) if tmp is not None else None
-        s = self.pg.send([out], self.right, tag) if out.numel() else None
-        if r is not None:
-            r.wait()
-            if j < n - 1:
-                reduce_into(into, tmp, op)
-            else:
-                into.copy_(tmp)
-        if s is not None:
-            s.wait()
-
-
-def _s16_play(pg, n: int, live: list[int], tag: int, template, op, contributions) -> int:
-    """Session 16's `ring.play` for a floating-point op (zeros), for `ring16`: a run's receive of step j posted
-    only once step j-1's was waited."""
-    import torch
-
-    from prism.runtime.slice.ring import chunks, runs, sent_chunk, steps
-
-    index = {p: i for i, p in enumerate(live)}
-    proto = chunks(torch.empty(template.numel(), dtype=template.dtype), n)
-    bufs: dict[int, torch.Tensor] = {}
-
-    def buf(size: int):
-        return bufs.setdefault(size, torch.zeros(size, dtype=template.dtype))
-
-    plays = [(a, b, (b - 1) % n) for a, b in runs(n, live)]
-    total, sent = steps(n), []
-
-    def send(end: int, b: int, j: int) -> None:
-        size = proto[sent_chunk(end, j, n)].numel()
-        if size:
-            sent.append(pg.send([buf(size)], index[b], tag))
-
-    for _, b, end in plays:
-        send(end, b, 0)
-    for j in range(total):
-        for a, b, end in plays:
-            size = proto[sent_chunk(a, j, n)].numel()
-            if size:
-                pg.recv([torch.empty(size, dtype=template.dtype)], index[a], tag).wait()
-            if j + 1 < total:
-                send(end, b, j + 1)
-    for w in sent:
-        w.wait()
-    return len(sent)
-
-
 def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burst: int, bursts: int,
                dtype: str, main: str = "wait") -> None:
     """`--burst`, gloo's layout: member `rank` of N real processes, `burst` async all-reduces then wait all."""
@@ -356,9 +295,8 @@ def burst_gloo(port: int, n: int, rank: int, cores: list[int], nbytes: int, burs
 
 
 def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], nbytes: int, burst: int,
-                bursts: int, dtype: str, s16: bool = False, main: str = "wait") -> None:
-    """`--burst`, the ring's layout, a slice rank: the runtime's `LiveRing` at ring position `pos` (`s16`: with
-    session 16's steps, `_s16_ring`)."""
+                bursts: int, dtype: str, main: str = "wait") -> None:
+    """`--burst`, the ring's layout, a slice rank: the runtime's `LiveRing` at ring position `pos`."""
     import torch
     import torch.distributed as dist
 
@@ -369,8 +307,6 @@ def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=60)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout)
-    if s16:
-        ring.LiveRing._ring = _s16_ring
     lr = ring.LiveRing(store, list(range(n)), set(live), pos, timeout, "micro")
     dt = _dtype(dtype)
     numel = max(1, nbytes // torch.empty(0, dtype=dt).element_size())
@@ -400,7 +336,7 @@ def burst_slice(port: int, n: int, live: list[int], pos: int, cores: list[int], 
 
 
 def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: int, burst: int, bursts: int,
-                 dtype: str, queue: bool = False, s16: bool = False) -> None:
+                 dtype: str, queue: bool = False) -> None:
     """`--burst`, the ring's layout, the replay server's end: `ring.play` per op, `GLOO_THREADS` at once, in
     issue order, as `ReplayServer._ring_group` runs them (its main thread hands an op to a pool thread once a
     slot is free). `queue` (`--server-queue`, an experiment): every op of a burst handed to the pool at once, so
@@ -426,7 +362,7 @@ def burst_server(port: int, n: int, live: list[int], cores: list[int], nbytes: i
 
     def played(tag: int) -> None:
         try:
-            (_s16_play if s16 else ring.play)(pg, n, live, tag, template, semantics.RedOp.SUM, contributions)
+            ring.play(pg, n, live, tag, template, semantics.RedOp.SUM, contributions)
         finally:
             slots.release()
 
@@ -455,11 +391,11 @@ def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bur
               server_cores: list[int], dtype: str, gloo_cores: list[int] | None = None, queue: bool = False,
               main: str = "wait") -> dict:
     """One `--burst` row: `layout` "gloo" (N processes), "ring" (the slice ranks at `live` and the server) or
-    "ring16" (the same with session 16's steps: `_s16_ring`, `_s16_play`)."""
+    "ring16" (session 16's steps: since the session-17 revert the same as "ring")."""
     port = _free_port()
     me = [sys.executable, __file__, "--burst-proc"]
     common = {"port": port, "n": n, "bytes": nbytes, "burst": burst, "bursts": bursts, "dtype": dtype, "live": live,
-              "s16": layout == "ring16", "main": main}
+              "main": main}
     if layout == "gloo":
         cores = gloo_cores or cores
         specs = [dict(common, role="gloo", rank=r, cores=[cores[r % len(cores)]]) for r in range(n)]
@@ -589,9 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         if s["role"] == "gloo":
             burst_gloo(*a, s["rank"], s["cores"], *rest, s.get("main", "wait"))
         elif s["role"] == "slice":
-            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest, s.get("s16", False), s.get("main", "wait"))
+            burst_slice(*a, s["live"], s["pos"], s["cores"], *rest, s.get("main", "wait"))
         else:
-            burst_server(*a, s["live"], s["cores"], *rest, s.get("queue", False), s.get("s16", False))
+            burst_server(*a, s["live"], s["cores"], *rest, s.get("queue", False))
         return 0
     if argv[:1] == ["--neighbour"]:
         s = json.loads(argv[1])
