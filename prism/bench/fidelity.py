@@ -44,6 +44,7 @@ with ``PYTHONPATH=.``. A config that fails prints its row as FAILED with the rea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import shutil
@@ -60,7 +61,7 @@ import pyarrow.parquet as pq
 
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import row
-from prism.bench import fidelity_sandbox
+from prism.bench import core_load, fidelity_sandbox
 from prism import job as job_files
 from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
@@ -144,10 +145,12 @@ TIMED = job_files.TIMED_SLICES  # the second pass's slice runs (prism.slices.run
 
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
-              emulate: bool = True, passes: int = 1, sandbox: str = "slice") -> dict:
+              emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: bool = False) -> dict:
     """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated (with `passes` 2:
     -> JOB/calibrated_untimed, then slices timed by it -> JOB/slices_timed, calibrate -> JOB/calibrated);
-    `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). Returns the stage wall times (s)."""
+    `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). `slice_load`: the slice runs
+    under `core_load.CoreLoad` on the job's other cores (the affinity's cores P..W-1: those a slice's ranks
+    leave to the replay server), at SCHED_IDLE. Returns the stage wall times (s)."""
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
@@ -163,9 +166,11 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     timeline = job_files.calibrated(job, folder=UNTIMED)
     for name, timed in (("slices", None), ("slices-timed", timeline))[:passes]:
         t = time.perf_counter()
-        for k in slices:
-            _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
-                     *(("--timed-by", str(timed)) if timed else ())), log, timeout)
+        load_cores = sorted(os.sched_getaffinity(0))[p:cfg.world] if slice_load else []
+        with core_load.CoreLoad(load_cores) if load_cores else contextlib.nullcontext():
+            for k in slices:
+                _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
+                         *(("--timed-by", str(timed)) if timed else ())), log, timeout)
         folder = TIMED if timed else job_files.SLICES
         out = job_files.CALIBRATED if timed or passes == 1 else UNTIMED
         _run(_py("prism.calibrate.from_slices", "--job", str(job), "--slices", folder), log, timeout)
@@ -193,8 +198,29 @@ from prism.bench.fidelity_score import (  # noqa: E402,F401  (re-exported: the b
 # ------------------------------------------------------------------------------------------ a config
 
 
+def prism_schedule(repeats: int, prism_runs: int, slice_load: str) -> list[tuple[str, int, bool]]:
+    """The runs of a config in order: ("truth", i, False) and ("prism", j, loaded). Default: prism run j after
+    truth run j. `slice_load` "alternate": between every two truth runs one prism run without and one with the
+    load on the job's other cores (`core_load`), their order swapped from one gap to the next, `prism_runs`
+    ignored (2 x (repeats - 1) prism runs); "model": every prism run with the load."""
+    runs: list[tuple[str, int, bool]] = []
+    if slice_load == "alternate":
+        for i in range(repeats):
+            runs.append(("truth", i, False))
+            if i < repeats - 1:
+                runs += [("prism", 2 * i, bool(i % 2)), ("prism", 2 * i + 1, not i % 2)]
+        return runs
+    for i in range(max(repeats, prism_runs)):
+        if i < repeats:
+            runs.append(("truth", i, False))
+        if i < prism_runs:
+            runs.append(("prism", i, slice_load == "model"))
+    return runs
+
+
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
-               timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice") -> Result:
+               timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice",
+               slice_load: str = "none") -> Result:
     res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
@@ -203,8 +229,8 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
     log = base / "log.txt"
     truth0 = base / "truth0"
     try:
-        for i in range(max(repeats, prism_runs)):
-            if i < repeats:
+        for what, i, loaded in prism_schedule(repeats, prism_runs, slice_load):
+            if what == "truth":
                 t = time.perf_counter()
                 run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=True)
                 res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
@@ -213,13 +239,15 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                     *truth_rank_ends(base / f"truth{i}"), cfg.world))
                 if i > 0:  # its graph stays (a second real run to compare with: fidelity_terms --against)
                     shutil.rmtree(job_files.raw_dir(base / f"truth{i}"), ignore_errors=True)
-            if i < prism_runs:
+            else:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
                                     for k, v in run_prism(cfg, args, p, job, log, timeout, emulate, passes,
-                                                                   sandbox).items()})
+                                                          sandbox, loaded).items()})
                 t = time.perf_counter()
                 score_prism_run(res, job, truth0 if i == 0 else None)
+                if slice_load != "none":
+                    res.slice_load.append(loaded)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
                 shutil.rmtree(job_files.payloads_dir(job_files.capture_dir(job)), ignore_errors=True)
     except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
@@ -387,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=("slice", "rank"), default="slice",
                         help="the emulated sandbox: the default rank and the rest of its slice (P ranks), or the "
                              "default rank alone")
+    parser.add_argument("--slice-load", choices=("none", "model", "alternate"), default="none",
+                        help="model: run the slice runs while the job's other cores (those a slice leaves to its "
+                             "replay server) run the workload at SCHED_IDLE (prism/bench/core_load.py); alternate: "
+                             "between every two truth runs one prism run without and one with it (an experiment)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -465,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             p = args.devices or cfg.devices
             t = time.perf_counter()
             r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
-                           args.steps, model, work, args.timeout, not args.no_emulate, args.passes, args.sandbox)
+                           args.steps, model, work, args.timeout, not args.no_emulate, args.passes, args.sandbox,
+                           args.slice_load)
             slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
             results.append(r)
             print(row(r), flush=True)

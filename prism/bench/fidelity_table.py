@@ -55,6 +55,7 @@ class Result:
     pred_untimed_ms: list[float] = field(default_factory=list)  # first pass (untimed slices), per prism run
     truth_rank_ms: list[list] = field(default_factory=list)  # per truth run: each rank's own iteration time
     emulated: list[dict] = field(default_factory=list)  # per prism run: the emulated sandbox (fidelity_sandbox)
+    slice_load: list[bool] = field(default_factory=list)  # per prism run, with --slice-load: its slices under load
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,8 @@ def to_record(r: Result) -> dict:
         record["scored"] = r.scored
     if r.pred_untimed_ms or r.truth_rank_ms or r.emulated:
         record.update(pred_untimed_ms=r.pred_untimed_ms, truth_rank_ms=r.truth_rank_ms, emulated=r.emulated)
+    if r.slice_load:
+        record["slice_load"] = r.slice_load
     return record
 
 
@@ -101,7 +104,8 @@ def from_record(record: dict, known: dict[str, Config] | None = None) -> Result:
                   bare_ms=[float(x) for x in record.get("bare_ms") or []], events=record.get("events"),
                   stage_s=record.get("stage_s") or {}, error=record.get("error"), scored=record.get("scored"),
                   pred_untimed_ms=[float(x) for x in record.get("pred_untimed_ms") or []],
-                  truth_rank_ms=list(record.get("truth_rank_ms") or []), emulated=list(record.get("emulated") or []))
+                  truth_rank_ms=list(record.get("truth_rank_ms") or []), emulated=list(record.get("emulated") or []),
+                  slice_load=[bool(x) for x in record.get("slice_load") or []])
 
 
 def write_json(path: Path, results: list[Result]) -> None:
