@@ -145,12 +145,13 @@ TIMED = job_files.TIMED_SLICES  # the second pass's slice runs (prism.slices.run
 
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
-              emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: bool = False) -> dict:
+              emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: str = "none") -> dict:
     """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated (with `passes` 2:
     -> JOB/calibrated_untimed, then slices timed by it -> JOB/slices_timed, calibrate -> JOB/calibrated);
-    `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). `slice_load`: the slice runs
-    under `core_load.CoreLoad` on the job's other cores (the affinity's cores P..W-1: those a slice's ranks
-    leave to the replay server), at SCHED_IDLE. Returns the stage wall times (s)."""
+    `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). `slice_load` "full" or
+    "mirror": the slice runs under `core_load.CoreLoad` on the job's other cores (the affinity's cores P..W-1:
+    those a slice's ranks leave to the replay server), at SCHED_IDLE; "mirror": core P+i copies the duty cycle
+    of the slice rank's core i % P. Returns the stage wall times (s)."""
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
@@ -166,8 +167,10 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     timeline = job_files.calibrated(job, folder=UNTIMED)
     for name, timed in (("slices", None), ("slices-timed", timeline))[:passes]:
         t = time.perf_counter()
-        load_cores = sorted(os.sched_getaffinity(0))[p:cfg.world] if slice_load else []
-        with core_load.CoreLoad(load_cores) if load_cores else contextlib.nullcontext():
+        mine = sorted(os.sched_getaffinity(0))
+        load_cores = mine[p:cfg.world] if slice_load != "none" else []
+        mirror = [mine[i % p] for i in range(len(load_cores))] if slice_load == "mirror" else None
+        with core_load.CoreLoad(load_cores, mirror=mirror) if load_cores else contextlib.nullcontext():
             for k in slices:
                 _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
                          *(("--timed-by", str(timed)) if timed else ())), log, timeout)
@@ -198,29 +201,30 @@ from prism.bench.fidelity_score import (  # noqa: E402,F401  (re-exported: the b
 # ------------------------------------------------------------------------------------------ a config
 
 
-def prism_schedule(repeats: int, prism_runs: int, slice_load: str) -> list[tuple[str, int, bool]]:
-    """The runs of a config in order: ("truth", i, False) and ("prism", j, loaded). Default: prism run j after
-    truth run j. `slice_load` "alternate": between every two truth runs one prism run without and one with the
-    load on the job's other cores (`core_load`), their order swapped from one gap to the next, `prism_runs`
-    ignored (2 x (repeats - 1) prism runs); "model": every prism run with the load."""
-    runs: list[tuple[str, int, bool]] = []
-    if slice_load == "alternate":
+def prism_schedule(repeats: int, prism_runs: int, slice_load: str, alternate: bool = False) -> list[tuple[str, int, str]]:
+    """The runs of a config in order: ("truth", i, "none") and ("prism", j, load). Default: prism run j after
+    truth run j, every one with `slice_load`. `alternate`: between every two truth runs one prism run without
+    and one with `slice_load` (`core_load`), their order swapped from one gap to the next, `prism_runs` ignored
+    (2 x (repeats - 1) prism runs)."""
+    runs: list[tuple[str, int, str]] = []
+    if alternate:
         for i in range(repeats):
-            runs.append(("truth", i, False))
+            runs.append(("truth", i, "none"))
             if i < repeats - 1:
-                runs += [("prism", 2 * i, bool(i % 2)), ("prism", 2 * i + 1, not i % 2)]
+                pair = ["none", slice_load] if i % 2 == 0 else [slice_load, "none"]
+                runs += [("prism", 2 * i, pair[0]), ("prism", 2 * i + 1, pair[1])]
         return runs
     for i in range(max(repeats, prism_runs)):
         if i < repeats:
-            runs.append(("truth", i, False))
+            runs.append(("truth", i, "none"))
         if i < prism_runs:
-            runs.append(("prism", i, slice_load == "model"))
+            runs.append(("prism", i, slice_load))
     return runs
 
 
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
                timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice",
-               slice_load: str = "none") -> Result:
+               slice_load: str = "none", alternate: bool = False) -> Result:
     res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
@@ -229,7 +233,7 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
     log = base / "log.txt"
     truth0 = base / "truth0"
     try:
-        for what, i, loaded in prism_schedule(repeats, prism_runs, slice_load):
+        for what, i, loaded in prism_schedule(repeats, prism_runs, slice_load, alternate):
             if what == "truth":
                 t = time.perf_counter()
                 run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=True)
@@ -415,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=("slice", "rank"), default="slice",
                         help="the emulated sandbox: the default rank and the rest of its slice (P ranks), or the "
                              "default rank alone")
-    parser.add_argument("--slice-load", choices=("none", "model", "alternate"), default="none",
-                        help="model: run the slice runs while the job's other cores (those a slice leaves to its "
-                             "replay server) run the workload at SCHED_IDLE (prism/bench/core_load.py); alternate: "
-                             "between every two truth runs one prism run without and one with it (an experiment)")
+    parser.add_argument("--slice-load", choices=("none", "full", "mirror"), default="none",
+                        help="full: run the slice runs while the job's other cores (those a slice leaves to its "
+                             "replay server) run the workload at SCHED_IDLE; mirror: those cores compute only while "
+                             "a slice rank's core does (prism/bench/core_load.py; an experiment)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="with --slice-load: between every two truth runs one prism run without and one with it")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -498,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
                            args.steps, model, work, args.timeout, not args.no_emulate, args.passes, args.sandbox,
-                           args.slice_load)
+                           args.slice_load, args.alternate)
             slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
             results.append(r)
             print(row(r), flush=True)

@@ -169,8 +169,10 @@ def ranks(config_dir: Path) -> list[str]:
     cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns", "device_ns"]
     sources = [(d.name, [job_files.graph_file(d)]) for d in sorted(config_dir.glob("truth*"))
                if job_files.graph_file(d).is_file()]
-    sources += [(f, p) for f in (job_files.SLICES, job_files.TIMED_SLICES)
-                if (p := job_files.slice_files(config_dir / "prism0", folder=f))]
+    runs = sorted(config_dir.glob("prism*"), key=lambda d: int(d.name[5:]) if d.name[5:].isdigit() else -1)
+    for job in runs:   # every prism run's slice passes (prism0's named by the pass alone, as before)
+        sources += [(f if job.name == "prism0" else f"{job.name} {f}", p) for f in (job_files.SLICES, job_files.TIMED_SLICES)
+                    if (p := job_files.slice_files(job, folder=f))]
     per: dict[str, dict[int, tuple[dict, dict]]] = {}
     began: dict[str, float] = {}
     for name, paths in sources:

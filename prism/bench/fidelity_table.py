@@ -55,7 +55,7 @@ class Result:
     pred_untimed_ms: list[float] = field(default_factory=list)  # first pass (untimed slices), per prism run
     truth_rank_ms: list[list] = field(default_factory=list)  # per truth run: each rank's own iteration time
     emulated: list[dict] = field(default_factory=list)  # per prism run: the emulated sandbox (fidelity_sandbox)
-    slice_load: list[bool] = field(default_factory=list)  # per prism run, with --slice-load: its slices under load
+    slice_load: list[str] = field(default_factory=list)  # per prism run, with --slice-load: its slices' load
 
     @property
     def ok(self) -> bool:
@@ -105,7 +105,13 @@ def from_record(record: dict, known: dict[str, Config] | None = None) -> Result:
                   stage_s=record.get("stage_s") or {}, error=record.get("error"), scored=record.get("scored"),
                   pred_untimed_ms=[float(x) for x in record.get("pred_untimed_ms") or []],
                   truth_rank_ms=list(record.get("truth_rank_ms") or []), emulated=list(record.get("emulated") or []),
-                  slice_load=[bool(x) for x in record.get("slice_load") or []])
+                  slice_load=[_load_name(x) for x in record.get("slice_load") or []])
+
+
+def _load_name(x) -> str:
+    """A prism run's slice load as recorded: "none", "full", "mirror" (session 18's first call wrote True for
+    the full load, False for none)."""
+    return {True: "full", False: "none"}.get(x, x) if isinstance(x, bool) else str(x)
 
 
 def write_json(path: Path, results: list[Result]) -> None:
