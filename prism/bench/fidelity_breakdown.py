@@ -162,20 +162,20 @@ def cpu_ratio(base: dict[int, int], other: dict[int, int]) -> float:
     return sum(other[k] for k in common) / den if den > 0 else float("nan")
 
 
-def ranks(config_dir: Path) -> list[str]:
-    """Per rank and source (truth runs, slice passes): the `rank_row` figures and the compute CPU vs truth0; a
-    row 'all' per source (the mean over its ranks), and when the source began (its first event, host monotonic s:
-    the streams of one device call share that clock, so a speed that moves with the time is the host's)."""
+def sources(config_dir: Path) -> tuple[dict[str, dict[int, tuple[dict, dict]]], dict[str, float]]:
+    """Every truth run's graph and every prism run's slice passes (prism0's named by the pass alone, the others
+    `prismN PASS`): per source and rank the `rank_row` figures and the compute events' CPU (seq -> ns, iterations
+    >= 1); and when each source began (its first event, host monotonic s: the streams of one device call share
+    that clock, so a speed that moves with the time is the host's)."""
     cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns", "device_ns"]
-    sources = [(d.name, [job_files.graph_file(d)]) for d in sorted(config_dir.glob("truth*"))
-               if job_files.graph_file(d).is_file()]
-    runs = sorted(config_dir.glob("prism*"), key=lambda d: int(d.name[5:]) if d.name[5:].isdigit() else -1)
-    for job in runs:   # every prism run's slice passes (prism0's named by the pass alone, as before)
-        sources += [(f if job.name == "prism0" else f"{job.name} {f}", p) for f in (job_files.SLICES, job_files.TIMED_SLICES)
-                    if (p := job_files.slice_files(job, folder=f))]
+    found = [(d.name, [job_files.graph_file(d)]) for d in sorted(config_dir.glob("truth*"), key=_run_number)
+             if job_files.graph_file(d).is_file()]
+    for job in sorted(config_dir.glob("prism*"), key=_run_number):
+        found += [(f if job.name == "prism0" else f"{job.name} {f}", p) for f in (job_files.SLICES, job_files.TIMED_SLICES)
+                  if (p := job_files.slice_files(job, folder=f))]
     per: dict[str, dict[int, tuple[dict, dict]]] = {}
     began: dict[str, float] = {}
-    for name, paths in sources:
+    for name, paths in found:
         t = pa.concat_tables([pq.read_table(p, columns=cols) for p in paths])
         kind, rank = t["kind"].to_numpy(zero_copy_only=False), t["rank"].to_numpy()
         it, seq = t["iteration"].to_numpy(), t["seq"].to_numpy()
@@ -187,6 +187,25 @@ def ranks(config_dir: Path) -> list[str]:
             c = m & (kind == "compute") & (it >= 1)
             per[name][int(r)] = (rank_row(kind[m], it[m], start[m], end[m], cpu[m]),
                                  dict(zip(seq[c].tolist(), cpu[c].tolist())))
+    return per, began
+
+
+def _run_number(d: Path) -> int:
+    digits = d.name.lstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(digits) if digits.isdigit() else -1
+
+
+def whole_cpu_ratio(base: dict[int, tuple[dict, dict]], by_rank: dict[int, tuple[dict, dict]]) -> float:
+    """Compute CPU of a source over `base`'s (a truth run's) on the events of every rank both have."""
+    both = [(base[r][1], cpu) for r, (_, cpu) in by_rank.items() if r in base]
+    return cpu_ratio({(i, k): v for i, (b, _) in enumerate(both) for k, v in b.items()},
+                     {(i, k): v for i, (_, o) in enumerate(both) for k, v in o.items()})
+
+
+def ranks(config_dir: Path) -> list[str]:
+    """Per rank and source (`sources`): the `rank_row` figures and the compute CPU vs truth0; a row 'all' per
+    source (the mean over its ranks) and when the source began."""
+    per, began = sources(config_dir)
     lines = [str(config_dir), "| rank | source | began s | compute CPU | compute wall | wait | collective | "
              "CPU vs truth0 |", "|---|---|---|---|---|---|---|---|"]
     base = per.get("truth0", {})
@@ -202,10 +221,7 @@ def ranks(config_dir: Path) -> list[str]:
                 lines.append(row(r, name, figures, cpu_ratio(base[r][1], cpu) if r in base else float("nan")))
     for name, by_rank in per.items():
         mean = {k: float(np.mean([f[k] for f, _ in by_rank.values()])) for k in next(iter(by_rank.values()))[0]}
-        both = [(base[r][1], cpu) for r, (_, cpu) in by_rank.items() if r in base]
-        whole = cpu_ratio({(i, k): v for i, (b, _) in enumerate(both) for k, v in b.items()},
-                          {(i, k): v for i, (_, o) in enumerate(both) for k, v in o.items()})
-        lines.append(row("all", name, mean, whole))
+        lines.append(row("all", name, mean, whole_cpu_ratio(base, by_rank)))
     return lines
 
 
