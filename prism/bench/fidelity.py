@@ -456,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             _write(args.out, lines, results)
         return 0 if results and all(not r.error for r in results) else 1
+    if args.alternate and args.slice_load == "none":
+        print("prism bench fidelity: --alternate alternates prism runs without and with a load: name it with "
+              "--slice-load full or --slice-load mirror", file=sys.stderr)
+        return 2
     if args.configs:
         unknown = [n for n in args.configs.split(",") if n not in BY_NAME]
         if unknown:
@@ -475,8 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     import torch
 
+    prism_runs = (f"{2 * (args.repeats - 1)} alternating none/{args.slice_load}" if args.alternate
+                  else f"{args.prism_runs}" + (f" with --slice-load {args.slice_load}" if args.slice_load != "none" else ""))
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
-             f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs} ({args.passes} pass(es), "
+             f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{prism_runs} ({args.passes} pass(es), "
              f"sandbox: {args.sandbox}), "
              f"{args.steps} steps; model {' '.join(model)}", ""] + table([])[:2]
     print("\n".join(intro), flush=True)

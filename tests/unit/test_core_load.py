@@ -88,3 +88,10 @@ def test_a_mirror_computes_while_the_mirrored_core_runs_and_sleeps_while_it_idle
 def _cpu_s(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_alternate_without_a_load_is_refused_with_the_fix(capsys):
+    from prism.bench import fidelity
+
+    assert fidelity.main(["--alternate", "--configs", "dp2"]) == 2
+    assert "--slice-load full or --slice-load mirror" in capsys.readouterr().err
