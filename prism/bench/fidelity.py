@@ -145,13 +145,15 @@ TIMED = job_files.TIMED_SLICES  # the second pass's slice runs (prism.slices.run
 
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
-              emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: str = "none") -> dict:
+              emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: str = "none",
+              keep_whole: str = "") -> dict:
     """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated (with `passes` 2:
     -> JOB/calibrated_untimed, then slices timed by it -> JOB/slices_timed, calibrate -> JOB/calibrated);
     `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). `slice_load` "full" or
     "mirror": the slice runs under `core_load.CoreLoad` on the job's other cores (the affinity's cores P..W-1:
     those a slice's ranks leave to the replay server), at SCHED_IDLE; "mirror": core P+i copies the duty cycle
-    of the slice rank's core i % P. Returns the stage wall times (s)."""
+    of the slice rank's core i % P. `keep_whole`: the plan's `--keep-whole` (groups of those
+    descriptions each in one slice). Returns the stage wall times (s)."""
     times = {}
     t = time.perf_counter()
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "capture", "--devices", str(p),
@@ -160,7 +162,8 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     t = time.perf_counter()
     _run(_prism("graph", "--job", str(job), "--raw", str(job_files.raw_dir(job_files.capture_dir(job))),
                 "--out", str(job_files.graph_dir(job))), log, timeout)
-    _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p)), log, timeout)
+    _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p),
+             *(("--keep-whole", keep_whole) if keep_whole else ())), log, timeout)
     times["graph+plan"] = time.perf_counter() - t
     plan = pq.read_table(job_files.slice_plan(job))
     slices = sorted(set(plan.filter(plan.column("measured")).column("slice").to_pylist()))
@@ -201,30 +204,47 @@ from prism.bench.fidelity_score import (  # noqa: E402,F401  (re-exported: the b
 # ------------------------------------------------------------------------------------------ a config
 
 
-def prism_schedule(repeats: int, prism_runs: int, slice_load: str, alternate: bool = False) -> list[tuple[str, int, str]]:
-    """The runs of a config in order: ("truth", i, "none") and ("prism", j, load). Default: prism run j after
-    truth run j, every one with `slice_load`. `alternate`: between every two truth runs one prism run without
-    and one with `slice_load` (`core_load`), their order swapped from one gap to the next, `prism_runs` ignored
-    (2 x (repeats - 1) prism runs)."""
+def variant_label(slice_load: str, keep_whole: str) -> str:
+    """A prism run's variant: "none" (the pipeline's defaults), else its options joined by "+"."""
+    parts = ([slice_load] if slice_load != "none" else []) + ([f"keep={keep_whole}"] if keep_whole else [])
+    return "+".join(parts) or "none"
+
+
+def variant_options(label: str) -> tuple[str, str]:
+    """(slice_load, keep_whole) of a `variant_label`."""
+    load, keep = "none", ""
+    for part in label.split("+"):
+        if part.startswith("keep="):
+            keep = part[5:]
+        elif part != "none":
+            load = part
+    return load, keep
+
+
+def prism_schedule(repeats: int, prism_runs: int, variant: str, alternate: bool = False) -> list[tuple[str, int, str]]:
+    """The runs of a config in order: ("truth", i, "none") and ("prism", j, variant). Default: prism run j after
+    truth run j, every one the `variant` (`variant_label`). `alternate`: between every two truth runs one prism
+    run of the defaults ("none") and one of `variant`, their order swapped from one gap to the next,
+    `prism_runs` ignored (2 x (repeats - 1) prism runs)."""
     runs: list[tuple[str, int, str]] = []
     if alternate:
         for i in range(repeats):
             runs.append(("truth", i, "none"))
             if i < repeats - 1:
-                pair = ["none", slice_load] if i % 2 == 0 else [slice_load, "none"]
+                pair = ["none", variant] if i % 2 == 0 else [variant, "none"]
                 runs += [("prism", 2 * i, pair[0]), ("prism", 2 * i + 1, pair[1])]
         return runs
     for i in range(max(repeats, prism_runs)):
         if i < repeats:
             runs.append(("truth", i, "none"))
         if i < prism_runs:
-            runs.append(("prism", i, slice_load))
+            runs.append(("prism", i, variant))
     return runs
 
 
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
                timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice",
-               slice_load: str = "none", alternate: bool = False) -> Result:
+               variant: str = "none", alternate: bool = False) -> Result:
     res = Result(cfg, p, scored=scored_by())
     args = cfg.args(steps, model)
     base = work / cfg.name
@@ -233,7 +253,7 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
     log = base / "log.txt"
     truth0 = base / "truth0"
     try:
-        for what, i, loaded in prism_schedule(repeats, prism_runs, slice_load, alternate):
+        for what, i, label in prism_schedule(repeats, prism_runs, variant, alternate):
             if what == "truth":
                 t = time.perf_counter()
                 run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=True)
@@ -247,11 +267,11 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
                                     for k, v in run_prism(cfg, args, p, job, log, timeout, emulate, passes,
-                                                          sandbox, loaded).items()})
+                                                          sandbox, *variant_options(label)).items()})
                 t = time.perf_counter()
                 score_prism_run(res, job, truth0 if i == 0 else None)
-                if slice_load != "none":
-                    res.slice_load.append(loaded)
+                if variant != "none":
+                    res.variant.append(label)
                 res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
                 shutil.rmtree(job_files.payloads_dir(job_files.capture_dir(job)), ignore_errors=True)
     except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
@@ -423,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="full: run the slice runs while the job's other cores (those a slice leaves to its "
                              "replay server) run the workload at SCHED_IDLE; mirror: those cores compute only while "
                              "a slice rank's core does (prism/bench/core_load.py; an experiment)")
+    parser.add_argument("--plan-keep", default="", metavar="DESC[,DESC...]",
+                        help="the slice plan's --keep-whole: each group of these descriptions (e.g. tp) in one slice")
     parser.add_argument("--alternate", action="store_true",
-                        help="with --slice-load: between every two truth runs one prism run without and one with it")
+                        help="with --slice-load and/or --plan-keep: between every two truth runs one prism run of "
+                             "the defaults and one with them")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -456,9 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             _write(args.out, lines, results)
         return 0 if results and all(not r.error for r in results) else 1
-    if args.alternate and args.slice_load == "none":
-        print("prism bench fidelity: --alternate alternates prism runs without and with a load: name it with "
-              "--slice-load full or --slice-load mirror", file=sys.stderr)
+    variant = variant_label(args.slice_load, args.plan_keep)
+    if args.alternate and variant == "none":
+        print("prism bench fidelity: --alternate alternates prism runs of the defaults with a variant: name it with "
+              "--slice-load full|mirror and/or --plan-keep DESC", file=sys.stderr)
         return 2
     if args.configs:
         unknown = [n for n in args.configs.split(",") if n not in BY_NAME]
@@ -479,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     import torch
 
-    prism_runs = (f"{2 * (args.repeats - 1)} alternating none/{args.slice_load}" if args.alternate
-                  else f"{args.prism_runs}" + (f" with --slice-load {args.slice_load}" if args.slice_load != "none" else ""))
+    prism_runs = (f"{2 * (args.repeats - 1)} alternating none/{variant}" if args.alternate
+                  else f"{args.prism_runs}" + (f" as {variant}" if variant != "none" else ""))
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
              f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{prism_runs} ({args.passes} pass(es), "
              f"sandbox: {args.sandbox}), "
@@ -510,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             r = run_config(cfg, min(p, cfg.world - 1) if cfg.world > 1 else 1, args.repeats, args.prism_runs,
                            args.steps, model, work, args.timeout, not args.no_emulate, args.passes, args.sandbox,
-                           args.slice_load, args.alternate)
+                           variant, args.alternate)
             slowest = max(slowest, (time.perf_counter() - t) * (8 / cfg.world if cfg.world > 8 else 1))
             results.append(r)
             print(row(r), flush=True)

@@ -59,7 +59,7 @@ def report(stream_dirs: list[Path]) -> list[str]:
         for r in read_json(d / "fidelity.json"):
             if not r.ok:
                 continue
-            rows = config_runs(d / r.cfg.name, r.truth_ms, r.pred_ms, r.slice_load)
+            rows = config_runs(d / r.cfg.name, r.truth_ms, r.pred_ms, r.variant)
             for x in rows:
                 x.update(config=r.cfg.name, stream=d.name)
                 lines.append(f"| {d.name} | {r.cfg.name} | {x['run']} | {x['load']} | {x['began']:.1f} | "

@@ -55,7 +55,8 @@ class Result:
     pred_untimed_ms: list[float] = field(default_factory=list)  # first pass (untimed slices), per prism run
     truth_rank_ms: list[list] = field(default_factory=list)  # per truth run: each rank's own iteration time
     emulated: list[dict] = field(default_factory=list)  # per prism run: the emulated sandbox (fidelity_sandbox)
-    slice_load: list[str] = field(default_factory=list)  # per prism run, with --slice-load: its slices' load
+    variant: list[str] = field(default_factory=list)  # per prism run, with --alternate: its variant ("none", a
+    # slice load "full"/"mirror", "keep=DESC" a plan keeping those groups whole, joined by "+")
 
     @property
     def ok(self) -> bool:
@@ -91,8 +92,8 @@ def to_record(r: Result) -> dict:
         record["scored"] = r.scored
     if r.pred_untimed_ms or r.truth_rank_ms or r.emulated:
         record.update(pred_untimed_ms=r.pred_untimed_ms, truth_rank_ms=r.truth_rank_ms, emulated=r.emulated)
-    if r.slice_load:
-        record["slice_load"] = r.slice_load
+    if r.variant:
+        record["variant"] = r.variant
     return record
 
 
@@ -105,12 +106,12 @@ def from_record(record: dict, known: dict[str, Config] | None = None) -> Result:
                   stage_s=record.get("stage_s") or {}, error=record.get("error"), scored=record.get("scored"),
                   pred_untimed_ms=[float(x) for x in record.get("pred_untimed_ms") or []],
                   truth_rank_ms=list(record.get("truth_rank_ms") or []), emulated=list(record.get("emulated") or []),
-                  slice_load=[_load_name(x) for x in record.get("slice_load") or []])
+                  variant=[_variant_name(x) for x in record.get("variant") or record.get("slice_load") or []])
 
 
-def _load_name(x) -> str:
-    """A prism run's slice load as recorded: "none", "full", "mirror" (session 18's first call wrote True for
-    the full load, False for none)."""
+def _variant_name(x) -> str:
+    """A prism run's variant as recorded (session 18's first three calls wrote it as "slice_load", the first
+    one True for the full load, False for none)."""
     return {True: "full", False: "none"}.get(x, x) if isinstance(x, bool) else str(x)
 
 

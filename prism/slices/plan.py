@@ -1,10 +1,15 @@
 """Slice planner: split the W ranks into slices of at most P ranks that run for real together.
 
-    prism slices plan --job DIR --devices P [--representative]   ->  DIR/slices/plan.parquet
+    prism slices plan --job DIR --devices P [--representative] [--keep-whole DESC[,DESC...]]
+        ->  DIR/slices/plan.parquet
 
 Ranks that communicate most stay together: every pair of ranks gets the bytes they exchange in groups
 small enough to fit in a slice (a TP group, then EP, ...) and in point-to-point messages; clusters are
 merged greedily along the heaviest pairs while they fit in P, then packed into as few slices as possible.
+`--keep-whole tp` first puts every group whose description (`group_desc`, e.g. tp, ep) is named in one slice
+(each group that fits in P), then merges by bytes as above: for the groups whose collectives a rank waits on at once (a TP all-reduce, synchronous, on
+every layer), where the bytes rule may prefer a larger but asynchronous group (the data-parallel gradient
+buckets) and split them across slices (issue 24: tp2dp4 and tp4dp2, docs/fidelity.md "Session 18").
 
 Equivalent ranks: two ranks do the same work when they sit at the same PP stage and issue the same
 sequence of operations (kind, op, bytes); the bytes of a collective whose members contribute different
@@ -52,8 +57,10 @@ def _pair_weights(comms: pl.DataFrame, p: int) -> dict[tuple[int, int], float]:
     return weights
 
 
-def cluster(world: int, p: int, weights: dict[tuple[int, int], float]) -> list[list[int]]:
-    """Greedy agglomeration along the heaviest pairs, clusters of at most `p` ranks, then packing."""
+def cluster(world: int, p: int, weights: dict[tuple[int, int], float],
+            whole: list[list[int]] = ()) -> list[list[int]]:
+    """Greedy agglomeration along the heaviest pairs, clusters of at most `p` ranks, then packing; the
+    groups of `whole` (member lists) are merged first, each while it fits in `p`."""
     parent = list(range(world))
     size = [1] * world
 
@@ -63,8 +70,9 @@ def cluster(world: int, p: int, weights: dict[tuple[int, int], float]) -> list[l
             x = parent[x]
         return x
 
-    # heaviest pair first; ties broken by rank numbers so plans are deterministic
-    for (a, b), _w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])):
+    kept = [(a, b) for members in whole for a, b in zip(members, members[1:])]
+    # the groups kept whole first, then the heaviest pair; ties broken by rank numbers so plans are deterministic
+    for (a, b) in kept + [pair for pair, _w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))]:
         ra, rb = find(a), find(b)
         if ra != rb and size[ra] + size[rb] <= p:
             parent[rb] = ra
@@ -165,7 +173,7 @@ def representatives_of(slices: list[list[int]], work: dict[int, str], places: Pl
     return classes, measured_by
 
 
-def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Table:
+def plan(graph_dir: Path, devices: int, representative: bool = False, keep_whole: tuple[str, ...] = ()) -> pa.Table:
     try:
         events = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "events"),
                                                       columns=["rank", "seq", "kind", "op", "bytes", "comm_id"]))
@@ -178,15 +186,30 @@ def plan(graph_dir: Path, devices: int, representative: bool = False) -> pa.Tabl
         raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
     if devices < 1:
         raise PlanError(f"--devices must be at least 1 (got {devices})")
-    return plan_tables(events, comms, ranks, groups, devices, representative)
+    return plan_tables(events, comms, ranks, groups, devices, representative, keep_whole)
+
+
+def whole_groups(groups: pl.DataFrame | None, descs: tuple[str, ...], p: int) -> list[list[int]]:
+    """The member lists of the groups described as one of `descs` that fit in `p`, in the graph's order; a
+    description no group has is an error naming those there are."""
+    if not descs:
+        return []
+    have = sorted({d for d in (groups["group_desc"].to_list() if groups is not None else []) if d})
+    missing = [d for d in descs if d not in have]
+    if missing:
+        raise PlanError(f"--keep-whole {','.join(missing)}: no group of the graph is described so (its groups' "
+                        f"descriptions: {', '.join(have) or 'none'}); name one of those")
+    return [sorted(m) for d, m in zip(groups["group_desc"].to_list(), groups["members"].to_list())
+            if d in descs and 1 < len(m) <= p]
 
 
 def plan_tables(events: pl.DataFrame, comms: pl.DataFrame, ranks: pl.DataFrame, groups: pl.DataFrame | None,
-                devices: int, representative: bool = False) -> pa.Table:
+                devices: int, representative: bool = False, keep_whole: tuple[str, ...] = ()) -> pa.Table:
     """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id), comms (kind, group_name,
-    src, dst, members, bytes), ranks (rank, pp), groups (group_name, group_desc, members) or None."""
+    src, dst, members, bytes), ranks (rank, pp), groups (group_name, group_desc, members) or None; the groups
+    described as one of `keep_whole` merged first."""
     world = ranks.height
-    slices = cluster(world, devices, _pair_weights(comms, devices))
+    slices = cluster(world, devices, _pair_weights(comms, devices), whole_groups(groups, keep_whole, devices))
     classes, measured_by = representatives_of(slices, rank_classes(events, ranks), Places(comms, groups),
                                               representative)
     rows = {"slice": [], "rank": [], "rank_class": [], "measured_by": [], "measured": []}
@@ -208,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, required=True, help="device slots P: at most P ranks a slice")
     parser.add_argument("--representative", action="store_true",
                         help="measure one slice per class of equivalent slices")
+    parser.add_argument("--keep-whole", default="", metavar="DESC[,DESC...]",
+                        help="first put each group of these descriptions (group_desc, e.g. tp) in one slice")
     args = parser.parse_args(argv)
     graph = job_files.graph_dir(args.job)
     try:
         run_id = artifacts.same_run([job_files.graph_file(args.job, name) for name in ("events", "comms", "ranks")])
-        table = plan(graph, args.devices, args.representative)
+        table = plan(graph, args.devices, args.representative,
+                     tuple(d for d in args.keep_whole.split(",") if d))
         artifacts.write_outputs(job_files.slices_dir(args.job), {"plan": table}, {"plan": schemas.SLICE_PLAN},
                                 run_id=run_id)
     except (PlanError, artifacts.ArtifactError) as exc:

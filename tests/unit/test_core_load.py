@@ -32,11 +32,12 @@ def test_the_default_order_is_unchanged_and_a_load_applies_to_every_prism_run():
 
 def test_a_result_keeps_which_prism_runs_were_loaded():
     r = Result(Config("dp8", 8, ("--dp", "8"), 4), 4, truth_ms=[1.0], pred_ms=[1.0, 2.0],
-               slice_load=["none", "mirror"])
-    assert from_record(to_record(r)).slice_load == ["none", "mirror"]
-    rec = to_record(r) | {"slice_load": [False, True]}   # as session 18's first call wrote it (full load)
-    assert from_record(rec).slice_load == ["none", "full"]
-    assert "slice_load" not in to_record(Result(r.cfg, 4, truth_ms=[1.0], pred_ms=[1.0]))
+               variant=["none", "mirror"])
+    assert from_record(to_record(r)).variant == ["none", "mirror"]
+    rec = {k: v for k, v in to_record(r).items() if k != "variant"} | {"slice_load": [False, True]}
+    # (as session 18's first call wrote it: the full load)
+    assert from_record(rec).variant == ["none", "full"]
+    assert "variant" not in to_record(Result(r.cfg, 4, truth_ms=[1.0], pred_ms=[1.0]))
 
 
 def test_the_load_runs_at_sched_idle_on_its_core_and_stop_leaves_no_process():
@@ -94,4 +95,13 @@ def test_alternate_without_a_load_is_refused_with_the_fix(capsys):
     from prism.bench import fidelity
 
     assert fidelity.main(["--alternate", "--configs", "dp2"]) == 2
-    assert "--slice-load full or --slice-load mirror" in capsys.readouterr().err
+    assert "--slice-load full|mirror and/or --plan-keep DESC" in capsys.readouterr().err
+
+
+def test_a_variant_label_names_its_options_and_gives_them_back():
+    from prism.bench.fidelity import variant_label, variant_options
+
+    assert variant_label("none", "") == "none" and variant_options("none") == ("none", "")
+    assert variant_label("mirror", "tp") == "mirror+keep=tp"
+    assert variant_options("mirror+keep=tp") == ("mirror", "tp")
+    assert variant_options(variant_label("none", "tp,ep")) == ("none", "tp,ep")

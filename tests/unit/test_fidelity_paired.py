@@ -32,7 +32,7 @@ def test_a_run_is_scored_against_the_truth_between_the_runs_around_it(tmp_path):
     _events(job_files.slice_dir(stream / "dp2" / "prism0", 0) / "events.parquet", 2.5, 1250)
     _events(job_files.slice_dir(stream / "dp2" / "prism1", 0) / "events.parquet", 7.5, 1500)
     write_json(stream / "fidelity.json", [Result(cfg, 1, truth_ms=[100.0, 120.0], pred_ms=[105.0, 115.0],
-                                                 slice_load=["none", "mirror"])])
+                                                 variant=["none", "mirror"])])
     rows = fidelity_paired.config_runs(stream / "dp2", [100.0, 120.0], [105.0, 115.0], ["none", "mirror"])
     assert [r["truth_ms"] for r in rows] == pytest.approx([105.0, 115.0])
     assert [r["error_pct"] for r in rows] == pytest.approx([0.0, 0.0])

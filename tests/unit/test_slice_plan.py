@@ -49,6 +49,17 @@ def test_the_heaviest_talkers_stay_together(tmp_path):
     assert sorted(slices_of(job).values()) in ([[0, 1, 4, 5], [2, 3, 6, 7]], [[0, 2, 4, 6], [1, 3, 5, 7]])
 
 
+def test_keep_whole_puts_each_named_group_in_one_slice_before_the_bytes_rule(tmp_path, capsys):
+    job = build(tmp_path, tp=2, dp=2, pp=2)
+    # the bytes rule keeps the pipeline pairs (above); kept whole, the TP pairs win
+    assert slice_plan.main(["--job", str(job), "--devices", "2", "--keep-whole", "tp"]) == 0
+    assert sorted(slices_of(job).values()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    capsys.readouterr()
+    assert slice_plan.main(["--job", str(job), "--devices", "2", "--keep-whole", "tensor"]) == 2
+    err = capsys.readouterr().err
+    assert "--keep-whole tensor: no group of the graph is described so" in err and "tp" in err
+
+
 def test_pair_weights_prefer_the_heaviest_group():
     weights = {(0, 1): 10.0, (1, 2): 100.0, (2, 3): 10.0, (0, 3): 1.0}
     assert slice_plan.cluster(4, 2, weights) == [[0, 3], [1, 2]]
