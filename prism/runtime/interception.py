@@ -19,7 +19,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from prism import settings
 
-from prism.runtime import markers, modes, oom, unsupported, watchdog
+from prism.runtime import markers, modes, oom, symmetric_memory, unsupported, watchdog
 from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
@@ -156,6 +156,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         return
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
+    if mode_.computes:  # async TP's fused ops as torch's fallback through prism's groups; other symm_mem refused
+        symmetric_memory.install()
     if mode_.coordinator:
         capture_client.install_future_helpers()
         nonmember_groups.install()  # a rank outside a new group: answered without torch's per-call work

@@ -36,7 +36,8 @@ class UnsupportedFeature(RuntimeError):
     """A feature of the program that prism cannot carry; the message names it, the rank and the fix."""
 
 
-def _rank() -> str:
+def this_rank() -> str:
+    """This process's global rank, as the messages name it."""
     return os.environ.get("RANK", "0")
 
 
@@ -56,7 +57,7 @@ def check_backend(asked: str, desc: str | None, op: str | None = None) -> None:
         if op is not None:
             what = f"{op} on {what}, which"
         raise UnsupportedFeature(
-            f"rank {_rank()}: {what} asks for backend {asked!r}; prism intercepts only "
+            f"rank {this_rank()}: {what} asks for backend {asked!r}; prism intercepts only "
             f"{' and '.join(CARRIED_BACKENDS)} groups (it would replace {', '.join(map(repr, unknown))} by its "
             "own group and that backend would never run). Fix: create the group with backend='gloo' or "
             "'nccl' (or none: torch's default)")
@@ -106,7 +107,7 @@ def guard_direct_backends() -> None:
                             "missing from the trace, and in capture its rendezvous would wait for ranks that "
                             "are not running)")
                     fix = "create the group with torch.distributed.new_group(backend='gloo')"
-                raise UnsupportedFeature(f"rank {_rank()}: {what} (at {where}). Fix: {fix}")
+                raise UnsupportedFeature(f"rank {this_rank()}: {what} (at {where}). Fix: {fix}")
             _original(self, *args, **kwargs)
 
         init._prism_guard = True
@@ -129,13 +130,13 @@ def check_op(op: str, group: str, tensors, args: tuple, reductions) -> None:
             hint = (" (FSDP2 asks for it when a gradient divide factor is set: "
                     "`model.set_force_sum_reduction_for_comms(True)` keeps SUM)" if name == "PREMUL_SUM" else "")
             raise UnsupportedFeature(
-                f"rank {_rank()}: {op} with ReduceOp.{name} in group {group}: prism computes collectives itself "
+                f"rank {this_rank()}: {op} with ReduceOp.{name} in group {group}: prism computes collectives itself "
                 f"in this mode and defines {', '.join(str(r).split('.')[-1] for r in reductions)}, not "
                 f"{name}{hint}. Fix: reduce with one of those")
     sparse = next((t for t in tensors if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)
     if sparse is not None:
         raise UnsupportedFeature(
-            f"rank {_rank()}: {op} of a {str(sparse.layout).removeprefix('torch.')} tensor in group {group}: "
+            f"rank {this_rank()}: {op} of a {str(sparse.layout).removeprefix('torch.')} tensor in group {group}: "
             "prism records and computes dense tensors only. Fix: communicate dense tensors (e.g. "
             "nn.Embedding(sparse=False), or `t.to_dense()` before the collective)")
 
