@@ -81,7 +81,9 @@ class ColumnParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         full, w = ctx.saved_tensors
-        return matmul_scatter(gy, w.t(), ctx.group, ctx.fused), _weight_grad(full, gy), None, None
+        # the first block's input needs no gradient: a compiled joint graph has no reduce-scatter for it
+        gx = matmul_scatter(gy, w.t(), ctx.group, ctx.fused) if ctx.needs_input_grad[0] else None
+        return gx, _weight_grad(full, gy), None, None
 
 
 class RowParallel(torch.autograd.Function):
@@ -101,21 +103,40 @@ class RowParallel(torch.autograd.Function):
         return gh, _weight_grad(h, full), None, None
 
 
-def block(x, up, down, group: str, fused: bool):
-    """x + down(relu(up(rms_norm(x)))) on a sequence shard."""
-    normed = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
-    return x + RowParallel.apply(torch.relu(ColumnParallel.apply(normed, up, group, fused)), down, group, fused)
+class Block(torch.nn.Module):
+    """x + down(relu(up(rms_norm(x)))) on a sequence shard: up column-parallel (its columns), down row-parallel."""
+
+    def __init__(self, up: torch.Tensor, down: torch.Tensor, group: str, fused: bool) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Parameter(up), torch.nn.Parameter(down)
+        self.group, self.fused = group, fused
+
+    def forward(self, x):
+        normed = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+        h = torch.relu(ColumnParallel.apply(normed, self.up, self.group, self.fused))
+        return x + RowParallel.apply(h, self.down, self.group, self.fused)
 
 
-def shards(rank: int, world: int) -> list[torch.nn.Parameter]:
-    """Every block's (up, down) shards of one full model (the same at any W): up's columns, down's rows."""
-    gen = torch.Generator().manual_seed(0)
-    out, cols = [], slice(rank * HIDDEN // world, (rank + 1) * HIDDEN // world)
-    for _ in range(BLOCKS):
-        up = torch.randn(DIM, HIDDEN, generator=gen) / DIM ** 0.5
-        down = torch.randn(HIDDEN, DIM, generator=gen) / HIDDEN ** 0.5
-        out += [torch.nn.Parameter(up[:, cols].clone()), torch.nn.Parameter(down[cols].clone())]
-    return out
+class Model(torch.nn.Module):
+    """BLOCKS blocks of one full model (the same at any W), this rank's shards of each."""
+
+    def __init__(self, rank: int, world: int, group: str, fused: bool, compiled: bool) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        cols = slice(rank * HIDDEN // world, (rank + 1) * HIDDEN // world)
+        blocks = []
+        for _ in range(BLOCKS):
+            up = torch.randn(DIM, HIDDEN, generator=gen) / DIM ** 0.5
+            down = torch.randn(HIDDEN, DIM, generator=gen) / HIDDEN ** 0.5
+            blocks.append(Block(up[:, cols].clone(), down[cols].clone(), group, fused))
+            if compiled:  # torchtitan compiles each transformer block
+                blocks[-1] = torch.compile(blocks[-1], backend="aot_eager")
+        self.blocks = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x
 
 
 def fp8_head(x, w, scale, group: str, fused: bool):
@@ -151,16 +172,15 @@ def main() -> None:
     torch._inductor.config._micro_pipeline_tp = True  # what torchtitan's enable_async_tensor_parallel sets
     symm_mem.enable_symm_mem_for_group(group)
     assert symm_mem.is_symm_mem_enabled_for_group(group)
-    params = shards(rank, world)
+    model = Model(rank, world, group, fused, args.compile)
+    params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)
-    step_fn = torch.compile(block, backend="aot_eager") if args.compile else block
     rows = slice(rank * SEQ // world, (rank + 1) * SEQ // world)
     for step in range(STEPS):
         data = torch.Generator().manual_seed(100 + step)
         x = torch.randn(BATCH, SEQ, DIM, generator=data)[:, rows].contiguous()  # this rank's sequence shard
-        for i in range(BLOCKS):
-            x = step_fn(x, params[2 * i], params[2 * i + 1], group, fused)
-        loss = x.square().sum() / (BATCH * SEQ * DIM)  # this shard's part of the mean
+        out = model(x)
+        loss = out.square().sum() / (BATCH * SEQ * DIM)  # this shard's part of the mean
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -169,7 +189,7 @@ def main() -> None:
         emit(f"loss{step}", rank, f"{total.item():.9e}")
         if args.scaled:
             with torch.no_grad():
-                y, z = fp8_head(x.detach(), params[0].detach(), torch.tensor(1.0), group, fused)
+                y, z = fp8_head(out.detach(), params[0].detach(), torch.tensor(1.0), group, fused)
             emit(f"fp8_{step}", rank, checksum([y]), checksum([z]))
     emit("trained", rank, checksum(params))
     dist.destroy_process_group()
