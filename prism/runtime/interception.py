@@ -141,6 +141,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     pg = PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                            backend_name=real)
     pg.computes = modes.get(_state["mode"]).computes  # only what prism's semantics define
+    pg.float8_as_bytes = getattr(transport, "FLOAT8_AS_BYTES", False)  # (`float8_over_gloo`)
     if _state["suspended"]:
         pg._rec = None
     _GROUPS.append(pg)

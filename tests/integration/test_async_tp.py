@@ -7,7 +7,8 @@ collectives apart from the matmuls (the decomposition; bitwise at W=2, within 1e
 gloo's reduction order); the graph counts STEPS iterations and a microbatch a step, and records each fused op as its
 collective (an all_gather_into_tensor of the shard, a reduce_scatter_tensor of the full product) with the bytes of
 the unfused program; the emulated sandbox prints bitwise what the capture printed; each planned slice run prints
-what the capture printed. Real mode stays torch's: the fused ops fail on CPU as under torchrun."""
+what the capture printed (gloo moves no float8: prism hands it the fp8 all-gather as bytes, prism/runtime/
+float8_over_gloo.py). Real mode stays torch's: the fused ops fail on CPU as under torchrun."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ pytestmark = pytest.mark.slow
 PROG = str(PROGRAMS / "async_tp.py")
 STEPS, BATCH, SEQ, DIM = 3, 2, 8, 16  # the program's
 CASES = [  # id, ranks, options, sandbox, reference within (0: bitwise)
-    ("w2-compiled-fp8", 2, ["--compile", "--scaled"], "1", 0.0),
-    ("w4-eager", 4, [], "1,2", 1e-5),
+    # both ranks sandboxed: their group's ops are native gloo ops (emulate's native_group), float8 through the protocol
+    ("w2-compiled-fp8", 2, ["--compile", "--scaled"], "0,1", 0.0),
+    # two of four: the pruned protocol with virtual members; the slices' replay server sends float8 as bytes
+    ("w4-eager-fp8", 4, ["--scaled"], "1,2", 1e-5),
 ]
 NO_CPU_KERNEL = "NotImplementedError: Could not run 'symm_mem::fused_all_gather_matmul' with arguments from the 'CPU'"
 
