@@ -131,7 +131,8 @@ def _guard_buffers(symm_mem) -> None:
     targets = [(symm_mem, api, f"torch.distributed._symmetric_memory.{api}", False) for api in _BUFFER_APIS]
     targets += [(cls, m, f"torch's _SymmetricMemory.{m}", True) for m in _BUFFER_CALLS]
     for owner, attr, api, static in targets:
-        if getattr(getattr(owner, attr), "_prism_guard", False):
+        original = getattr(owner, attr, None)
+        if original is None or getattr(original, "_prism_guard", False):  # (None: not in this torch)
             continue
 
         def guarded(*args, _api=api, _attr=attr, **kwargs):

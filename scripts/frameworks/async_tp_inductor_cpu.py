@@ -7,7 +7,9 @@ Each rank compiles the MLP with inductor (a C++ build per graph) and records, th
 `torch._inductor.config.post_grad_custom_post_pass` (it runs after the micro-pipeline pass), which collectives and
 fused ops each post-grad graph holds; then it runs forward and backward and compares them with the eager DTensor
 module. `--gate` makes `torch.distributed.is_nccl_available()` answer True, the pass's first test: it returns at
-once on a build without NCCL (this CPU wheel), whatever device the graph's tensors are on.
+once on a build without NCCL (this CPU wheel), whatever device the graph's tensors are on. `--no-enable` skips
+`enable_symm_mem_for_group`, which torch 2.13 deprecates although the pass's second test,
+`is_symm_mem_enabled_for_group`, answers from what that call records.
 
 Run (log: docs/results/frameworks/async_tp_inductor_cpu.txt, by scripts/frameworks/async_tp_inductor_cpu.sh):
     .venv/bin/torchrun --nproc-per-node 2 scripts/frameworks/async_tp_inductor_cpu.py [--gate]
@@ -25,6 +27,8 @@ import torch.nn as nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--gate", action="store_true", help="answer True to is_nccl_available() (the pass's first test)")
+parser.add_argument("--no-enable", action="store_true", help="do not call enable_symm_mem_for_group (deprecated in "
+                    "torch 2.13: 'no need to call this function anymore'; the pass's second test reads what it records)")
 args = parser.parse_args()
 warnings.filterwarnings("ignore", category=FutureWarning)  # enable_symm_mem_for_group is deprecated in 2.13
 nccl_built = dist.is_nccl_available()
@@ -40,7 +44,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (world,))
-symm_mem.enable_symm_mem_for_group(mesh.get_group().group_name)
+if not args.no_enable:
+    symm_mem.enable_symm_mem_for_group(mesh.get_group().group_name)
 inductor_config._micro_pipeline_tp = True
 inductor_config.fx_graph_cache = False  # every run compiles (and so runs the pass)
 graphs = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Async TP under inductor on this CPU build (scripts/frameworks/async_tp_inductor_cpu.py): does the micro-pipeline
 # pass fuse, and does the compiled step run, under torchrun, prism launch --mode real and capture (P=2), with the
-# pass's NCCL test as torch has it and passed (--gate). One run at a time; each run's rank lines, exit code, wall
+# pass's NCCL test as torch has it and passed (--gate), and without enable_symm_mem_for_group (--no-enable). One run at a time; each run's rank lines, exit code, wall
 # time and the box's load go to the log. Usage: scripts/frameworks/async_tp_inductor_cpu.sh [WORK_DIR]
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd); WORK=$(realpath -m "${1:-/tmp/async_tp_inductor}")
@@ -25,4 +25,6 @@ run torchrun_gate "${TR[@]}" --gate
 run real_gate "${P[@]}" --mode real --out "$WORK/real" --force "$SCRIPT" --gate
 run capture "${P[@]}" --mode capture --devices 2 --out "$WORK/capture" --force "$SCRIPT"
 run capture_gate "${P[@]}" --mode capture --devices 2 --out "$WORK/capture_gate" --force "$SCRIPT" --gate
+run capture_gate_no_enable "${P[@]}" --mode capture --devices 2 --out "$WORK/capture_gate_no_enable" --force "$SCRIPT" \
+    --gate --no-enable
 echo "log: $LOG"
