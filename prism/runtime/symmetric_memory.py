@@ -60,7 +60,9 @@ def install() -> None:
         return
     import torch.distributed._symmetric_memory as symm_mem  # defines the fused ops (Python-registered)
 
-    names = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("symm_mem::"))
+    listed = getattr(torch._C, "_dispatch_get_all_op_names", None)  # (a torch without it: the fused ops only)
+    every = listed() if listed is not None else [f"symm_mem::{name}" for name in CARRIED]
+    names = sorted(n.split("::", 1)[1] for n in every if n.startswith("symm_mem::"))
     library = torch.library.Library("symm_mem", "IMPL")
     carried_now, refused_now = [], []
     with warnings.catch_warnings():  # the dispatcher warns that a kernel is overridden (torch's CUDA ones)
