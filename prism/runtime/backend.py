@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work, _create_work_from_future
 
 from prism import schemas
-from prism.runtime import semantics, unsupported, watchdog
+from prism.runtime import float8_over_gloo, semantics, unsupported, watchdog
 from prism.runtime.recorder import Recorder
 from prism.runtime.transport import Transport
 
@@ -246,6 +246,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     computes = False  # the transport computes collectives itself (capture, slice, emulate): ops are checked
     uncarried: tuple[str, str | None] | None = None  # (backend asked for, desc): a group prism cannot carry
+    float8_as_bytes = False  # its transport hands ops to gloo itself (slice): float8 data goes as uint8
 
     def __init__(self, group_rank: int, group_size: int, global_ranks: list[int], group_name: str,
                  desc: str | None, transport: Transport, recorder: Recorder | None,
@@ -295,8 +296,11 @@ class PrismProcessGroup(dist.ProcessGroup):
         if self.uncarried is not None:
             unsupported.check_backend(*self.uncarried, op=op)
         if self.computes:
-            unsupported.check_op(op, f"{self._name} ({self._desc or 'no description'})", flat_tensors(tensors), args,
+            flat = flat_tensors(tensors)
+            unsupported.check_op(op, f"{self._name} ({self._desc or 'no description'})", flat, args,
                                   semantics.REDUCTIONS)
+            if self.float8_as_bytes and float8_over_gloo.any_one_byte_float(flat):
+                args = float8_over_gloo.as_bytes(args)  # gloo moves no float8 (its reductions were refused above)
         nbytes, dtype, shape, device = _describe(tensors)
         rec = self._rec
         wid = next(_work_ids)

@@ -19,7 +19,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from prism import settings
 
-from prism.runtime import markers, modes, oom, unsupported, watchdog
+from prism.runtime import markers, modes, oom, symmetric_memory, unsupported, watchdog
 from prism.runtime.capture import client as capture_client
 from prism.runtime.capture import nonmember_groups
 from prism.runtime.launch import progress
@@ -141,6 +141,7 @@ def _create(dist_opts, backend_options) -> PrismProcessGroup:
     pg = PrismProcessGroup(dist_opts.group_rank, dist_opts.group_size, members, name, desc, transport, rec,
                            backend_name=real)
     pg.computes = modes.get(_state["mode"]).computes  # only what prism's semantics define
+    pg.float8_as_bytes = getattr(transport, "FLOAT8_AS_BYTES", False)  # (`float8_over_gloo`)
     if _state["suspended"]:
         pg._rec = None
     _GROUPS.append(pg)
@@ -156,6 +157,8 @@ def install(mode: str, out_dir: str | Path | None) -> None:
         return
     _state.update(installed=True, mode=mode, out=Path(out_dir) if out_dir else None)
     dist.Backend.register_backend("prism", _create, extended_api=True, devices=["cpu", "cuda"])
+    if mode_.computes:  # async TP's fused ops as torch's fallback through prism's groups; other symm_mem refused
+        symmetric_memory.install()
     if mode_.coordinator:
         capture_client.install_future_helpers()
         nonmember_groups.install()  # a rank outside a new group: answered without torch's per-call work

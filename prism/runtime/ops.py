@@ -47,5 +47,6 @@ COLLECTIVES: dict[str, Op] = {op.name: op for op in (
 ROOTED = frozenset(op.name for op in COLLECTIVES.values() if op.rooted)  # (their methods have the same names)
 SAME_SHAPE = frozenset(op.name for op in COLLECTIVES.values() if op.same_shape)
 PROTOCOL = {op.name: op.protocol for op in COLLECTIVES.values() if op.protocol}
+REDUCING = frozenset(name for name, kind in PROTOCOL.items() if kind in ("all_reduce", "reduce", "reduce_scatter"))
 # transport method -> the torch Backend method, where the names differ
 BACKEND_METHOD = {op.method: op.backend for op in COLLECTIVES.values() if op.backend != op.method}

@@ -11,8 +11,9 @@ and the fix, instead of a hang, a wrong trace or a silent fallback to gloo.
   `prism launch` the interception is installed in the zygote before the program's first line, so such a
   communicator is the only way a group can exist "before" it.
 - In the modes that compute collectives themselves (capture, slice's replay, emulate): a reduction prism's
-  semantics does not define (PREMUL_SUM, NCCL's pre-multiplied sum) and sparse tensors (`check_op`, at the
-  op's issue: the earliest it can be known).
+  semantics does not define (PREMUL_SUM, NCCL's pre-multiplied sum), a reduction of float8 tensors and sparse
+  tensors (`check_op`, at the op's issue: the earliest it can be known); torch's symmetric memory but async TP's
+  fused ops (`symmetric_memory`: they run as torch's fallback there).
 
 `record` (in the failing rank) and `finding` (in the supervisor) turn the error into one line of the
 launcher's, exit code `EXIT_CODE`, rather than a rank's traceback. (torch is imported in the functions: the
@@ -36,7 +37,8 @@ class UnsupportedFeature(RuntimeError):
     """A feature of the program that prism cannot carry; the message names it, the rank and the fix."""
 
 
-def _rank() -> str:
+def this_rank() -> str:
+    """This process's global rank, as the messages name it."""
     return os.environ.get("RANK", "0")
 
 
@@ -56,7 +58,7 @@ def check_backend(asked: str, desc: str | None, op: str | None = None) -> None:
         if op is not None:
             what = f"{op} on {what}, which"
         raise UnsupportedFeature(
-            f"rank {_rank()}: {what} asks for backend {asked!r}; prism intercepts only "
+            f"rank {this_rank()}: {what} asks for backend {asked!r}; prism intercepts only "
             f"{' and '.join(CARRIED_BACKENDS)} groups (it would replace {', '.join(map(repr, unknown))} by its "
             "own group and that backend would never run). Fix: create the group with backend='gloo' or "
             "'nccl' (or none: torch's default)")
@@ -106,7 +108,7 @@ def guard_direct_backends() -> None:
                             "missing from the trace, and in capture its rendezvous would wait for ranks that "
                             "are not running)")
                     fix = "create the group with torch.distributed.new_group(backend='gloo')"
-                raise UnsupportedFeature(f"rank {_rank()}: {what} (at {where}). Fix: {fix}")
+                raise UnsupportedFeature(f"rank {this_rank()}: {what} (at {where}). Fix: {fix}")
             _original(self, *args, **kwargs)
 
         init._prism_guard = True
@@ -115,9 +117,11 @@ def guard_direct_backends() -> None:
 
 def check_op(op: str, group: str, tensors, args: tuple, reductions) -> None:
     """An op issued in a mode that computes collectives itself: its reduction and its tensors must be ones
-    prism's semantics define (`reductions`: the reduce ops it folds)."""
+    prism's semantics define (`reductions`: the reduce ops it folds; no float8 reduction, no sparse tensor)."""
     import torch
     import torch.distributed as dist
+
+    from prism.runtime.ops import REDUCING
 
     kinds = (dist.AllreduceOptions, dist.AllreduceCoalescedOptions, dist.ReduceOptions, dist.ReduceScatterOptions)
     opts = next((a for a in args if isinstance(a, kinds)), None)
@@ -129,13 +133,23 @@ def check_op(op: str, group: str, tensors, args: tuple, reductions) -> None:
             hint = (" (FSDP2 asks for it when a gradient divide factor is set: "
                     "`model.set_force_sum_reduction_for_comms(True)` keeps SUM)" if name == "PREMUL_SUM" else "")
             raise UnsupportedFeature(
-                f"rank {_rank()}: {op} with ReduceOp.{name} in group {group}: prism computes collectives itself "
+                f"rank {this_rank()}: {op} with ReduceOp.{name} in group {group}: prism computes collectives itself "
                 f"in this mode and defines {', '.join(str(r).split('.')[-1] for r in reductions)}, not "
                 f"{name}{hint}. Fix: reduce with one of those")
+    if op in REDUCING:
+        tiny = next((t for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+                     and t.dtype.itemsize == 1), None)
+        if tiny is not None:
+            name = str(tiny.dtype).removeprefix("torch.")
+            raise UnsupportedFeature(
+                f"rank {this_rank()}: {op} of a {name} tensor in group {group}: prism computes collectives itself in "
+                f"this mode and folds with torch's add, which has no {name} kernel (nor does gloo reduce it). Fix: "
+                "reduce in bfloat16 or float32 (float8 training frameworks all-gather float8 and reduce-scatter "
+                "gradients in a wider type), or give the fused op a wider out_dtype")
     sparse = next((t for t in tensors if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)
     if sparse is not None:
         raise UnsupportedFeature(
-            f"rank {_rank()}: {op} of a {str(sparse.layout).removeprefix('torch.')} tensor in group {group}: "
+            f"rank {this_rank()}: {op} of a {str(sparse.layout).removeprefix('torch.')} tensor in group {group}: "
             "prism records and computes dense tensors only. Fix: communicate dense tensors (e.g. "
             "nn.Embedding(sparse=False), or `t.to_dense()` before the collective)")
 

@@ -7,7 +7,7 @@ rules: one a forward of the model the rank trains, so interleaved 1F1B's two sta
 first-step metadata inference add none, and a section with no module forward has none. The sandbox ranks
 print, bitwise, what they printed in the capture, and the capture prints what torchrun prints (within 1e-5 relative: prism's reduction order is not gloo's). Features covered
 elsewhere: full AC, SAC with a policy, compiled blocks, FSDP2 x TP (test_framework_patterns.py); GPipe and
-1F1B without AC, DTensor TP (test_emulate_mode.py). Async TP does not run on CPU (docs/frameworks.md)."""
+1F1B without AC, DTensor TP (test_emulate_mode.py); async TP (test_async_tp.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 line from the launcher naming the feature and the rank, exit code 2, no traceback, nothing published under
 --out, no rank left running; before the first iteration where the feature shows before it (a backend, a
 communicator built outside the interception, RPC), at the op's issue where it shows only there (a reduction
-or a tensor layout prism cannot compute). Before this, the same programs ran on gloo with the program's own
+or a tensor layout prism cannot compute, torch's symmetric memory). Before this, the same programs ran on gloo with the program's own
 backend silently replaced, ran with their traffic missing from the trace, hung in capture, or failed deep
 inside the capture transport."""
 
@@ -28,6 +28,11 @@ FEATURES = {
     "premul_sum": (("capture",), ["all_reduce with ReduceOp.PREMUL_SUM in group 0 (default_pg)",
                                   "set_force_sum_reduction_for_comms"], False),
     "sparse": (("capture",), ["all_reduce of a sparse_coo tensor", "dense"], False),
+    # torch's symmetric memory but async TP's fused ops (those run as torch's fallback: test_async_tp.py)
+    "symm_mem_buffer": (("capture",), ["torch.distributed._symmetric_memory.empty (a symmetric memory buffer)",
+                                       "live on its own GPU", "--mode real"], False),
+    "symm_mem_op": (("capture",), ["torch.ops.symm_mem.one_shot_all_reduce in group 0 (default_pg)",
+                                   "fused_all_gather_matmul"], False),
 }
 CASES = [(f, m) for f, (modes, _, _) in FEATURES.items() for m in modes]
 

@@ -10,6 +10,9 @@
 --feature direct_gloo    a gloo process group built directly from its C++ class (`dist.ProcessGroupGloo`),
                          not through init_process_group/new_group: the interception never sees it
 --feature rpc            torch.distributed.rpc (TensorPipe): its own transport, under no process group
+--feature symm_mem_buffer  a symmetric memory buffer (`symm_mem.empty`, then `rendezvous` on the default group), as
+                         a program using symmetric memory directly allocates one (CUDA only, every rank on its GPU)
+--feature symm_mem_op    a symm_mem op with no decomposition into collectives (`one_shot_all_reduce`)
 
 Run: torchrun --nproc-per-node 2 tests/programs/unsupported_features.py --feature sparse
 Prints `iteration N` before each of its STEPS iterations (a training loop's first op is where the feature is
@@ -23,6 +26,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem  # (--feature symm_mem_*; it defines torch.ops.symm_mem)
 
 STEPS = 2
 
@@ -40,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--feature", required=True,
                         choices=["premul_sum", "sparse", "backend", "group_backend", "unused_fake", "direct_gloo",
-                                 "rpc"])
+                                 "rpc", "symm_mem_buffer", "symm_mem_op"])
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.feature in ("backend", "group_backend"):
@@ -76,6 +80,12 @@ def main() -> None:
             from torch.distributed import rpc
 
             x = rpc.rpc_sync(f"worker{(rank + 1) % world}", torch.add, args=(x, 1))
+        elif args.feature == "symm_mem_buffer":
+            buf = symm_mem.empty(4, device=x.device)
+            symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+            buf.copy_(x)
+        elif args.feature == "symm_mem_op":
+            x = torch.ops.symm_mem.one_shot_all_reduce(x, "sum", dist.group.WORLD.group_name)
         else:
             dist.all_reduce(x)
         emit(f"result x{step} {rank} {' '.join(f'{v:g}' for v in x.tolist())}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 from prism.runtime import semantics, unsupported
 from prism.runtime.unsupported import UnsupportedFeature
@@ -44,6 +45,19 @@ def test_sparse_tensors_are_refused():
     s = torch.sparse_coo_tensor([[0]], [1.0], (2,), check_invariants=True)
     with pytest.raises(UnsupportedFeature, match="all_reduce of a sparse_coo tensor"):
         unsupported.check_op("all_reduce", "0", [s], ([s], _allreduce_opts(dist.ReduceOp.SUM)), semantics.REDUCTIONS)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor", "reduce"])
+def test_a_float8_reduction_is_refused_and_a_float8_gather_is_not(op):
+    """prism's fold has no float8 add (nor does gloo reduce float8); moving float8 data is carried (as bytes over
+    gloo: runtime/float8_over_gloo.py)."""
+    t = torch.zeros(4, dtype=torch.float8_e4m3fn)
+    with pytest.raises(UnsupportedFeature, match=rf"{op} of a float8_e4m3fn tensor in group 0 \(tp\).*Fix: reduce in "
+                                                 "bfloat16 or float32"):
+        unsupported.check_op(op, "0 (tp)", [t], ([t], dist.ReduceScatterOptions()), semantics.REDUCTIONS)
+    unsupported.check_op("all_gather_into_tensor", "0 (tp)", [t], (t, t, AllgatherOptions()),
+                         semantics.REDUCTIONS)
+    unsupported.check_op(op, "0 (tp)", [t.to(torch.bfloat16)], ([t], dist.ReduceScatterOptions()), semantics.REDUCTIONS)
 
 
 def test_the_supervisor_says_it_once_with_the_place_in_the_program(tmp_path):

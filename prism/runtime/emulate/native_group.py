@@ -32,7 +32,7 @@ import torch
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, AllToAllOptions, ProcessGroupGloo, ReduceOp, Work
 
 from prism.runtime.emulate import compensation as comp
-from prism.runtime import semantics
+from prism.runtime import float8_over_gloo, semantics
 
 
 def all_sandbox(parts: list[tuple[int, list[int]]], sandbox: set[int]) -> bool:
@@ -65,9 +65,22 @@ Issued = tuple[list[Work], Callable[[], None], int]  # gloo works, completion, b
 
 
 def issue(pg: ProcessGroupGloo, n: int, me: int, method: str, args: tuple) -> Issued | None:
-    """Start transport method `method` (`PrismProcessGroup`'s names) of member `me` of `n` natively."""
+    """Start transport method `method` (`PrismProcessGroup`'s names) of member `me` of `n` natively (None: the
+    protocol runs it; so float8 data, which gloo does not move)."""
     handler = _METHODS.get(method)
-    return None if handler is None else handler(pg, n, me, *args)
+    if handler is None or float8_over_gloo.any_one_byte_float(_tensors(args)):
+        return None
+    return handler(pg, n, me, *args)
+
+
+def _tensors(args) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(_tensors(a))
+    return out
 
 
 def _alltoall_base(pg, n, me, output, input, output_split_sizes, input_split_sizes, opts) -> Issued:

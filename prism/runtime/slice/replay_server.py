@@ -67,7 +67,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from prism import job_paths
-from prism.runtime import thread_cpu
+from prism.runtime import float8_over_gloo, thread_cpu
 from prism.runtime.replay.host import VirtualRanks, keep_until_exit
 from prism.runtime.replay.plan import Channel, Collective, ReplayError, ReplayPlan, load_plan
 from prism.runtime.slice import ring
@@ -95,8 +95,12 @@ def _empty(shapes, dtype) -> list:
 
 def issue(pg: ProcessGroupGloo, op: str, me: int, n: int, root: int, mine: tuple[dict, list] | None,
           root_payload: tuple[dict, list] | None):
-    """Issue collective `op` on a virtual member's instance with its recorded contribution; returns the work."""
+    """Issue collective `op` on a virtual member's instance with its recorded contribution; returns the work.
+    float8 contributions go as their bytes (`float8_over_gloo`: the slice ranks send theirs so too)."""
     meta, ts = mine if mine is not None else ({}, [])
+    ts = float8_over_gloo.as_bytes(ts)
+    if root_payload is not None:
+        root_payload = (root_payload[0], float8_over_gloo.as_bytes(root_payload[1]))
     dtype = ts[0].dtype if ts else (root_payload[1][0].dtype if root_payload and root_payload[1] else None)
     out = meta.get("out")
     if op == "all_reduce":
@@ -354,6 +358,7 @@ class ReplayServer(VirtualRanks):
         sending = ch.src not in self.plan.slice_ranks
         pg = self.pgs[ch.group][ch.src if sending else ch.dst]
         for k, (_, (_, ts)) in enumerate(self._prefetched(ch.hashes, self._load)):
+            ts = float8_over_gloo.as_bytes(ts)  # (gloo moves no float8)
             self.state[name] = f"{'send' if sending else 'recv'} #{k}"
             row = self._played("send" if sending else "recv", "send" if sending else "recv", ch.group, k, ch.src,
                                ch.dst, ch.tag, 1, time.monotonic_ns())

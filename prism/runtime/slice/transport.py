@@ -289,7 +289,10 @@ class SliceTransport(RealTransport):
     replay server's own members do. A group of slice ranks only keeps the backend the program asked for, unless
     two of its members use one CUDA device: NCCL refuses two ranks on one device, and a slice places several
     logical ranks on one GPU (W=8 FSDP2 4 x TP 2 on one H200: each slice is a whole TP pair); such a group
-    carries CUDA tensors over gloo too (`shares_a_device`)."""
+    carries CUDA tensors over gloo too (`shares_a_device`). gloo moves no float8: the group's ops hand it float8
+    data as uint8 (`FLOAT8_AS_BYTES`, read by the interception: `PrismProcessGroup` views the op's arguments)."""
+
+    FLOAT8_AS_BYTES = True
 
     def __init__(self, store, group_rank: int, group_size: int, timeout, *, results: CapturedResults,
                  global_ranks: list[int], **kwargs) -> None:
