@@ -16,6 +16,8 @@ called by torchtitan 0.3.0).
 --ops unfused    the same model with functional collectives apart from the matmuls (all_gather_tensor then @, @ then
                  reduce_scatter_tensor): what the fused ops decompose into, and what torchrun runs on CPU
 --compile        each block's forward (and so its backward) compiled with torch.compile, backend aot_eager
+--device cuda    the model and data on cuda:(LOCAL_RANK mod the GPUs), the default group asked for as "nccl" (torchtitan's):
+                 prism's capture and emulate put W ranks on one GPU (tests/gpu/test_async_tp_cuda.py)
 --scaled         after each step, an fp8 head (no grad) through the scaled forms, fused_all_gather_scaled_matmul and
                  fused_scaled_matmul_reduce_scatter (unfused: the same gathers of the fp8 bytes and torch._scaled_mm)
 
@@ -164,21 +166,26 @@ def main() -> None:
     parser.add_argument("--ops", choices=["fused", "unfused"], default="fused")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--scaled", action="store_true")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     fused = args.ops == "fused"
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD.group_name  # the TP group: every rank (TP = W)
     torch._inductor.config._micro_pipeline_tp = True  # what torchtitan's enable_async_tensor_parallel sets
     symm_mem.enable_symm_mem_for_group(group)
     assert symm_mem.is_symm_mem_enabled_for_group(group)
-    model = Model(rank, world, group, fused, args.compile)
+    model = Model(rank, world, group, fused, args.compile).to(device)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)
     rows = slice(rank * SEQ // world, (rank + 1) * SEQ // world)
     for step in range(STEPS):
         data = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(BATCH, SEQ, DIM, generator=data)[:, rows].contiguous()  # this rank's sequence shard
+        x = torch.randn(BATCH, SEQ, DIM, generator=data)[:, rows].contiguous().to(device)  # this rank's shard
         out = model(x)
         loss = out.square().sum() / (BATCH * SEQ * DIM)  # this shard's part of the mean
         loss.backward()
@@ -189,7 +196,7 @@ def main() -> None:
         emit(f"loss{step}", rank, f"{total.item():.9e}")
         if args.scaled:
             with torch.no_grad():
-                y, z = fp8_head(out.detach(), params[0].detach(), torch.tensor(1.0), group, fused)
+                y, z = fp8_head(out.detach(), params[0].detach(), torch.tensor(1.0, device=device), group, fused)
             emit(f"fp8_{step}", rank, checksum([y]), checksum([z]))
     emit("trained", rank, checksum(params))
     dist.destroy_process_group()
