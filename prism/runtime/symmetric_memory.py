@@ -71,10 +71,27 @@ def install() -> None:
             fallback = getattr(symm_mem, CARRIED.get(name, ""), None)
             kernel = fallback if fallback is not None else _refusal(name, _group_arg(name))
             for device in DEVICES:
-                library.impl(name, kernel, device)
+                _override(library, name, kernel, device)
             (carried_now if fallback is not None else refused_now).append(name)
     _guard_buffers(symm_mem)
     _state.update(library=library, carried=tuple(carried_now), refused=tuple(refused_now))
+
+
+def _override(library, name: str, kernel, device: str) -> None:
+    """`library.impl(name, kernel, device)` over a kernel torch registered from Python (symm_mem's own CUDA ones).
+    torch 2.13 allows it (`allow_override`, on by default); torch 2.11 refuses it in Python alone, by its record of
+    the Python-registered keys (`torch.library._impls`: "there's already a kernel registered from python"), while
+    its dispatcher takes the override with a warning: the key is dropped from that record first."""
+    try:
+        library.impl(name, kernel, device, allow_override=True)
+    except TypeError:  # a torch whose Library.impl has no allow_override
+        getattr(torch.library, "_impls", set()).discard(f"{library.ns}/{name.split('::')[-1]}/{device}")
+        library.impl(name, kernel, device)
+    except RuntimeError as exc:
+        if "already a kernel registered from python" not in str(exc):
+            raise
+        getattr(torch.library, "_impls", set()).discard(f"{library.ns}/{name.split('::')[-1]}/{device}")
+        library.impl(name, kernel, device)
 
 
 def _group_arg(name: str) -> int | None:

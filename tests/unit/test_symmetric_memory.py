@@ -120,3 +120,31 @@ def test_a_refusal_names_the_op_the_rank_the_cause_and_the_fix(found, call, word
 def test_enable_symm_mem_for_group_still_works(found):
     """torchtitan 0.3.0 calls it (deprecated in torch 2.13): it records the group's store, nothing to refuse."""
     assert found["enable"] == "ok" and found["enabled"] is True
+
+
+def test_a_kernel_torch_registered_from_python_is_overridden_on_a_torch_without_allow_override(monkeypatch):
+    """torch 2.11's Library.impl has no allow_override and refuses, in Python alone, a key torch registered from
+    Python (symm_mem's CUDA kernels): prism's install must still take it (on the H200's torch every prism run
+    failed at install before)."""
+    import torch
+
+    from prism.runtime import symmetric_memory
+
+    taken = []
+
+    class Library211:
+        ns = "symm_mem"
+
+        def impl(self, name, kernel, device, **kwargs):
+            if kwargs:
+                raise TypeError("impl() got an unexpected keyword argument 'allow_override'")
+            key = f"symm_mem/{name}/{device}"
+            if key in torch.library._impls:
+                raise RuntimeError("This is not allowed since there's already a kernel registered from python "
+                                   f"overriding {name}'s behavior for {device} dispatch key and symm_mem namespace.")
+            taken.append(key)
+
+    monkeypatch.setattr(torch.library, "_impls", {"symm_mem/_low_contention_all_gather/CUDA"})
+    symmetric_memory._override(Library211(), "_low_contention_all_gather", print, "CUDA")
+    symmetric_memory._override(Library211(), "fused_all_gather_matmul", print, "CPU")
+    assert taken == ["symm_mem/_low_contention_all_gather/CUDA", "symm_mem/fused_all_gather_matmul/CPU"]
