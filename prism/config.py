@@ -77,6 +77,14 @@ class CaptureConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class SlicesConfig:
+    keep_whole: tuple[str, ...] = ()  # group descriptions kept whole in a slice (prism slices plan --keep-whole)
+
+    def __post_init__(self) -> None:
+        self.keep_whole = tuple(self.keep_whole)
+
+
+@dataclass(kw_only=True, slots=True)
 class CalibrateConfig:
     timed_slices: bool = False  # a second slice pass timed by the first calibration (slices_timed/)
 
@@ -100,6 +108,7 @@ class JobConfig:
     workload: WorkloadConfig
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    slices: SlicesConfig = field(default_factory=SlicesConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     emulate: EmulateConfig = field(default_factory=EmulateConfig)
     results: str = "results"
@@ -207,6 +216,7 @@ def from_dict(raw: dict, source: str = "config") -> JobConfig:
                                 iteration_fn=wl.get("iteration_fn"), microbatch_fn=wl.get("microbatch_fn")),
         baseline=BaselineConfig(**raw["baseline"]),
         capture=CaptureConfig(**raw["capture"]),
+        slices=SlicesConfig(**raw["slices"]),
         calibrate=CalibrateConfig(**raw["calibrate"]),
         emulate=_emulate(raw),
     )

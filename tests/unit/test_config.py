@@ -99,7 +99,7 @@ def test_defaults_come_from_the_schema():
     filled = config.with_defaults({"job": "x", "nproc": 1, "workload": {"module": "m"}})
     assert filled == {"job": "x", "nproc": 1, "workload": {"module": "m"}, "device": "cpu", "results": "results",
                       "baseline": {"run": "auto", "pin": True}, "capture": {"devices": 2, "payloads": True},
-                      "calibrate": {"timed_slices": False}}
+                      "slices": {"keep_whole": []}, "calibrate": {"timed_slices": False}}
     assert config.with_defaults({"capture": {"devices": 1}})["capture"] == {"devices": 1, "payloads": True}
 
 
@@ -138,3 +138,13 @@ def test_loading_a_config_skips_the_slow_iri_format_checker():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() in ("installed", "absent")
+
+
+def test_slices_section_names_the_groups_kept_whole():
+    base = {"job": "x", "nproc": 2, "workload": {"module": "m"}}
+    assert config.from_dict(base).slices.keep_whole == ()
+    assert config.from_dict({**base, "slices": {"keep_whole": ["tp", "ep"]}}).slices.keep_whole == ("tp", "ep")
+    with pytest.raises(config.ConfigError, match="'slices.keep_whole'"):
+        config.from_dict({**base, "slices": {"keep_whole": "tp"}})
+    with pytest.raises(config.ConfigError, match="'slices'"):
+        config.from_dict({**base, "slices": {"keep": ["tp"]}})

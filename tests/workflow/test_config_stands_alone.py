@@ -35,3 +35,11 @@ def test_no_configfile_runs_the_default_job_with_config_overrides(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"{tmp_path}/default/summary.txt" in out and '"dp": 4' in out
+
+
+def test_the_groups_kept_whole_reach_the_slice_plan(tmp_path):
+    proc = _dry_run(tmp_path, {"job": "k", "nproc": 4, "slices": {"keep_whole": ["tp", "ep"]},
+                               "workload": {"module": "prism.workloads.moe_gpt", "args": {"tp": 2}}})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "prism.slices.plan" in out and "--keep-whole=tp,ep" in out

@@ -12,6 +12,7 @@ checkpoint slice_plan:
     params:
         job=in_job(),
         devices=JOB.capture.devices,
+        keep_whole=",".join(JOB.slices.keep_whole),
     threads: stage_threads("slice_plan")
     resources:
         **rule_resources("slice_plan"),
@@ -20,7 +21,8 @@ checkpoint slice_plan:
     conda:
         "../envs/analysis.yaml"
     shell:
-        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} >> {log:q} 2>&1"
+        "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} "
+        "--keep-whole={params.keep_whole:q} >> {log:q} 2>&1"
 
 
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
