@@ -62,6 +62,20 @@ def run_in_session(cmd: list[str], timeout: float) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def capture_graph_emulate(job: Path, nproc: int, prog: list[str], sandbox: str, timeout: float = 300):
+    """`prism launch --mode capture --devices 2` of `prog` at `nproc` ranks into JOB/capture (asserted to pass),
+    its graph into JOB/graph (asserted), and the emulation of `sandbox` from that capture into JOB/emu: the
+    capture's and the emulation's completed processes (the emulation's exit is the caller's to check)."""
+    cap = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", "2",
+                     "--out", str(job / "capture"), *prog], timeout=timeout)
+    assert cap.returncode == 0, cap.stderr[-3000:]
+    graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"), "--out", str(job / "graph")])
+    assert graph.returncode == 0, graph.stderr[-3000:]
+    emu = run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture", str(job / "capture"),
+                     "--sandbox", sandbox, "--out", str(job / "emu"), *prog], timeout=timeout)
+    return cap, emu
+
+
 def run_torchrun(nproc: int, target: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     """Plain torchrun (no prism) on gloo: the reference a prism run is compared with.
 

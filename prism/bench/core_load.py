@@ -73,7 +73,7 @@ def running(paths: list[str]) -> bool:
 def mirror(core: int, ready: Path | None) -> None:
     import torch
 
-    from prism.bench.fidelity import MODEL
+    from prism.bench.fidelity_table import MODEL
 
     arg = dict(zip(MODEL[::2], MODEL[1::2]))
     hidden, ffn = int(arg["--hidden"]), int(arg["--ffn-hidden"])
@@ -107,7 +107,7 @@ def run(core: int, idle: bool, ready: Path | None, mirror_core: int | None = Non
     if mirror_core is not None:
         mirror(mirror_core, ready)
         return
-    from prism.bench.fidelity import MODEL
+    from prism.bench.fidelity_table import MODEL
     from prism.workloads import moe_gpt
 
     def between(k: int) -> None:

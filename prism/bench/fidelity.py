@@ -60,15 +60,13 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
+from prism.bench.fidelity_table import MODEL, SMALL_MODEL  # noqa: F401  (the bench's names)
 from prism.bench.fidelity_table import row
 from prism.bench import core_load, fidelity_sandbox
 from prism import job as job_files
 from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
 
-MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
-         "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2", "--device", "cpu"]
-SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2", "--device", "cpu"]
 
 
 def _c(name: str, world: int, devices: int, *layout: str) -> Config:

@@ -1,4 +1,4 @@
-"""The fidelity bench's results: one record per config, its JSON form, the Markdown table and the means.
+"""The fidelity bench's configs and results: the reference model, one record per config, its JSON form, the Markdown table and the means.
 
 The JSON (``fidelity.json``, a list of records) is the bench's raw result and the only input of its
 tables: ``prism bench fidelity --summarize FILE ...`` prints the tables and means of committed JSON files
@@ -28,6 +28,12 @@ from prism.bench import fidelity_sandbox
 
 class ResultsError(Exception):
     """A results file that cannot be read; the message names the file and the fix."""
+
+
+# the bench's reference model (`prism.workloads.moe_gpt`), and the smoke test's
+MODEL = ["--hidden", "128", "--ffn-hidden", "256", "--seq-len", "64", "--layers", "4", "--heads", "4",
+         "--kv-heads", "2", "--experts", "4", "--micro-batch-size", "2", "--device", "cpu"]
+SMALL_MODEL = ["--hidden", "64", "--ffn-hidden", "128", "--seq-len", "32", "--layers", "2", "--device", "cpu"]
 
 
 @dataclass(frozen=True)

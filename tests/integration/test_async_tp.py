@@ -20,7 +20,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import PROGRAMS, REPO, close_lines, make_env, run_prism, run_together, run_torchrun
+from tests.conftest import PROGRAMS, REPO, capture_graph_emulate, close_lines, make_env, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -72,14 +72,7 @@ def test_async_tp_runs_in_capture_slices_and_emulate(tmp_path, name, nproc, opti
     prog = [PROG, "--ops", "fused", *options]
 
     def pipeline():
-        cap = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", "2",
-                         "--out", str(job / "capture"), *prog], timeout=300)
-        assert cap.returncode == 0, cap.stderr[-3000:]
-        graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"),
-                           "--out", str(job / "graph")])
-        assert graph.returncode == 0, graph.stderr[-3000:]
-        emu = run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture", str(job / "capture"),
-                         "--sandbox", sandbox, "--out", str(job / "emu"), *prog], timeout=300)
+        cap, emu = capture_graph_emulate(job, nproc, prog, sandbox)
         plan = _module("prism.slices.plan", "--job", str(job), "--devices", "2")
         assert plan.returncode == 0, plan.stderr[-3000:]
         slices = sorted(set(pq.read_table(job / "slices" / "plan.parquet")["slice"].to_pylist()))

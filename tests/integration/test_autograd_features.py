@@ -14,7 +14,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from tests.conftest import PROGRAMS, close_lines, run_prism, run_together, run_torchrun
+from tests.conftest import PROGRAMS, capture_graph_emulate, close_lines, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -51,18 +51,7 @@ def test_emulated_sandbox_repeats_the_capture_bitwise(tmp_path, name, nproc, fea
     job = tmp_path / "job"
     prog = [PROG, "--features", features]
 
-    def capture_emulate():
-        cap = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", "2",
-                         "--out", str(job / "capture"), *prog], timeout=300)
-        assert cap.returncode == 0, cap.stderr[-3000:]
-        graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"),
-                           "--out", str(job / "graph")])
-        assert graph.returncode == 0, graph.stderr[-3000:]
-        return cap, run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture",
-                               str(job / "capture"), "--sandbox", sandbox, "--out", str(job / "emu"), *prog],
-                              timeout=300)
-
-    (cap, emu), ref = run_together(capture_emulate, lambda: run_torchrun(nproc, prog, timeout=300))
+    (cap, emu), ref = run_together(lambda: capture_graph_emulate(job, nproc, prog, sandbox), lambda: run_torchrun(nproc, prog, timeout=300))
     assert _microbatches(job, nproc, len(microbatches)) == {
         (r, op): microbatches for r in range(nproc) for op in ("fwd_begin", "fwd_end", "bwd_end")}
     assert emu.returncode == 0, emu.stderr[-3000:]

@@ -13,7 +13,7 @@ import sys
 import duckdb
 import pytest
 
-from tests.conftest import PROGRAMS, close_lines, run_prism, run_together, run_torchrun
+from tests.conftest import PROGRAMS, capture_graph_emulate, close_lines, run_prism, run_together, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -46,18 +46,7 @@ def test_framework_pattern_counts_its_steps_and_emulates_the_capture(tmp_path, n
     job = tmp_path / "job"
     prog = [PROG, *args]
 
-    def capture_graph_emulate():
-        cap = run_prism(["launch", "--nproc", str(nproc), "--mode", "capture", "--devices", "2",
-                         "--out", str(job / "capture"), *prog], timeout=300)
-        assert cap.returncode == 0, cap.stderr[-3000:]
-        graph = run_prism(["graph", "--job", str(job), "--raw", str(job / "capture" / "raw"),
-                           "--out", str(job / "graph")])
-        assert graph.returncode == 0, graph.stderr[-3000:]
-        emu = run_prism(["launch", "--nproc", str(nproc), "--mode", "emulate", "--capture", str(job / "capture"),
-                         "--sandbox", sandbox, "--out", str(job / "emu"), *prog], timeout=300)
-        return cap, emu
-
-    (cap, emu), ref = run_together(capture_graph_emulate, lambda: run_torchrun(nproc, prog, timeout=300))
+    (cap, emu), ref = run_together(lambda: capture_graph_emulate(job, nproc, prog, sandbox), lambda: run_torchrun(nproc, prog, timeout=300))
     with duckdb.connect() as con:
         ranks = con.execute("SELECT rank, iterations, iteration_rule, microbatch_rule FROM read_parquet(?) "
                             "ORDER BY rank", [str(job / "graph" / "ranks.parquet")]).fetchall()
