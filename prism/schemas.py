@@ -306,8 +306,9 @@ RAW_EXCHANGES = pa.schema(
 # replay and transport), not the program's; < 0: done before the model's completion (a collective is then held
 # to it). `late_ms_per_iteration`: the positive part of that lateness summed over the kind's exchanges of an
 # iteration, mean over the iterations timed (`iterations` but the first, as the figures' iteration times; null:
-# none). `vs_calibrated_*_ms`: against the calibrated timeline's completion instead, which the program's behaviour
-# (the sandbox's own speed) moves too (null: no calibrated completion).
+# none). `vs_calibrated_*_ms`: against the calibrated timeline's completion instead: a shift of the whole timeline
+# up to the exchange, which every earlier delay moves, the program's (the sandbox's own speed) and the emulation's
+# (null: no calibrated completion).
 EMULATION_DELAYS = pa.schema(
     [
         pa.field("op", pa.string(), nullable=False),

@@ -11,8 +11,8 @@ sandbox that computes slower arrives later, and the model's completion moves wit
 
 `delays_table` gives, per op kind, how many exchanges (`n`), how late at the median, p95, max and mean, the
 lateness past the model summed over an iteration's exchanges (mean over the iterations the figures time,
-`prism.emulate.results`), and the same exchanges against the calibrated timeline's completion (which the
-program's behaviour moves too) for contrast (`prism.schemas.EMULATION_DELAYS`). The emulate stage writes it as
+`prism.emulate.results`), and the same exchanges against the calibrated timeline's completion for contrast (a
+shift accumulated over the run, which the program's behaviour moves too; `prism.schemas.EMULATION_DELAYS`). The emulate stage writes it as
 ``emulation/delays.parquet`` (`prism sql`'s ``emulation.delays``); `text_lines` is what the summary prints and
 the report shows. These delays are per exchange, not per rank: a comm that several sandbox ranks share is one
 exchange, measured once, on the worker's side.
