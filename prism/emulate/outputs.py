@@ -274,6 +274,7 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
         f"{seconds:.1f} s",
         "",
         *results.text_lines(fig),
+        "",
         *delays.text_lines(em.tables["delays"]),
     ]
     if stats:

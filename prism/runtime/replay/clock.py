@@ -414,9 +414,9 @@ class TimedReplay:
         return out
 
     def exchanges_table(self) -> pa.Table:
-        """The real exchanges completed, one row each in completion order (`schemas.RAW_EXCHANGES`: what the
-        emulate stage's ``emulation/delays.parquet`` is built from)."""
-        rows = list(self.exchanges)
+        """The real exchanges completed, one row each in comm order (`schemas.RAW_EXCHANGES`: what the emulate
+        stage's ``emulation/delays.parquet`` is built from)."""
+        rows = sorted(self.exchanges)
         i = np.asarray([r[0] for r in rows], dtype=np.int64)
         calibrated = self.job.completion[i]
         return pa.table({
