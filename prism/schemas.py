@@ -280,6 +280,52 @@ EMULATION_FIGURES = pa.schema(
     ]
 )
 
+# The real exchanges of an emulation (``raw/replay/exchanges.arrow``, the replay worker's: `prism.runtime.replay.
+# clock.TimedReplay.exchanges_table`), one row per comm between a sandbox rank and replayed ones that completed,
+# times in ns from the emulation's start t0: when the real exchange completed on the worker's side
+# (`completed_ns`), the last virtual member's arrival at it then (`virtual_arrival_ns`: a replayed rank's live
+# arrival, or a calibrated one), its calibrated transfer (>= 0) and the calibrated timeline's completion (null:
+# none). op: a collective's op, or 'send/recv' for a message.
+RAW_EXCHANGES = pa.schema(
+    [
+        pa.field("comm_id", pa.int64(), nullable=False),
+        pa.field("op", _dict, nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("completed_ns", pa.int64(), nullable=False),
+        pa.field("virtual_arrival_ns", pa.int64(), nullable=False),
+        pa.field("transfer_ns", pa.int64(), nullable=False),
+        pa.field("calibrated_completion_ns", pa.int64()),
+    ]
+)
+
+# The emulation's own delay per op kind (`emulation/delays.parquet`, `prism.emulate.delays`: what its summary and
+# the report show), one row per op kind of the sandbox's real exchanges (its comms with replayed ranks; none: no
+# rows). `late_*_ms` (median, p95, max, mean over the kind's `n` exchanges): how late each completed against the
+# model's completion for the arrivals as they happened, every member's (the sandbox's measured issues, the replayed
+# ranks' live or calibrated ones) + the calibrated transfer (`prism.clock_rule`): the emulation's own lateness (its
+# replay and transport), not the program's; < 0: done before the model's completion (a collective is then held
+# to it). `late_ms_per_iteration`: the positive part of that lateness summed over the kind's exchanges of an
+# iteration, mean over the iterations timed (`iterations` but the first, as the figures' iteration times; null:
+# none). `vs_calibrated_*_ms`: against the calibrated timeline's completion instead: a shift of the whole timeline
+# up to the exchange, which every earlier delay moves, the program's (the sandbox's own speed) and the emulation's
+# (null: no calibrated completion).
+EMULATION_DELAYS = pa.schema(
+    [
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("late_median_ms", pa.float64(), nullable=False),
+        pa.field("late_p95_ms", pa.float64(), nullable=False),
+        pa.field("late_max_ms", pa.float64(), nullable=False),
+        pa.field("late_mean_ms", pa.float64(), nullable=False),
+        pa.field("late_ms_per_iteration", pa.float64()),
+        pa.field("vs_calibrated_median_ms", pa.float64()),
+        pa.field("vs_calibrated_p95_ms", pa.float64()),
+        pa.field("vs_calibrated_max_ms", pa.float64()),
+        pa.field("vs_calibrated_mean_ms", pa.float64()),
+        pa.field("iterations", pa.list_(pa.int32()), nullable=False),
+    ]
+)
+
 # The sandbox ranks' memory at each marker of their real run (`emulation/memory.parquet`).
 EMULATION_MEMORY = pa.schema(
     [
@@ -298,6 +344,7 @@ ALL: dict[str, pa.Schema] = {
     "raw_events": RAW_EVENTS,
     "raw_groups": RAW_GROUPS,
     "raw_payloads": RAW_PAYLOADS,
+    "raw_exchanges": RAW_EXCHANGES,
     "events": EVENTS,
     "comms": COMMS,
     "groups": GROUPS,
@@ -313,6 +360,7 @@ ALL: dict[str, pa.Schema] = {
     "emulation_iterations": EMULATION_ITERATIONS,
     "emulation_memory": EMULATION_MEMORY,
     "emulation_figures": EMULATION_FIGURES,
+    "emulation_delays": EMULATION_DELAYS,
 }
 
 

@@ -15,8 +15,9 @@ artifacts' own are not either: ``group_name``, ``group_desc``, never ``group`` /
   (rank, iteration, start_ns, end_ns, duration_ns; ns from the run's first event; iteration k of a rank ends
   with its k-th ``iteration_end`` marker and starts where the previous one ended, or at its first event).
 
-``calibrated.critical_path`` (the artifact) and ``emulation.iterations`` (``source``: 'computed', 'sandbox')
-are artifacts' own views.
+``calibrated.critical_path`` (the artifact), ``emulation.iterations`` (``source``: 'computed', 'sandbox'),
+``emulation.figures`` (the emulation's iteration times, `prism.emulate.results`) and ``emulation.delays`` (its own
+delay per op kind of the sandbox's real exchanges, `prism.emulate.delays`) are artifacts' own views.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ iteration time against its own prediction from the bench's fidelity.json next to
 For send/recv, `vs_model` leaves out the sandbox's own recv arrival (the worker does not know it): a pipeline's
 last stage posts its recv after the model's completion (busy with the previous backward), and that shows here as
 "late" (session 16: median 6.9-15.7 ms) while its waits were 0.00-0.09 ms past the model at the median (session 17).
-`scripts/fidelity_sandbox_gap.py` gives each wait's excess against the model with every arrival counted.
+`scripts/fidelity_sandbox_gap.py` gives each wait's excess against the model with every arrival counted, and
+`prism emulate` writes each exchange's lateness with every arrival counted, per op kind, as
+CONFIG/prism0/emulation/delays.parquet (`prism/emulate/delays.py`; its summary prints it).
 
     python3 scripts/fidelity_sandbox_delay.py DIR/a/dp8 DIR/b/dp8-ep4 ...
 """

@@ -4,7 +4,8 @@ OUT holds ``raw/meta.json`` (``t0_ns``: the common start of sandbox and replay o
 clock: the barrier `prism.runtime.emulate.common_start`; each sandbox rank's first event starts there),
 ``raw/rank=R/events.arrow`` (each sandbox rank's PrismTrace, in the capture's program order),
 ``raw/replay/events.arrow`` (the virtual events the replay worker drove live: the sandbox's dependency
-cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
+cone, `prism.runtime.replay.cone`), ``raw/replay/exchanges.arrow`` (its real exchanges, when each completed)
+and ``logs/rank=R.log``.
 
 - ``events``: every event of the job once, on the emulation's clock (ns from ``t0_ns``): sandbox rows
   (measured), replay rows (the cone, replayed in wall-clock time), and 'computed' rows for every other
@@ -17,6 +18,8 @@ cone, `prism.runtime.replay.cone`) and ``logs/rank=R.log``.
 - ``iterations``: `prism.job.iterations_table` over that sweep for every rank ('computed'),
   and over each sandbox rank's measured timeline ('sandbox').
 - ``memory``: the sandbox ranks' memory at each of their markers;
+- ``delays``: the emulation's own delay per op kind of the sandbox's real exchanges (`prism.emulate.delays`;
+  no rows without any);
 - ``figures``: what the summary prints (`prism.emulate.results`), added by `with_figures`.
 """
 
@@ -32,7 +35,7 @@ import pyarrow.compute as pc
 
 from prism import job as job_files
 from prism import artifacts, event_sequence, schemas
-from prism.emulate import results, tail
+from prism.emulate import delays, results, tail
 from prism.calibrate import substitute
 from prism.calibrate.sweep import Timeline
 from prism.job import JobGraph, iterations_table
@@ -229,7 +232,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     measured = results.compared_iterations(iterations)
 
     memory = _memory(sb, t0) if sb is not None else None
-    tables = {"events": events, "iterations": iterations}
+    tables = {"events": events, "iterations": iterations, "delays": delays.from_launch(out, events, measured)}
     if memory is not None:
         tables["memory"] = memory
     return Emulation(tables, sandbox, meta, computed, measured)
@@ -246,7 +249,8 @@ def _memory(sb: pa.Table, t0: int) -> pa.Table:
 
 
 SCHEMAS = {"events": schemas.EMULATION_EVENTS, "iterations": schemas.EMULATION_ITERATIONS,
-           "memory": schemas.EMULATION_MEMORY, "figures": schemas.EMULATION_FIGURES}
+           "memory": schemas.EMULATION_MEMORY, "figures": schemas.EMULATION_FIGURES,
+           "delays": schemas.EMULATION_DELAYS}
 
 
 # --------------------------------------------------------------------------------------------- summary
@@ -270,10 +274,13 @@ def summary(em: Emulation, job_dir: Path, calibrated: pa.Table, devices: int | N
         f"{seconds:.1f} s",
         "",
         *results.text_lines(fig),
+        "",
+        *delays.text_lines(em.tables["delays"]),
     ]
     if stats:
         lines += ["", "emulation: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()))]
-    lines += ["", f"artifacts: {job_files.emulation(job_dir)}/{{events,iterations,memory}}.parquet, logs/rank=R.log",
+    lines += ["", f"artifacts: {job_files.emulation(job_dir)}/{{events,iterations,memory,figures,delays}}.parquet, "
+              "logs/rank=R.log",
               f"query: prism sql --job {job_dir} \"SELECT source, count(*) FROM emulation.events GROUP BY 1\""]
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """The emulate stage: chosen sandbox ranks run the job's real program inside the replayed W-rank job.
 
     prism emulate --job DIR [--sandbox SPEC] [--devices P] [--steps N] [--no-pruning] [--prefetch-mb N] [--force]
-        ->  DIR/emulation/{events,iterations,memory,figures}.parquet, logs/rank=R.log, summary.txt, meta.json
+        ->  DIR/emulation/{events,iterations,memory,figures,delays}.parquet, logs/rank=R.log, summary.txt, meta.json
     prism emulate --job DIR --launched OUT [--force]   (OUT: an emulation launched by hand, e.g. over hosts)
 
 ``--what-if-args 'ARGS'`` appends ARGS to the program of the sandbox ranks (a changed program whose

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from prism import job as job_files
-from prism.emulate import results
+from prism.emulate import delays, results
 from prism.report import data, header, occupancy, plots
 from prism.report.critical import iteration_critical_path
 
@@ -187,6 +187,8 @@ def build(job: str | Path, ranks: list[int] | None = None) -> str:
 
     if job_files.emulation(job, "iterations.parquet").is_file():
         _emulation_section(page, job)
+    if job_files.emulation(job, delays.FILE).is_file():
+        _emulation_delays(page, job)
     if job_files.emulation(job, "events.parquet").is_file():
         _emulation_memory(page, job)
     if baseline is None:
@@ -237,6 +239,16 @@ def _emulation_section(page: Page, job: Path) -> None:
         page.figure(plots.iteration_series({"predicted": fig.predicted_gaps_ms,
                                             "under the sandbox": fig.under_sandbox_gaps_ms},
                                            "The job's iteration times: prediction and under the sandbox"))
+
+
+def _emulation_delays(page: Page, job: Path) -> None:
+    """The emulation's own delay per op kind, computed by `prism.emulate.delays` (the lines its summary prints)."""
+    table = delays.read_delays(job)
+    page.heading("Emulation: its own delay per op kind")
+    lines = html.escape("\n".join(delays.text_lines(table)))
+    page.parts.append(f"<pre style='white-space: pre-wrap'>{lines}</pre>")
+    if table.num_rows:
+        page.table(pl.from_arrow(table.drop_columns(["iterations"])))
 
 
 def _emulation_memory(page: Page, job: Path) -> None:

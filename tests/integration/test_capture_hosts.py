@@ -27,6 +27,8 @@ PROG = str(REPO / "tests" / "programs" / "hosts_loop.py")
 # the columns that say what a rank did (not when, nor how long)
 WHAT = ["rank", "seq", "kind", "op", "group_name", "group_seq", "peer", "tag", "bytes", "dtype", "shape", "is_async",
         "work_id", "iteration", "microbatch", "stream"]
+# what the replay worker's real exchanges were, not when (raw/replay/exchanges.arrow, in comm order)
+EXCHANGED = ["comm_id", "op", "iteration", "transfer_ns", "calibrated_completion_ns"]
 
 
 def _launcher(k: int, port: int, out: Path, prog: list[str], nnodes: int = 2, nproc: int = 4, preexec=None,
@@ -214,6 +216,7 @@ def _emulation_did(out: Path) -> dict:
     raw = {}
     for folder in sorted(p for p in (out / "raw").iterdir() if p.is_dir()):
         raw[folder.name] = {f.name: _arrow(f).select(WHAT).to_pylist() if f.name == "events.arrow"
+                            else _arrow(f).select(EXCHANGED).to_pylist() if f.name == "exchanges.arrow"
                             else _arrow(f).to_pylist() for f in sorted(folder.glob("*.arrow"))}
     logs = {p.name: p.read_text() for p in sorted((out / "logs").iterdir())}
     import json

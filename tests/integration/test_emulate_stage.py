@@ -295,6 +295,49 @@ def test_real_emulation_end_to_end(job):
     diag = meta["emulation"]["rank_diagnostics"]["3"]  # the sandbox rank's (emulated_works.HOPS, thread_cpu)
     assert diag["protocol_ops"] > 0 and diag["exchange_s"] > 0 and diag["by_op"], diag
     assert diag["threads_cpu_s"]["MainThread"] > 0 and "prism-emu-g" in diag["threads_cpu_s"], diag
+    _check_delays(job, proc.stdout, meta, sandbox=3)
+
+
+def _check_delays(job: Path, stdout: str, meta: dict, sandbox: int) -> None:
+    """The emulation's own delay per op kind (prism/emulate/delays.py): a row per op kind of the sandbox's real
+    exchanges (its comms with replayed ranks in the graph), each kind's n their count and the replay worker's
+    (meta.json); the summary, `prism sql`'s emulation.delays and the report show the table's numbers."""
+    import html
+    import re
+
+    from prism.emulate import delays
+    from prism.report.html import build
+
+    comms = pq.read_table(job / "graph" / "comms.parquet").to_pylist()
+    want: dict[str, int] = {}
+    for c in comms:
+        if sandbox in c["members"] and len(set(c["members"])) > 1:
+            op = "send/recv" if c["kind"] == "p2p" else c["op"]
+            want[op] = want.get(op, 0) + 1
+    table = delays.read_delays(job)
+    got = dict(zip(table["op"].to_pylist(), table["n"].to_pylist()))
+    assert got == want and len(want) >= 2, (got, want)
+    assert got == {op: d["n"] for op, d in meta["emulation"]["cone"]["exchange_late_by_op"].items()}
+    assert table["iterations"][0].as_py() == [0, 1]
+    rows = table.to_pylist()
+    shown = ("late_median_ms", "late_p95_ms", "late_max_ms", "late_ms_per_iteration")
+    summary = (job / "emulation" / "summary.txt").read_text()
+    lines = delays.text_lines(table)
+    assert "\n".join(lines) in summary and "\n".join(lines) in stdout
+    assert summary.index("emulation delay") < summary.index(lines[0])  # under the sandbox ranks' lines
+    for row, line in zip(rows, lines[2:]):
+        assert line.split() == [row["op"], str(row["n"])] + [f"{row[k]:.2f}" for k in shown]
+    _, got_sql, _ = prism_sql.run_query(job, f"SELECT op, n, {', '.join(shown)} FROM emulation.delays ORDER BY op")
+    assert got_sql == [tuple(r[k] for k in ("op", "n", *shown)) for r in rows]
+    page = build(job)
+    section = page[page.index("Emulation: its own delay per op kind"):]
+    assert html.escape("\n".join(lines)) in section
+    for row in rows:
+        cells = re.search(rf"<tr><td>{re.escape(row['op'])}</td>(.*?)</tr>", section).group(1)
+        values = re.findall(r"<td class='n'>(-?[\d.]+)</td>", cells)
+        assert values[:5] == [str(row["n"])] + [f"{row[k]:.2f}" for k in ("late_median_ms", "late_p95_ms",
+                                                                           "late_max_ms", "late_mean_ms")]
+        assert values[5] == f"{row['late_ms_per_iteration']:.2f}"
 
 
 def test_summary_report_and_bench_show_the_same_figures(job):
@@ -340,6 +383,13 @@ def test_summary_report_and_bench_show_the_same_figures(job):
     assert "error" not in bench, bench
     assert (round(bench["sandbox_ms"], 2), round(bench["job_ms"], 2), round(bench["computed_rank_ms"], 2)) == (
         measured, under, program)
+
+    # a launch that recorded no real exchange: the delays table is there, empty, and the summary and report say so
+    empty = pq.read_table(job / "emulation" / "delays.parquet")
+    assert empty.num_rows == 0 and empty.schema.remove_metadata().equals(schemas.EMULATION_DELAYS)
+    assert "emulation's own delay per op kind" in text and "no real exchanges" in text
+    assert "no real exchanges" in page[page.index("Emulation: its own delay per op kind"):]
+    assert prism_sql.run_query(job, "SELECT count(*) FROM emulation.delays")[1] == [(0,)]
 
 
 def test_a_second_emulation_of_the_job_is_refused_while_the_first_runs(job, capsys, monkeypatch):

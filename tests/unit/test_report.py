@@ -137,6 +137,39 @@ def test_report_page_in_headless_chromium(job, tmp_path):
     assert result.screenshot.stat().st_size > 5 * empty_shot.stat().st_size  # the page is not blank
 
 
+def test_report_shows_the_emulations_own_delay_per_op_kind(job, tmp_path):
+    """The emulation section shows ``emulation/delays.parquet`` (prism/emulate/delays.py): the summary's lines and a
+    row per op kind with the table's numbers; an emulation without real exchanges says so."""
+    import html
+    import re
+    import shutil
+
+    from prism import artifacts, schemas
+    from prism.emulate import delays
+    from prism.report.html import build
+
+    table = delays.read_delays(job)
+    page = build(job)
+    section = page[page.index("Emulation: its own delay per op kind"):page.index("Emulation: the sandbox ranks")
+                   if "Emulation: the sandbox ranks" in page else None]
+    assert html.escape("\n".join(delays.text_lines(table))) in section
+    assert [r["op"] for r in table.to_pylist()] == ["all_reduce", "send/recv"]
+    for row in table.to_pylist():
+        cells = re.search(rf"<tr><td>{re.escape(row['op'])}</td>(.*?)</tr>", section).group(1)
+        assert re.findall(r"<td class='n'>(-?[\d.]+)</td>", cells)[:7] == [str(row["n"])] + [
+            f"{row[k]:.2f}" for k in ("late_median_ms", "late_p95_ms", "late_max_ms", "late_mean_ms",
+                                      "late_ms_per_iteration", "vs_calibrated_median_ms")]
+    assert table.to_pylist()[1]["late_ms_per_iteration"] == pytest.approx(1.0)  # iterations 1, 2: 1 ms each
+
+    empty = tmp_path / "empty"
+    shutil.copytree(job, empty)
+    artifacts.write_outputs(empty / "emulation", {"delays": table.slice(0, 0)}, {"delays": schemas.EMULATION_DELAYS},
+                            run_id="report-test-run")
+    section = build(empty)
+    section = section[section.index("Emulation: its own delay per op kind"):]
+    assert delays.NO_EXCHANGES in html.unescape(section) and "<td>all_reduce</td>" not in section
+
+
 def test_browser_check_catches_errors_and_empty_plots(tmp_path):
     """The checks above can fail: a page with a script error and a plot without data."""
     page = Page("broken")

@@ -246,3 +246,15 @@ def test_each_real_exchange_reports_how_late_it_completed_against_the_model(tmp_
     got = late["all_reduce"]
     assert 1000 - 0.00015 <= got["vs_model_max_ms"] < 1500  # now - (100 + 50 ns)
     assert got["vs_model_max_ms"] - got["vs_calibrated_max_ms"] == pytest.approx(200e-6 - 150e-6, abs=1e-9)
+    # the same exchange as the worker writes it (raw/replay/exchanges.arrow, the emulate stage's delays table)
+    row = replay.exchanges_table().to_pylist()
+    assert len(row) == 1 and replay.exchanges_table().schema.equals(schemas.RAW_EXCHANGES)
+    row = row[0]
+    assert (row["comm_id"], row["op"], row["iteration"], row["virtual_arrival_ns"], row["transfer_ns"],
+            row["calibrated_completion_ns"]) == (0, "all_reduce", 0, 100, 50, 200)
+    assert (row["completed_ns"] - 150) / 1e6 == pytest.approx(got["vs_model_max_ms"], abs=1e-9)
+
+
+def test_no_exchange_completed_is_an_empty_table_of_the_schema(tmp_path):
+    table = TimedReplay(*_job(tmp_path), sandbox={0}).exchanges_table()
+    assert table.num_rows == 0 and table.schema.equals(schemas.RAW_EXCHANGES)

@@ -50,8 +50,9 @@ RUN_ID_KEY = b"prism.run_id"
 # whole files that are reports of measured values or binary catalogs rebuilt from the tables
 MEASURED_FILES = {"summary.txt", "prism.duckdb", "capture_stats.json", ".snakemake_timestamp", "report.html",
                   "baseline-decision.json",  # the baseline's decision names the host and its cores
-                  # which events bind an iteration's end, and the sandbox's figures, follow the measured times
-                  "critical_path.parquet", "figures.parquet"}
+                  # which events bind an iteration's end, the sandbox's figures and the emulation's own delays
+                  # follow the measured times
+                  "critical_path.parquet", "figures.parquet", "delays.parquet"}
 
 
 def path_without_venv() -> str:

@@ -11,7 +11,7 @@ rule emulate:  # runs alone: the sandbox's timings must not share the machine wi
         f"{JOB_DIR}/calibrated/iterations.parquet",
     output:
         multiext(f"{JOB_DIR}/emulation/", "events.parquet", "iterations.parquet", "memory.parquet", "figures.parquet",
-                 "summary.txt", "meta.json"),
+                 "delays.parquet", "summary.txt", "meta.json"),
     params:
         job=in_job(),
         options=emulate_options(),

@@ -228,6 +228,14 @@ class EmulationWorker(VirtualRanks):
         self.state[name] = "done"
 
 
+def _write_stream(table: pa.Table, path: Path) -> None:
+    """`table` as an Arrow IPC stream at `path`, written to a temp name and renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    tmp.replace(path)
+
+
 def progress_reporter():
     """The timed replay's progress: a line per emulated iteration of the virtual ranks' clock on the worker's
     stderr (the launcher forwards it; the sandbox ranks' own iterations are the launcher's progress bar)."""
@@ -284,13 +292,11 @@ def serve(spec: ZygoteSpec) -> int:
     if watch is not None:
         watch.done()
     timed = worker.timed is not None
-    if timed and spec.raw_staging:  # the replayed timeline of the virtual ranks
+    if timed and spec.raw_staging:  # the replayed timeline of the virtual ranks, and the real exchanges
         folder = Path(spec.raw_staging) / "replay"
         folder.mkdir(parents=True, exist_ok=True)
-        table = worker.timed.table()
-        with pa.OSFile(str(folder / "events.arrow.tmp"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        (folder / "events.arrow.tmp").replace(job_paths.stream_file(folder, "events"))
+        _write_stream(worker.timed.table(), job_paths.stream_file(folder, "events"))
+        _write_stream(worker.timed.exchanges_table(), job_paths.stream_file(folder, "exchanges"))
     summary = {"t0_ns": t0_ns, "timed": timed, "replayed_events": worker.timed.events_run if timed else 0,
                "cone": worker.timed.stats() if timed else None, "startup_s": t0_ns / 1e9 - started,
                "groups": len(worker.built),

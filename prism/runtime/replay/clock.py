@@ -40,7 +40,9 @@ on a real comm not yet complete, then waits for the next completion. `gate` meas
 clock was: the wall time at which a real comm's virtual arrivals became known, past both t0 + the last
 arrival and the time the worker's thread reached the gate. That is the time the simulator, not the modelled
 job, held the op (`stats()["gate_late_max_ms"]`); a sandbox slower than calibrated, or a worker thread
-behind, is not counted.
+behind, is not counted. `complete` records when each real exchange completed and the last virtual arrival at
+it then: `exchange_delays` (meta.json's ``exchange_late_by_op``) and `exchanges_table` (the worker's
+``raw/replay/exchanges.arrow``, from which the emulate stage builds ``emulation/delays.parquet``).
 
 The clock's zero t0 is the common start of the sandbox ranks and the worker (`prism.runtime.emulate.common_start`).
 """
@@ -203,7 +205,8 @@ class TimedReplay:
         self.error: str | None = None
         self._inbox: list[tuple[int, int]] = []
         self.late_ns: list[int] = []  # per gated comm: how long the virtual clock made it wait past its time
-        self.exchange_late: dict[str, list[tuple[int, int]]] = defaultdict(list)  # op -> (vs model, vs calibrated)
+        # per real exchange completed: (comm index, its completion, ns from t0; the last virtual arrival then)
+        self.exchanges: list[tuple[int, int, int]] = []
         self.kernel_s = 0.0  # wall time in the kernel
         self.kernel_cpu_s = 0.0  # its thread's CPU time (what a loaded machine does not inflate)
         self.events_run = 0
@@ -308,14 +311,8 @@ class TimedReplay:
         if i < 0:
             return
         now = time.monotonic_ns() - self.t0_ns
-        if self.driven_mask[i] and self.pending[i] == 0:
-            # the emulation's own delay on this exchange: its real completion against the model's for the
-            # arrivals as they happened (the virtual ones live, + the calibrated transfer), and against the
-            # calibrated completion (which the sandbox's own speed moves as well: the program's behaviour)
-            model = int(self.acc[i]) + max(0, int(self.xfer[i]))
-            calibrated = int(self.job.completion[i])
-            self.exchange_late[self.op_of.get(i, "?")].append(
-                (now - model, now - calibrated if calibrated != NEG else 0))
+        if self.driven_mask[i] and self.pending[i] == 0:  # how late it completed: `exchange_delays`, `exchanges_table`
+            self.exchanges.append((i, now, int(self.acc[i])))
         self.feed(comm, max(now + self.t0_ns, not_before) - self.t0_ns)
 
     def feed(self, comm: int, t_ns: int) -> None:
@@ -399,16 +396,38 @@ class TimedReplay:
         """Per op kind of the real exchanges: how late each completed against the model (ms; median, p95,
         max, mean over n). ``vs_model``: against the model's completion for the arrivals as they happened (the
         last live virtual arrival + the calibrated transfer): the emulation's own delay, and a sandbox member
-        arriving later than its virtual peers; ``vs_calibrated``: against the calibrated timeline's completion,
-        which the sandbox's own speed moves too (the program's behaviour)."""
+        arriving later than its virtual peers (the emulate stage's ``emulation/delays.parquet`` counts the
+        sandbox's arrivals too, from `exchanges_table`); ``vs_calibrated``: against the calibrated timeline's
+        completion, which the sandbox's own speed moves too (the program's behaviour)."""
+        late: dict[str, list[tuple[int, int]]] = defaultdict(list)  # op -> (vs model, vs calibrated)
+        for i, now, arrival in list(self.exchanges):
+            calibrated = int(self.job.completion[i])
+            late[self.op_of.get(i, "?")].append((now - (arrival + max(0, int(self.xfer[i]))),
+                                                 now - calibrated if calibrated != NEG else 0))
         out = {}
-        for op, pairs in sorted(self.exchange_late.items()):
+        for op, pairs in sorted(late.items()):
             a = np.asarray(pairs, dtype=np.float64) / 1e6
             out[op] = {"n": len(pairs), **{f"{name}_{stat}_ms": float(f(a[:, j])) for j, name in
                                            enumerate(("vs_model", "vs_calibrated")) for stat, f in
                                            (("median", np.median), ("p95", lambda x: np.percentile(x, 95)),
                                             ("max", np.max), ("mean", np.mean))}}
         return out
+
+    def exchanges_table(self) -> pa.Table:
+        """The real exchanges completed, one row each in comm order (`schemas.RAW_EXCHANGES`: what the emulate
+        stage's ``emulation/delays.parquet`` is built from)."""
+        rows = sorted(self.exchanges)
+        i = np.asarray([r[0] for r in rows], dtype=np.int64)
+        calibrated = self.job.completion[i]
+        return pa.table({
+            "comm_id": pa.array(self.job.comm_ids[i], pa.int64()),
+            "op": pa.array([self.op_of.get(int(k), "?") for k in i], pa.string()).dictionary_encode(),
+            "iteration": pa.array(self.iteration_of[i], pa.int32()),
+            "completed_ns": pa.array([r[1] for r in rows], pa.int64()),
+            "virtual_arrival_ns": pa.array([r[2] for r in rows], pa.int64()),
+            "transfer_ns": pa.array(np.maximum(self.xfer[i], 0), pa.int64()),
+            "calibrated_completion_ns": pa.array(calibrated, pa.int64(), mask=calibrated == NEG),
+        }).cast(schemas.RAW_EXCHANGES)
 
     def stats(self) -> dict:
         live, virtual = self.job.cone_size
