@@ -62,6 +62,8 @@ from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, 
 from prism.bench.fidelity_table import row
 from prism.bench import fidelity_sandbox
 from prism import job as job_files
+from prism import settings
+from prism.runtime.launch import launcher, zygote_template
 from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
 
@@ -387,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=("slice", "rank"), default="slice",
                         help="the emulated sandbox: the default rank and the rest of its slice (P ranks), or the "
                              "default rank alone")
+    parser.add_argument("--new-zygotes", action="store_true",
+                        help="every launch starts a new zygote interpreter (default: its zygote is forked from one "
+                             "warm template the bench starts, prism.runtime.launch.zygote_template)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -440,11 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
              f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{args.prism_runs} ({args.passes} pass(es), "
              f"sandbox: {args.sandbox}), "
-             f"{args.steps} steps; model {' '.join(model)}", ""] + table([])[:2]
+             f"{args.steps} steps; model {' '.join(model)}; zygotes: "
+             f"{'new ones' if args.new_zygotes else 'forked from a warm template'}", ""] + table([])[:2]
     print("\n".join(intro), flush=True)
     results = []
     t_all = time.perf_counter()
     skipped: list[str] = []
+    template = None if args.new_zygotes else zygote_template.Template.start(launcher.template_environment())
+    if template is not None:  # every launch below (truth, capture, slices, emulate) forks its zygote from it
+        os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
 
     def write(final: bool) -> None:
         tail = [""] + totals(results) + [f"wall: {time.perf_counter() - t_all:.0f} s"]
@@ -472,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             write(False)
     finally:
         write(True)
+        if template is not None:
+            os.environ.pop(settings.ZYGOTE_TEMPLATE.name, None)
+            template.stop()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if results and all(not r.error for r in results) else 1

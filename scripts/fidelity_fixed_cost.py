@@ -1,0 +1,293 @@
+"""Where a fidelity-bench config's wall goes: every step the bench runs, timed from outside, and each launch split
+into phases by a probe (`scripts/fixed_cost_probe/sitecustomize.py`, on PYTHONPATH of every process the bench starts).
+
+    python scripts/fidelity_fixed_cost.py --world 2 --layout "--dp 2" [--small] [--repeats 2] [--steps 8]
+        [--devices P] [--rounds 1] [--variants new,template] [--work DIR] [--json OUT.json]
+
+Runs `prism.bench.fidelity.run_config` itself (the bench's own commands, in its order) `--rounds` times; prints one
+table of the steps (wall s: the median over rounds) and one of the phases of each kind of launch (truth, capture,
+slice, emulate; s, the median over launches of that kind): the interpreter's start, the launcher, the zygote's
+import of torch and its warm-up, the forks, each rank's set-up, program import, init_process_group, new_group,
+step 0, the measured steps (1..n-1), the steps' tail, destroy_process_group, the trace's writing, the zygote's and
+the launcher's ends. A rank-level phase is the job's: from the last rank to reach its start to the last rank to
+reach its end (the job waits for its slowest rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PROBE_DIR = Path(__file__).resolve().parent / "fixed_cost_probe"
+
+from prism.bench import fidelity  # noqa: E402
+from prism.bench.fidelity_table import Config  # noqa: E402
+
+# rank-level phases: (name, start mark, end mark); times are the job's (the last rank's)
+RANK_PHASES = [
+    ("rank set-up (pin, interception; capture: a slot)", "forked", "program"),
+    ("program import, arguments", "program", "init_pg"),
+    ("init_process_group (rendezvous)", "init_pg", "init_pg_end"),
+    ("new_group (the layout's groups)", "init_pg_end", "groups_end"),
+    ("model, optimizer, step 0 (not measured)", "groups_end", "step_end#0"),
+    ("steps 1..n-1 (measured)", "step_end#0", "step_end#last"),
+    ("after the last step (loss all-reduce)", "step_end#last", "destroy"),
+    ("destroy_process_group", "destroy", "destroy_end"),
+    ("program's end", "destroy_end", "program_end"),
+    ("interception.finish (the trace written)", "finish", "finish_end"),
+    ("rank's exit", "finish_end", "rank_end"),
+]
+
+
+def read_marks(log: Path) -> dict[int, dict]:
+    """pid -> {"ppid", "marks": name -> [t_ns, ...]}."""
+    procs: dict[int, dict] = {}
+    if not log.is_file():
+        return procs
+    for line in log.read_text().splitlines():
+        pid, ppid, name, t = line.split()
+        p = procs.setdefault(int(pid), {"ppid": int(ppid), "marks": defaultdict(list)})
+        p["marks"][name].append(int(t))
+    return procs
+
+
+def rank_points(marks: dict) -> dict[str, int]:
+    """A rank's phase boundaries (ns)."""
+    pts = {k: v[0] for k, v in marks.items() if v}
+    for k in ("program_end", "destroy_end", "init_pg_end", "finish_end"):
+        if marks.get(k):
+            pts[k] = marks[k][-1]
+    if marks.get("new_group_end"):
+        pts["groups_end"] = marks["new_group_end"][-1]
+    elif "init_pg_end" in pts:
+        pts["groups_end"] = pts["init_pg_end"]
+    steps = marks.get("step_end", [])
+    if steps:
+        pts["step_end#0"], pts["step_end#last"] = steps[0], steps[-1]
+    return pts
+
+
+def launch_phases(procs: dict[int, dict], root: int, t_start: int, t_end: int) -> list[tuple[str, float]]:
+    """The phases (name, s) of one bench step: its process `root` (started at t_start, returned at t_end), and the
+    launch inside it (the zygote: the process that forked ranks running a program)."""
+    out = []
+    r = procs.get(root)
+    if r is None:
+        return [("(no probe marks)", (t_end - t_start) / 1e9)]
+    site = r["marks"]["site"][0]
+    out.append(("interpreter start (the bench step's process)", (site - t_start) / 1e9))
+    children = defaultdict(list)
+    for pid, p in procs.items():
+        children[p["ppid"]].append(pid)
+    zygotes = [pid for pid, p in procs.items() if p["marks"].get("fork")
+               and any(procs[c]["marks"].get("program") for c in children[pid])]
+    if not zygotes:
+        out.append(("the step's work (no launch)", (r["marks"]["exit"][-1] - site) / 1e9 if r["marks"].get("exit")
+                    else (t_end - site) / 1e9))
+        if r["marks"].get("exit"):
+            out.append(("interpreter exit", (t_end - r["marks"]["exit"][-1]) / 1e9))
+        return out
+    z = zygotes[0]
+    zm = procs[z]["marks"]
+    launcher = procs[z]["ppid"]  # (a zygote forked from the template: the template's child; its launcher is the
+    if launcher not in procs:    # step's process or, for emulate, that process's child)
+        launcher = next((pid for pid, p in procs.items() if p["ppid"] == root), root)
+    lm = procs[launcher]["marks"]
+    ranks = [c for c in children[z] if procs[c]["marks"].get("program")]
+    others = [c for c in children[z] if c not in ranks]
+    # a new zygote: its interpreter's start, `import torch`; one forked from the template: its main's start
+    zstart = zm["site"][0] if zm.get("site") else zm["zygote_main"][0]
+    ztorch = zm["torch"][0] if zm.get("torch") else zstart
+    out.append(("until the zygote runs (launcher, its checks; new: the interpreter)", (zstart - site) / 1e9))
+    out.append(("zygote: import torch (and the interception)", (ztorch - zstart) / 1e9))
+    out.append(("zygote: warm-up (lazy imports, a step, gc)", (zm["fork"][0] - ztorch) / 1e9))
+    out.append(("zygote: forks", (zm["fork"][-1] - zm["fork"][0]) / 1e9))
+    pts = [rank_points(procs[c]["marks"]) for c in ranks]
+    last = {k: max(p[k] for p in pts if k in p) for k in set().union(*pts) if all(k in p for p in pts)}
+    prev = zm["fork"][-1]
+    out.append(("until the last rank runs (fork to child)", (last.get("forked", prev) - prev) / 1e9))
+    for name, a, b in RANK_PHASES:
+        if a in last and b in last:
+            out.append((name, (last[b] - last[a]) / 1e9))
+    if "program_end" in last and "finish" in last:
+        pass
+    end_ranks = last.get("rank_end")
+    if others:  # slice / emulate: the replay process ends after the ranks
+        ends = [procs[c]["marks"]["exit"][-1] for c in others if procs[c]["marks"].get("exit")]
+        if ends and end_ranks:
+            out.append(("replay process's end after the ranks'", (max(ends) - end_ranks) / 1e9))
+    zexit = zm["exit"][-1] if zm.get("exit") else zm["zygote_main_end"][-1] if zm.get("zygote_main_end") else None
+    if zexit and end_ranks:
+        out.append(("zygote: reap, drain, exit", (zexit - end_ranks) / 1e9))
+    lexit = lm["exit"][-1] if lm.get("exit") else None
+    if lexit and zexit:
+        out.append(("launcher's end (publish; slice run: its tables)", (lexit - zexit) / 1e9))
+    rexit = r["marks"]["exit"][-1] if r["marks"].get("exit") else lexit
+    if root != launcher and rexit and lexit:
+        out.append(("the step's end after its launcher", (rexit - lexit) / 1e9))
+    if rexit:
+        out.append(("interpreter exit", (t_end - rexit) / 1e9))
+    return out
+
+
+def kind_of(cmd: list[str]) -> str:
+    text = " ".join(cmd)
+    for key, kind in (("--mode real", "truth"), ("--mode capture", "capture"), ("prism.slices.run", "slice"),
+                      (" emulate ", "emulate"), (" graph ", "graph"), ("prism.slices.plan", "plan"),
+                      ("prism.calibrate.from_slices", "from_slices"), ("prism.calibrate ", "calibrate")):
+        if key in text + " ":
+            return kind
+    return "other"
+
+
+class Recorder:
+    """Replaces `fidelity._run`: each step runs with the probe on, timed; its marks kept."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs, self.steps, self.n = logs, [], 0
+        self.original = fidelity._run
+
+    def __call__(self, cmd: list[str], log: Path, timeout: float) -> None:
+        self.n += 1
+        marks = self.logs / f"step{self.n:03d}.marks"
+        os.environ["PRISM_COST_PROBE"] = str(marks)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROBE_DIR)]
+                                                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and p not in (str(ROOT), str(PROBE_DIR))])
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        t0 = time.monotonic_ns()
+        with open(log, "ab") as f:
+            f.write(("$ " + " ".join(cmd) + "\n").encode())
+            f.flush()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            code = proc.wait(timeout=timeout)
+        t1 = time.monotonic_ns()
+        del os.environ["PRISM_COST_PROBE"]
+        phases = launch_phases(read_marks(marks), proc.pid, t0, t1)
+        self.steps.append({"kind": kind_of(cmd), "cmd": cmd[2:], "wall_s": (t1 - t0) / 1e9, "phases": phases})
+        if code != 0:
+            raise fidelity.StepError(f"{' '.join(cmd[2:5])} ... exited {code} (log {log})")
+
+
+def median_phases(steps: list[dict]) -> list[tuple[str, float]]:
+    names = [n for n, _ in steps[0]["phases"]]
+    vals = defaultdict(list)
+    for s in steps:
+        for n, v in s["phases"]:
+            vals[n].append(v)
+    return [(n, statistics.median(vals[n])) for n in names]
+
+
+VARIANTS = ("new", "template")  # new: every zygote a new interpreter (the bench's --new-zygotes); template: forked
+
+
+def run_variant(variant: str, cfg: Config, a, model: list[str], work: Path, rec: Recorder) -> dict:
+    """One run of the config (`fidelity.run_config`) with the variant's zygotes; its wall, stages and steps."""
+    from prism.runtime.launch import launcher, zygote_template
+    from prism import settings
+
+    first = len(rec.steps)
+    t = time.perf_counter()
+    template = None
+    if variant == "template":
+        template = zygote_template.Template.start(dict(launcher.template_environment(),
+                                                       PRISM_COST_PROBE_TEMPLATE="1"))
+        os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
+    started = time.perf_counter() - t
+    try:
+        res = fidelity.run_config(cfg, cfg.devices, a.repeats, 1, a.steps, model, work, 600, not a.no_emulate)
+    finally:
+        if template is not None:
+            os.environ.pop(settings.ZYGOTE_TEMPLATE.name, None)
+            template.stop()
+    if res.error:
+        raise SystemExit(f"{variant}: {res.error}")
+    return {"variant": variant, "wall_s": time.perf_counter() - t, "template_start_s": started,
+            "stage_s": res.stage_s, "truth_ms": res.truth_ms, "pred_ms": res.pred_ms, "steps": rec.steps[first:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--layout", required=True, help='the config\'s layout arguments, e.g. "--tp 2 --dp 2"')
+    ap.add_argument("--devices", type=int, help="P (default W/2)")
+    ap.add_argument("--small", action="store_true", help="the bench's SMALL_MODEL (default: its MODEL)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs every variant once, in turn")
+    ap.add_argument("--variants", default="new", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--no-emulate", action="store_true")
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--json", type=Path, help="write every step's wall and phases here")
+    a = ap.parse_args(argv)
+    variants = a.variants.split(",")
+    work = a.work or Path(tempfile.mkdtemp(prefix="prism-fixed-cost-"))
+    cfg = Config("probe", a.world, tuple(a.layout.split()), a.devices or max(a.world // 2, 1))
+    model = fidelity.SMALL_MODEL if a.small else fidelity.MODEL
+    rec = Recorder(work / "marks")
+    rec.logs.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROBE_DIR)])  # (the template's and the steps')
+    fidelity._run = rec
+    runs = []
+    try:
+        for i in range(a.rounds):
+            for v in variants:
+                runs.append(run_variant(v, cfg, a, model, work / f"round{i}-{v}", rec))
+    finally:
+        fidelity._run = rec.original
+    print(f"# {' '.join(sys.argv)}\n# W={a.world} {a.layout}, {a.repeats} truth runs, {a.rounds} round(s) of "
+          f"{', '.join(variants)}; medians over rounds\n")
+    by = {v: [r for r in runs if r["variant"] == v] for v in variants}
+    head = " | ".join(variants) + (" | " + " | ".join(f"{v}/{variants[0]}" for v in variants[1:]) if len(variants) > 1
+                                   else "")
+    rule = "|".join(["---"] * (len(variants) * 2 + 1))
+    print(f"| step: n, wall s | {head} |\n|{rule}|")
+
+    def cells(values: list[float], fmt: str = "{:.2f}") -> str:
+        out = [fmt.format(x) for x in values]
+        out += [f"{x / values[0]:.2f}" if values[0] else "-" for x in values[1:]]
+        return " | ".join(out)
+
+    print(f"| config (run_config) | {cells([statistics.median(r['wall_s'] for r in by[v]) for v in variants])} |")
+    if "template" in variants:
+        print(f"| (the template's start, once a bench) | "
+              f"{cells([statistics.median(r['template_start_s'] for r in by[v]) for v in variants])} |")
+    kinds = list(dict.fromkeys(s["kind"] for r in runs for s in r["steps"]))
+    for kind in kinds:
+        per = []
+        for v in variants:
+            walls = [sum(s["wall_s"] for s in r["steps"] if s["kind"] == kind) for r in by[v]]
+            per.append(statistics.median(walls))
+        n = sum(s["kind"] == kind for s in by[variants[0]][0]["steps"])
+        print(f"| {kind} x{n} (sum) | {cells(per)} |")
+    for kind in ("truth", "capture", "slice", "emulate", "graph"):
+        steps = {v: [s for r in by[v] for s in r["steps"] if s["kind"] == kind] for v in variants}
+        if not all(steps.values()):
+            continue
+        print(f"\n{kind}: phases, s (median over {len(steps[variants[0]])} launches a variant)\n")
+        print(f"| phase | {head} |\n|{rule}|")
+        med = {v: dict(median_phases(steps[v])) for v in variants}
+        for name in dict.fromkeys(n for v in variants for n in med[v]):
+            print(f"| {name} | {cells([med[v].get(name, 0.0) for v in variants], '{:.3f}')} |")
+    print("\ntruth ms (each run's median iteration gap), prediction ms:")
+    for r in runs:
+        print(f"  {r['variant']}: truth {', '.join(f'{x:.1f}' for x in r['truth_ms'])}; prism "
+              f"{', '.join(f'{x:.1f}' for x in r['pred_ms'])}")
+    if a.json:
+        a.json.write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
