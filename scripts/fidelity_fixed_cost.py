@@ -2,15 +2,18 @@
 into phases by a probe (`scripts/fixed_cost_probe/sitecustomize.py`, on PYTHONPATH of every process the bench starts).
 
     python scripts/fidelity_fixed_cost.py --world 2 --layout "--dp 2" [--small] [--repeats 2] [--steps 8]
-        [--devices P] [--rounds 1] [--variants new,template] [--work DIR] [--json OUT.json]
+        [--devices P] [--rounds 1] [--variants base,new,template --base DIR] [--work DIR] [--json OUT.json]
 
-Runs `prism.bench.fidelity.run_config` itself (the bench's own commands, in its order) `--rounds` times; prints one
-table of the steps (wall s: the median over rounds) and one of the phases of each kind of launch (truth, capture,
-slice, emulate; s, the median over launches of that kind): the interpreter's start, the launcher, the zygote's
-import of torch and its warm-up, the forks, each rank's set-up, program import, init_process_group, new_group,
-step 0, the measured steps (1..n-1), the steps' tail, destroy_process_group, the trace's writing, the zygote's and
-the launcher's ends. A rank-level phase is the job's: from the last rank to reach its start to the last rank to
-reach its end (the job waits for its slowest rank).
+Each round runs the config once per variant, in turn, each in its own process: `run_config` of the bench (its own
+commands, in its order) of the variant's tree: `base`, the tree --base (the code before the cuts, e.g. `git archive
+COMMIT | tar -x -C DIR`); `new`, this tree with every zygote a new interpreter (the bench's --new-zygotes); `template`,
+this tree as the bench runs it (zygotes forked from a warm template). Prints, as medians over the rounds and as ratios
+against the first variant: the config's wall, each kind of step's summed wall, and the phases of each kind of launch
+(truth, capture, slice, emulate) and of `prism graph`: the interpreter's start, the launcher, the zygote's import of
+torch and its warm-up, the forks, each rank's set-up, program import, init_process_group, new_group, step 0, the
+measured steps (1..n-1), the steps' tail, destroy_process_group, the trace's writing, the zygote's and the
+launcher's ends. A rank-level phase is the job's: from the last rank to reach its start to the last rank to reach
+its end (the job waits for its slowest rank). Then what each run measured (truth iteration times, prediction).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,11 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 PROBE_DIR = Path(__file__).resolve().parent / "fixed_cost_probe"
-
-from prism.bench import fidelity  # noqa: E402
-from prism.bench.fidelity_table import Config  # noqa: E402
 
 # rank-level phases: (name, start mark, end mark); times are the job's (the last rank's)
 RANK_PHASES = [
@@ -97,47 +97,57 @@ def launch_phases(procs: dict[int, dict], root: int, t_start: int, t_end: int) -
         if r["marks"].get("exit"):
             out.append(("interpreter exit", (t_end - r["marks"]["exit"][-1]) / 1e9))
         return out
-    z = zygotes[0]
-    zm = procs[z]["marks"]
-    launcher = procs[z]["ppid"]  # (a zygote forked from the template: the template's child; its launcher is the
-    if launcher not in procs:    # step's process or, for emulate, that process's child)
+    zygotes.sort(key=lambda z: _zygote_start(procs[z]["marks"]))
+    launcher = procs[zygotes[0]]["ppid"]  # (a zygote forked from the template: the template's child; its launcher
+    if launcher not in procs:             # is the step's process or, for emulate, that process's child)
         launcher = next((pid for pid, p in procs.items() if p["ppid"] == root), root)
     lm = procs[launcher]["marks"]
-    ranks = [c for c in children[z] if procs[c]["marks"].get("program")]
-    others = [c for c in children[z] if c not in ranks]
-    # a new zygote: its interpreter's start, `import torch`; one forked from the template: its main's start
-    zstart = zm["site"][0] if zm.get("site") else zm["zygote_main"][0]
-    ztorch = zm["torch"][0] if zm.get("torch") else zstart
-    out.append(("until the zygote runs (launcher, its checks; new: the interpreter)", (zstart - site) / 1e9))
-    out.append(("zygote: import torch (and the interception)", (ztorch - zstart) / 1e9))
-    out.append(("zygote: warm-up (lazy imports, a step, gc)", (zm["fork"][0] - ztorch) / 1e9))
-    out.append(("zygote: forks", (zm["fork"][-1] - zm["fork"][0]) / 1e9))
-    pts = [rank_points(procs[c]["marks"]) for c in ranks]
-    last = {k: max(p[k] for p in pts if k in p) for k in set().union(*pts) if all(k in p for p in pts)}
-    prev = zm["fork"][-1]
-    out.append(("until the last rank runs (fork to child)", (last.get("forked", prev) - prev) / 1e9))
-    for name, a, b in RANK_PHASES:
-        if a in last and b in last:
-            out.append((name, (last[b] - last[a]) / 1e9))
-    if "program_end" in last and "finish" in last:
-        pass
-    end_ranks = last.get("rank_end")
-    if others:  # slice / emulate: the replay process ends after the ranks
+    phases: dict[str, float] = {}  # summed over the step's launches (slices --all: one a slice)
+
+    def add(name: str, seconds: float) -> None:
+        phases[name] = phases.get(name, 0.0) + seconds
+
+    before = site
+    for z in zygotes:
+        zm = procs[z]["marks"]
+        ranks = [c for c in children[z] if procs[c]["marks"].get("program")]
+        others = [c for c in children[z] if c not in ranks]
+        zstart = _zygote_start(zm)
+        ztorch = zm["torch"][0] if zm.get("torch") else zstart
+        add("until the zygote runs (launcher, its checks; new: the interpreter; slices --all: the slice before's "
+            "tables)", (zstart - before) / 1e9)
+        add("zygote: import torch (and the interception)", (ztorch - zstart) / 1e9)
+        add("zygote: warm-up (lazy imports, a step, gc)", (zm["fork"][0] - ztorch) / 1e9)
+        add("zygote: forks", (zm["fork"][-1] - zm["fork"][0]) / 1e9)
+        pts = [rank_points(procs[c]["marks"]) for c in ranks]
+        last = {k: max(p[k] for p in pts if k in p) for k in set().union(*pts) if all(k in p for p in pts)}
+        add("until the last rank runs (fork to child)", (last.get("forked", zm["fork"][-1]) - zm["fork"][-1]) / 1e9)
+        for name, a, b in RANK_PHASES:
+            if a in last and b in last:
+                add(name, (last[b] - last[a]) / 1e9)
+        end_ranks = last.get("rank_end")
         ends = [procs[c]["marks"]["exit"][-1] for c in others if procs[c]["marks"].get("exit")]
-        if ends and end_ranks:
-            out.append(("replay process's end after the ranks'", (max(ends) - end_ranks) / 1e9))
-    zexit = zm["exit"][-1] if zm.get("exit") else zm["zygote_main_end"][-1] if zm.get("zygote_main_end") else None
-    if zexit and end_ranks:
-        out.append(("zygote: reap, drain, exit", (zexit - end_ranks) / 1e9))
+        if ends and end_ranks:  # slice / emulate: the replay process ends after the ranks
+            add("replay process's end after the ranks'", (max(ends) - end_ranks) / 1e9)
+        zexit = zm["exit"][-1] if zm.get("exit") else zm["zygote_main_end"][-1] if zm.get("zygote_main_end") else None
+        if zexit and end_ranks:
+            add("zygote: reap, drain, exit", (zexit - end_ranks) / 1e9)
+        before = zexit or end_ranks or before
+    out += list(phases.items())
     lexit = lm["exit"][-1] if lm.get("exit") else None
-    if lexit and zexit:
-        out.append(("launcher's end (publish; slice run: its tables)", (lexit - zexit) / 1e9))
+    if lexit:
+        out.append(("launcher's end (publish; slice run: its tables)", (lexit - before) / 1e9))
     rexit = r["marks"]["exit"][-1] if r["marks"].get("exit") else lexit
     if root != launcher and rexit and lexit:
         out.append(("the step's end after its launcher", (rexit - lexit) / 1e9))
     if rexit:
         out.append(("interpreter exit", (t_end - rexit) / 1e9))
     return out
+
+
+def _zygote_start(zm: dict) -> int:
+    """A new zygote: its interpreter's start; one forked from the template: its main's."""
+    return zm["site"][0] if zm.get("site") else zm["zygote_main"][0]
 
 
 def kind_of(cmd: list[str]) -> str:
@@ -151,19 +161,29 @@ def kind_of(cmd: list[str]) -> str:
 
 
 class Recorder:
-    """Replaces `fidelity._run`: each step runs with the probe on, timed; its marks kept."""
+    """Replaces the bench's `_run` (and `_run_parallel`, where it has one): each step runs with the probe on, timed;
+    its marks kept."""
 
-    def __init__(self, logs: Path) -> None:
-        self.logs, self.steps, self.n = logs, [], 0
-        self.original = fidelity._run
+    def __init__(self, fidelity, logs: Path) -> None:
+        self.fidelity, self.logs, self.steps, self.n = fidelity, logs, [], 0
+        fidelity._run = self
+        if hasattr(fidelity, "_run_parallel"):
+            original = fidelity._run_parallel
+
+            def parallel(cmds, log, timeout, jobs):
+                t0 = time.monotonic_ns()
+                try:
+                    original(cmds, log, timeout, jobs)
+                finally:
+                    self.steps.append({"kind": f"{kind_of(cmds[0])} (in parallel)", "cmd": [c[2:] for c in cmds],
+                                       "wall_s": (time.monotonic_ns() - t0) / 1e9, "phases": []})
+
+            fidelity._run_parallel = parallel
 
     def __call__(self, cmd: list[str], log: Path, timeout: float) -> None:
         self.n += 1
         marks = self.logs / f"step{self.n:03d}.marks"
         os.environ["PRISM_COST_PROBE"] = str(marks)
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROBE_DIR)]
-                                                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p and p not in (str(ROOT), str(PROBE_DIR))])
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         t0 = time.monotonic_ns()
@@ -177,11 +197,11 @@ class Recorder:
         phases = launch_phases(read_marks(marks), proc.pid, t0, t1)
         self.steps.append({"kind": kind_of(cmd), "cmd": cmd[2:], "wall_s": (t1 - t0) / 1e9, "phases": phases})
         if code != 0:
-            raise fidelity.StepError(f"{' '.join(cmd[2:5])} ... exited {code} (log {log})")
+            raise self.fidelity.StepError(f"{' '.join(cmd[2:5])} ... exited {code} (log {log})")
 
 
 def median_phases(steps: list[dict]) -> list[tuple[str, float]]:
-    names = [n for n, _ in steps[0]["phases"]]
+    names = list(dict.fromkeys(n for s in steps for n, _ in s["phases"]))
     vals = defaultdict(list)
     for s in steps:
         for n, v in s["phases"]:
@@ -189,32 +209,87 @@ def median_phases(steps: list[dict]) -> list[tuple[str, float]]:
     return [(n, statistics.median(vals[n])) for n in names]
 
 
-VARIANTS = ("new", "template")  # new: every zygote a new interpreter (the bench's --new-zygotes); template: forked
+# base: the bench of the tree --base (the code before the cuts); new: this tree's bench, every zygote a new
+# interpreter (its --new-zygotes); template: this tree's bench as it runs (zygotes forked from a warm template)
+VARIANTS = ("base", "new", "template")
 
 
-def run_variant(variant: str, cfg: Config, a, model: list[str], work: Path, rec: Recorder) -> dict:
-    """One run of the config (`fidelity.run_config`) with the variant's zygotes; its wall, stages and steps."""
-    from prism.runtime.launch import launcher, zygote_template
-    from prism import settings
+def child(a) -> int:
+    """One run of the config (`run_config` of the variant's tree) in this process; its record to --json."""
+    tree = Path(a.tree).resolve()
+    sys.path.insert(0, str(tree))
+    from prism.bench import fidelity
+    from prism.bench.fidelity_table import Config
 
-    first = len(rec.steps)
+    assert Path(fidelity.__file__).resolve().is_relative_to(tree), (fidelity.__file__, tree)
+    work = Path(a.work)
+    cfg = Config("probe", a.world, tuple(a.layout.split()), a.devices or max(a.world // 2, 1))
+    rec = Recorder(fidelity, work / "marks")
+    rec.logs.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     template = None
-    if variant == "template":
-        template = zygote_template.Template.start(dict(launcher.template_environment(),
-                                                       PRISM_COST_PROBE_TEMPLATE="1"))
+    if a.child == "template":
+        from prism import settings
+        from prism.runtime.launch import launcher, zygote_template
+
+        template = zygote_template.Template.start(dict(launcher.template_environment(), PRISM_COST_PROBE_TEMPLATE="1"))
         os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
     started = time.perf_counter() - t
     try:
-        res = fidelity.run_config(cfg, cfg.devices, a.repeats, 1, a.steps, model, work, 600, not a.no_emulate)
+        res = fidelity.run_config(cfg, cfg.devices, a.repeats, 1, a.steps,
+                                  fidelity.SMALL_MODEL if a.small else fidelity.MODEL, work / "runs", 600,
+                                  not a.no_emulate)
     finally:
         if template is not None:
-            os.environ.pop(settings.ZYGOTE_TEMPLATE.name, None)
             template.stop()
     if res.error:
-        raise SystemExit(f"{variant}: {res.error}")
-    return {"variant": variant, "wall_s": time.perf_counter() - t, "template_start_s": started,
-            "stage_s": res.stage_s, "truth_ms": res.truth_ms, "pred_ms": res.pred_ms, "steps": rec.steps[first:]}
+        print(f"{a.child}: {res.error}", file=sys.stderr)
+        return 1
+    Path(a.json).write_text(json.dumps({
+        "variant": a.child, "wall_s": time.perf_counter() - t - started, "template_start_s": started,
+        "stage_s": res.stage_s, "truth_ms": res.truth_ms, "pred_ms": res.pred_ms, "steps": rec.steps}))
+    return 0
+
+
+def cells(values: list[float], fmt: str = "{:.2f}") -> str:
+    """The values, then each later one's ratio to the first."""
+    out = [fmt.format(x) for x in values]
+    out += [f"{x / values[0]:.2f}" if values[0] else "-" for x in values[1:]]
+    return " | ".join(out)
+
+
+def report(runs: list[dict], variants: list[str], a, command: str) -> None:
+    by = {v: [r for r in runs if r["variant"] == v] for v in variants}
+    print(f"# {command}\n# W={a.world} {a.layout}, {a.repeats} truth runs; {a.rounds} round(s), each running "
+          f"{', '.join(variants)} in turn; the medians over rounds (ratios: against {variants[0]})\n")
+    head = " | ".join(variants) + "".join(f" | {v}/{variants[0]}" for v in variants[1:])
+    rule = "|".join(["---"] * (len(variants) * 2))
+    print(f"| wall s | {head} |\n|{rule}|")
+    print(f"| the config (`run_config`) | {cells([statistics.median(r['wall_s'] for r in by[v]) for v in variants])} |")
+    if "template" in variants:
+        starts = [statistics.median(r["template_start_s"] for r in by[v]) for v in variants]
+        print(f"| the template's start (once a bench, not in the config's) | {cells(starts)} |")
+    kinds = list(dict.fromkeys(s["kind"] for r in runs for s in r["steps"]))
+    for kind in kinds:
+        per, counts = [], []
+        for v in variants:
+            per.append(statistics.median(sum(s["wall_s"] for s in r["steps"] if s["kind"] == kind) for r in by[v]))
+            counts.append(sum(s["kind"] == kind for s in by[v][0]["steps"]))
+        n = "/".join(str(c) for c in counts)
+        print(f"| {kind} (x{n}, summed) | {cells(per)} |")
+    for kind in ("truth", "capture", "slice", "emulate", "graph"):
+        steps = {v: [s for r in by[v] for s in r["steps"] if s["kind"] == kind and s["phases"]] for v in variants}
+        if not all(steps.values()):
+            continue
+        print(f"\n{kind}: its phases, s (the median over a variant's {kind} steps)\n")
+        print(f"| phase | {head} |\n|{rule}|")
+        med = {v: dict(median_phases(steps[v])) for v in variants}
+        for name in dict.fromkeys(n for v in variants for n in med[v]):
+            print(f"| {name} | {cells([med[v].get(name, 0.0) for v in variants], '{:.3f}')} |")
+    print("\nwhat the runs measured (ms): each truth run's iteration time; the prediction")
+    for r in runs:
+        print(f"  {r['variant']}: truth {', '.join(f'{x:.1f}' for x in r['truth_ms'])}; prism "
+              f"{', '.join(f'{x:.1f}' for x in r['pred_ms'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,64 +301,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs every variant once, in turn")
-    ap.add_argument("--variants", default="new", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="new,template", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--base", type=Path, help="variant base: a source tree of the code before (e.g. git archive "
+                                              "COMMIT | tar -x -C DIR)")
     ap.add_argument("--no-emulate", action="store_true")
     ap.add_argument("--work", type=Path)
-    ap.add_argument("--json", type=Path, help="write every step's wall and phases here")
+    ap.add_argument("--json", type=Path, help="write every run's steps and phases here")
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.child:
+        return child(a)
     variants = a.variants.split(",")
+    if "base" in variants and a.base is None:
+        ap.error("variant base needs --base DIR")
     work = a.work or Path(tempfile.mkdtemp(prefix="prism-fixed-cost-"))
-    cfg = Config("probe", a.world, tuple(a.layout.split()), a.devices or max(a.world // 2, 1))
-    model = fidelity.SMALL_MODEL if a.small else fidelity.MODEL
-    rec = Recorder(work / "marks")
-    rec.logs.mkdir(parents=True, exist_ok=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROBE_DIR)])  # (the template's and the steps')
-    fidelity._run = rec
     runs = []
-    try:
-        for i in range(a.rounds):
-            for v in variants:
-                runs.append(run_variant(v, cfg, a, model, work / f"round{i}-{v}", rec))
-    finally:
-        fidelity._run = rec.original
-    print(f"# {' '.join(sys.argv)}\n# W={a.world} {a.layout}, {a.repeats} truth runs, {a.rounds} round(s) of "
-          f"{', '.join(variants)}; medians over rounds\n")
-    by = {v: [r for r in runs if r["variant"] == v] for v in variants}
-    head = " | ".join(variants) + (" | " + " | ".join(f"{v}/{variants[0]}" for v in variants[1:]) if len(variants) > 1
-                                   else "")
-    rule = "|".join(["---"] * (len(variants) * 2 + 1))
-    print(f"| step: n, wall s | {head} |\n|{rule}|")
-
-    def cells(values: list[float], fmt: str = "{:.2f}") -> str:
-        out = [fmt.format(x) for x in values]
-        out += [f"{x / values[0]:.2f}" if values[0] else "-" for x in values[1:]]
-        return " | ".join(out)
-
-    print(f"| config (run_config) | {cells([statistics.median(r['wall_s'] for r in by[v]) for v in variants])} |")
-    if "template" in variants:
-        print(f"| (the template's start, once a bench) | "
-              f"{cells([statistics.median(r['template_start_s'] for r in by[v]) for v in variants])} |")
-    kinds = list(dict.fromkeys(s["kind"] for r in runs for s in r["steps"]))
-    for kind in kinds:
-        per = []
+    for i in range(a.rounds):
         for v in variants:
-            walls = [sum(s["wall_s"] for s in r["steps"] if s["kind"] == kind) for r in by[v]]
-            per.append(statistics.median(walls))
-        n = sum(s["kind"] == kind for s in by[variants[0]][0]["steps"])
-        print(f"| {kind} x{n} (sum) | {cells(per)} |")
-    for kind in ("truth", "capture", "slice", "emulate", "graph"):
-        steps = {v: [s for r in by[v] for s in r["steps"] if s["kind"] == kind] for v in variants}
-        if not all(steps.values()):
-            continue
-        print(f"\n{kind}: phases, s (median over {len(steps[variants[0]])} launches a variant)\n")
-        print(f"| phase | {head} |\n|{rule}|")
-        med = {v: dict(median_phases(steps[v])) for v in variants}
-        for name in dict.fromkeys(n for v in variants for n in med[v]):
-            print(f"| {name} | {cells([med[v].get(name, 0.0) for v in variants], '{:.3f}')} |")
-    print("\ntruth ms (each run's median iteration gap), prediction ms:")
-    for r in runs:
-        print(f"  {r['variant']}: truth {', '.join(f'{x:.1f}' for x in r['truth_ms'])}; prism "
-              f"{', '.join(f'{x:.1f}' for x in r['pred_ms'])}")
+            tree = a.base if v == "base" else ROOT
+            out = work / f"round{i}-{v}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            cmd = [sys.executable, __file__, "--child", v, "--tree", str(tree), "--work", str(out), "--json",
+                   str(out / "run.json"), "--world", str(a.world), "--layout", a.layout, "--repeats", str(a.repeats),
+                   "--steps", str(a.steps)] + (["--devices", str(a.devices)] if a.devices else []) + \
+                  (["--small"] if a.small else []) + (["--no-emulate"] if a.no_emulate else [])
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(tree).resolve()), str(PROBE_DIR)]))
+            done = subprocess.run(cmd, env=env, cwd=tree)
+            if done.returncode != 0:
+                return done.returncode
+            runs.append(json.loads((out / "run.json").read_text()))
+            print(f"[round {i} {v}: {runs[-1]['wall_s']:.1f} s]", file=sys.stderr, flush=True)
+    report(runs, variants, a, " ".join(["python", "scripts/fidelity_fixed_cost.py", *(argv or sys.argv[1:])]))
     if a.json:
         a.json.write_text(json.dumps(runs, indent=1))
     return 0
