@@ -3,6 +3,7 @@ into phases by a probe (`scripts/fixed_cost_probe/sitecustomize.py`, on PYTHONPA
 
     python scripts/fidelity_fixed_cost.py --world 2 --layout "--dp 2" [--small] [--repeats 2] [--steps 8]
         [--devices P] [--rounds 1] [--variants base,new,template --base DIR] [--work DIR] [--json OUT.json]
+    python scripts/fidelity_fixed_cost.py --truth-graphs RUN [--copies 5] [--rounds 3]
 
 Each round runs the config once per variant, in turn, each in its own process: `run_config` of the bench (its own
 commands, in its order) of the variant's tree: `base`, the tree --base (the code before the cuts, e.g. `git archive
@@ -14,6 +15,8 @@ torch and its warm-up, the forks, each rank's set-up, program import, init_proce
 measured steps (1..n-1), the steps' tail, destroy_process_group, the trace's writing, the zygote's and the
 launcher's ends. A rank-level phase is the job's: from the last rank to reach its start to the last rank to reach
 its end (the job waits for its slowest rank). Then what each run measured (truth iteration times, prediction).
+`--truth-graphs RUN`: `prism graph` of --copies copies of one truth run (its raw/), one after the other (as the base
+bench built each after its run) against all at once on this process's cores (as the bench builds them now).
 """
 
 from __future__ import annotations
@@ -292,10 +295,43 @@ def report(runs: list[dict], variants: list[str], a, command: str) -> None:
               f"{', '.join(f'{x:.1f}' for x in r['pred_ms'])}")
 
 
+def truth_graphs(run: Path, copies: int, rounds: int, work: Path, command: str) -> int:
+    """`prism graph` of `copies` copies of one truth run: one after the other (the base bench: each after its run)
+    against all at once on this process's cores (`fidelity.build_truth_graphs`), alternated, `rounds` times."""
+    sys.path.insert(0, str(ROOT))
+    from prism.bench import fidelity
+
+    runs = []
+    for i in range(copies):
+        runs.append(work / f"truth{i}")
+        shutil.rmtree(runs[-1], ignore_errors=True)
+        shutil.copytree(run / "raw", runs[-1] / "raw")
+    walls = defaultdict(list)
+    log = work / "log.txt"
+    for i in range(rounds):
+        for way in (("one after the other", "all at once") if i % 2 == 0 else ("all at once", "one after the other")):
+            for r in runs:
+                shutil.rmtree(r / "graph", ignore_errors=True)
+            t = time.perf_counter()
+            if way == "all at once":
+                fidelity._run_parallel([fidelity._prism("graph", "--job", str(r)) for r in runs], log, 600,
+                                       jobs=min(len(runs), fidelity.usable_cores()))
+            else:
+                for r in runs:
+                    fidelity._run(fidelity._prism("graph", "--job", str(r)), log, 600)
+            walls[way].append(time.perf_counter() - t)
+    seq, par = statistics.median(walls["one after the other"]), statistics.median(walls["all at once"])
+    print(f"# {command}\n# {copies} copies of {run}, {fidelity.usable_cores()} cores, {rounds} rounds alternated\n")
+    print("| prism graph of 5 truth runs | wall s (median; each round's) | ratio |\n|---|---|---|")
+    for way, med in (("one after the other", seq), ("all at once", par)):
+        print(f"| {way} | {med:.2f} ({', '.join(f'{x:.2f}' for x in walls[way])}) | {med / seq:.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--layout", required=True, help='the config\'s layout arguments, e.g. "--tp 2 --dp 2"')
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--layout", help='the config\'s layout arguments, e.g. "--tp 2 --dp 2"')
     ap.add_argument("--devices", type=int, help="P (default W/2)")
     ap.add_argument("--small", action="store_true", help="the bench's SMALL_MODEL (default: its MODEL)")
     ap.add_argument("--repeats", type=int, default=2)
@@ -307,11 +343,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-emulate", action="store_true")
     ap.add_argument("--work", type=Path)
     ap.add_argument("--json", type=Path, help="write every run's steps and phases here")
+    ap.add_argument("--truth-graphs", type=Path, metavar="RUN",
+                    help="instead: time `prism graph` of --copies copies of the truth run RUN (its raw/), one after "
+                         "the other against all at once")
+    ap.add_argument("--copies", type=int, default=5)
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return child(a)
+    command = " ".join(["python", "scripts/fidelity_fixed_cost.py", *(argv or sys.argv[1:])])
+    if a.truth_graphs:
+        work = a.work or Path(tempfile.mkdtemp(prefix="prism-truth-graphs-"))
+        return truth_graphs(a.truth_graphs, a.copies, a.rounds, work, command)
+    if a.world is None or a.layout is None:
+        ap.error("--world and --layout are needed (or --truth-graphs RUN)")
     variants = a.variants.split(",")
     if "base" in variants and a.base is None:
         ap.error("variant base needs --base DIR")
@@ -333,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 return done.returncode
             runs.append(json.loads((out / "run.json").read_text()))
             print(f"[round {i} {v}: {runs[-1]['wall_s']:.1f} s]", file=sys.stderr, flush=True)
-    report(runs, variants, a, " ".join(["python", "scripts/fidelity_fixed_cost.py", *(argv or sys.argv[1:])]))
+    report(runs, variants, a, command)
     if a.json:
         a.json.write_text(json.dumps(runs, indent=1))
     return 0

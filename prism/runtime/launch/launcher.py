@@ -89,7 +89,6 @@ class _SignalForwarder:
     def __init__(self) -> None:
         self.received: int | None = None
         self.proc: subprocess.Popen | zygote_template.TemplateZygote | None = None
-        self.zygote = "new"  # or "template": forked from the warm zygote template (`zygote_template`)
         self.previous = {}
         try:
             for sig in self.SIGNALS:
@@ -177,9 +176,10 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
         spec_file = status_dir / "spec.json"
         zspec.write(spec_file)
         started = time.time()
+        zygote = None
         if signals.received is None:
-            code = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None, spec.pin,
-                                     template=hosts_run is None)
+            code, zygote = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None,
+                                             spec.pin, template=hosts_run is None)
         if signals.received is not None:
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
@@ -195,7 +195,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
             _publish(staging, spec, run_id, started, stats, {**(hosts_run.meta() if hosts_run else {}),
-                                                             "pinned_cores": list(cores), "zygote": signals.zygote})
+                                                             "pinned_cores": list(cores), "zygote": zygote})
             if payload_staging is not None:
                 _replace_dir(payload_staging, job_paths.payloads_dir(spec.out), run_id)
             if log_staging is not None:
@@ -329,12 +329,12 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
 
 def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder,
                       watched: Path | None = None, pin: bool = False, template: bool = False) -> int:
-    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`. `watched`: the
-    status folder of a run whose progress is watched (`stall`): stalled, it is named, then stopped (exit 86).
-    `template`: fork it from the warm template PRISM_ZYGOTE_TEMPLATE names where that fits (`zygote_template`),
-    else a new interpreter."""
+    """Start the zygote and wait for it; returns its exit code and which zygote ran ("new", "template"). A signal
+    to the launcher reaches it through `signals`. `watched`: the status folder of a run whose progress is watched
+    (`stall`): stalled, it is named, then stopped (exit 86). `template`: fork it from the warm template
+    PRISM_ZYGOTE_TEMPLATE names where that fits (`zygote_template`), else a new interpreter."""
     proc = zygote_template.start_zygote(spec_file, env, pin) if template else None
-    signals.zygote = "template" if proc is not None else "new"
+    kind = "template" if proc is not None else "new"
     if proc is None:
         proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
     signals.proc = proc
@@ -352,7 +352,7 @@ def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForw
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return 128 - code if code < 0 else code  # the zygote died of a signal: report it as a shell would
+    return (128 - code if code < 0 else code), kind  # the zygote died of a signal: as a shell reports it
 
 
 def _replace_dir(staging: Path, final: Path, run_id: str) -> None:
