@@ -4,6 +4,7 @@ into phases by a probe (`scripts/fixed_cost_probe/sitecustomize.py`, on PYTHONPA
     python scripts/fidelity_fixed_cost.py --world 2 --layout "--dp 2" [--small] [--repeats 2] [--steps 8]
         [--devices P] [--rounds 1] [--variants base,new,template --base DIR] [--work DIR] [--json OUT.json]
     python scripts/fidelity_fixed_cost.py --truth-graphs RUN [--copies 5] [--rounds 3]
+    python scripts/fidelity_fixed_cost.py --host-stages F [F ...]
 
 Each round runs the config once per variant, in turn, each in its own process: `run_config` of the bench (its own
 commands, in its order) of the variant's tree: `base`, the tree --base (the code before the cuts, e.g. `git archive
@@ -17,6 +18,7 @@ launcher's ends. A rank-level phase is the job's: from the last rank to reach it
 its end (the job waits for its slowest rank). Then what each run measured (truth iteration times, prediction).
 `--truth-graphs RUN`: `prism graph` of --copies copies of one truth run (its raw/), one after the other (as the base
 bench built each after its run) against all at once on this process's cores (as the bench builds them now).
+`--host-stages F`: from a bench call's saved runs (its artifacts unpacked), where each config's wall went.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def rank_points(marks: dict) -> dict[str, int]:
 
 def launch_phases(procs: dict[int, dict], root: int, t_start: int, t_end: int) -> list[tuple[str, float]]:
     """The phases (name, s) of one bench step: its process `root` (started at t_start, returned at t_end), and the
-    launch inside it (the zygote: the process that forked ranks running a program)."""
+    launches inside it (a zygote: a process that forked ranks running a program; several: each phase their mean)."""
     out = []
     r = procs.get(root)
     if r is None:
@@ -105,10 +107,10 @@ def launch_phases(procs: dict[int, dict], root: int, t_start: int, t_end: int) -
     if launcher not in procs:             # is the step's process or, for emulate, that process's child)
         launcher = next((pid for pid, p in procs.items() if p["ppid"] == root), root)
     lm = procs[launcher]["marks"]
-    phases: dict[str, float] = {}  # summed over the step's launches (slices --all: one a slice)
+    phases: dict[str, float] = {}  # the mean over the step's launches (slices --all: one a slice)
 
     def add(name: str, seconds: float) -> None:
-        phases[name] = phases.get(name, 0.0) + seconds
+        phases[name] = phases.get(name, 0.0) + seconds / len(zygotes)
 
     before = site
     for z in zygotes:
@@ -137,6 +139,8 @@ def launch_phases(procs: dict[int, dict], root: int, t_start: int, t_end: int) -
             add("zygote: reap, drain, exit", (zexit - end_ranks) / 1e9)
         before = zexit or end_ranks or before
     out += list(phases.items())
+    if len(zygotes) > 1:
+        out.append(("(launches in the step: the phases above are their mean)", float(len(zygotes))))
     lexit = lm["exit"][-1] if lm.get("exit") else None
     if lexit:
         out.append(("launcher's end (publish; slice run: its tables)", (lexit - before) / 1e9))
@@ -284,7 +288,8 @@ def report(runs: list[dict], variants: list[str], a, command: str) -> None:
         steps = {v: [s for r in by[v] for s in r["steps"] if s["kind"] == kind and s["phases"]] for v in variants}
         if not all(steps.values()):
             continue
-        print(f"\n{kind}: its phases, s (the median over a variant's {kind} steps)\n")
+        print(f"\n{kind}: its phases, s (a launch's: the median over a variant's {kind} steps; a step of several "
+              "launches, slices --all, gives their mean; the launcher's own start and end are the step's)\n")
         print(f"| phase | {head} |\n|{rule}|")
         med = {v: dict(median_phases(steps[v])) for v in variants}
         for name in dict.fromkeys(n for v in variants for n in med[v]):
@@ -306,13 +311,13 @@ def truth_graphs(run: Path, copies: int, rounds: int, work: Path, command: str) 
         runs.append(work / f"truth{i}")
         shutil.rmtree(runs[-1], ignore_errors=True)
         shutil.copytree(run / "raw", runs[-1] / "raw")
-    walls = defaultdict(list)
+    walls, cpus = defaultdict(list), defaultdict(list)
     log = work / "log.txt"
     for i in range(rounds):
         for way in (("one after the other", "all at once") if i % 2 == 0 else ("all at once", "one after the other")):
             for r in runs:
                 shutil.rmtree(r / "graph", ignore_errors=True)
-            t = time.perf_counter()
+            t, used = time.perf_counter(), _children_cpu_s()
             if way == "all at once":
                 fidelity._run_parallel([fidelity._prism("graph", "--job", str(r)) for r in runs], log, 600,
                                        jobs=min(len(runs), fidelity.usable_cores()))
@@ -320,11 +325,60 @@ def truth_graphs(run: Path, copies: int, rounds: int, work: Path, command: str) 
                 for r in runs:
                     fidelity._run(fidelity._prism("graph", "--job", str(r)), log, 600)
             walls[way].append(time.perf_counter() - t)
+            cpus[way].append((_children_cpu_s() - used) / len(runs))
     seq, par = statistics.median(walls["one after the other"]), statistics.median(walls["all at once"])
     print(f"# {command}\n# {copies} copies of {run}, {fidelity.usable_cores()} cores, {rounds} rounds alternated\n")
-    print("| prism graph of 5 truth runs | wall s (median; each round's) | ratio |\n|---|---|---|")
+    print(f"| prism graph of {copies} truth runs | wall s (median; each round's) | ratio | CPU s a graph (median) |\n"
+          "|---|---|---|---|")
     for way, med in (("one after the other", seq), ("all at once", par)):
-        print(f"| {way} | {med:.2f} ({', '.join(f'{x:.2f}' for x in walls[way])}) | {med / seq:.2f} |")
+        print(f"| {way} | {med:.2f} ({', '.join(f'{x:.2f}' for x in walls[way])}) | {med / seq:.2f} | "
+              f"{statistics.median(cpus[way]):.2f} |")
+    return 0
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def host_stages(folders: list[Path], command: str) -> int:
+    """Where a config's wall went in a bench call's saved runs (F: its artifacts unpacked, with each stream's
+    fidelity.json): the stages (`stage_s`), truth0's launch (meta.json `wall_s`) against its events' span and its
+    measured steps, the capture's launch and its zygote's warm-up (`capture.phases_s`, of it the immortalising),
+    the emulation's launch."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    print(f"# {command}\n")
+    print("| config | W | truth stage s, mean (min-max) | truth0's launch | its events' span | its steps 1..n-1 | "
+          "capture stage | capture launch | its zygote's warm-up | of it immortalise | graph+plan | slices | "
+          "emulate stage | emulate launch | config (sum of stages) |\n|" + "---|" * 15)
+    for folder in folders:
+        stages = {r["config"]: r["stage_s"] for f in sorted(folder.glob("*/fidelity.json"))
+                  for r in json.loads(f.read_text())}
+        for truth0 in sorted(folder.glob("*/*/truth0")):
+            name, st = truth0.parent.name, stages[truth0.parent.name]
+            meta = json.loads((truth0 / "raw" / "meta.json").read_text())
+            ev = pq.read_table(truth0 / "graph" / "events.parquet", columns=["op", "t_start_ns", "t_end_ns",
+                                                                             "iteration"])
+            op, end, it = (np.array(ev[c].to_pylist()) for c in ("op", "t_end_ns", "iteration"))
+            ends = end[op == "iteration_end"]
+            its = it[op == "iteration_end"]
+            steps = (ends[its == its.max()].max() - ends[its == its.min()].max()) / 1e9
+            span = (end.max() - ev["t_start_ns"].to_numpy().min()) / 1e9
+            job = truth0.parent / "prism0"
+            cap = json.loads((job / "capture" / "raw" / "meta.json").read_text())
+            emu = job / "emulation" / "meta.json"
+            emu_wall = json.loads(emu.read_text())["wall_s"] if emu.is_file() else float("nan")
+            truths = [v for k, v in st.items() if k.startswith("truth") and k[5:].isdigit()]
+            print(f"| {name} | {meta['world_size']} | {statistics.mean(truths):.1f} ({min(truths):.1f}-{max(truths):.1f})"
+                  f" | {meta['wall_s']:.1f} | {span:.1f} | {steps:.1f} | {st['prism0-capture']:.1f} | "
+                  f"{cap['wall_s']:.1f} | {cap['capture']['phases_s']['warm']:.1f} | "
+                  f"{cap['capture'].get('immortal', {}).get('seconds', 0):.2f} | {st['prism0-graph+plan']:.1f} | "
+                  f"{st['prism0-slices']:.1f} | {st.get('prism0-emulate', float('nan')):.1f} | {emu_wall:.1f} | "
+                  f"{sum(st.values()):.0f} |")
     return 0
 
 
@@ -347,12 +401,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: time `prism graph` of --copies copies of the truth run RUN (its raw/), one after "
                          "the other against all at once")
     ap.add_argument("--copies", type=int, default=5)
+    ap.add_argument("--host-stages", type=Path, nargs="+", metavar="F",
+                    help="instead: where each config's wall went in a bench call's saved runs (F: its artifacts "
+                         "unpacked, beside each stream's fidelity.json)")
     ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         return child(a)
     command = " ".join(["python", "scripts/fidelity_fixed_cost.py", *(argv or sys.argv[1:])])
+    if a.host_stages:
+        return host_stages(a.host_stages, command)
     if a.truth_graphs:
         work = a.work or Path(tempfile.mkdtemp(prefix="prism-truth-graphs-"))
         return truth_graphs(a.truth_graphs, a.copies, a.rounds, work, command)
