@@ -113,6 +113,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "all-reduces (>= 3 members, CPU): `neighbours` (the slice ranks run the N-ring's steps, the server "
             "plays only their ring neighbours: `prism.runtime.slice.ring`) or `members` (one gloo instance a "
             "virtual member)"),
+    Setting("PRISM_ZYGOTE_TEMPLATE", "path", None, "knob",
+            "the socket of a warm zygote template (`prism.runtime.launch.zygote_template`, started by `prism bench "
+            "fidelity`): a launch forks its zygote from it instead of starting a new interpreter, where it fits"),
     # set by the launcher for its ranks
     Setting("PRISM_MODE", "text", None, "internal",
             "the launch mode of the ranks (`prism launch --mode`); unset: prism installs nothing"),
@@ -140,6 +143,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PRISM_REQUIRE_BROWSER", "text", None, "test", "1: the report's browser test fails instead of skipping"),
     Setting("PRISM_TEST_INDUCTOR", "text", None, "test",
             "set (non-empty): also run the torch.compile (inductor) capture test"),
+    Setting("PRISM_COST_PROBE", "path", None, "test",
+            "scripts/fidelity_fixed_cost.py: the file its timing probe (scripts/fixed_cost_probe) appends marks to"),
+    Setting("PRISM_COST_PROBE_TEMPLATE", "text", None, "test",
+            "scripts/fidelity_fixed_cost.py: set in a zygote template's environment, so that its timing probe "
+            "hooks the template's forks"),
 )}
 
 
@@ -166,6 +174,7 @@ RDZV_TIMEOUT = _setting("PRISM_RDZV_TIMEOUT")
 HOST_HANG_S = _setting("PRISM_HOST_HANG_S")
 SLICE_PRELOAD_MB = _setting("PRISM_SLICE_PRELOAD_MB")
 SLICE_RING = _setting("PRISM_SLICE_RING")
+ZYGOTE_TEMPLATE = _setting("PRISM_ZYGOTE_TEMPLATE")
 MODE = _setting("PRISM_MODE")
 OUT = _setting("PRISM_OUT")
 STATUS_DIR = _setting("PRISM_STATUS_DIR")

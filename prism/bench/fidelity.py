@@ -13,8 +13,8 @@ Per config (a `moe_gpt` layout at W ranks), runs interleaved: truth, prism, trut
   the job's iteration k ending when its last rank's ``iteration_end`` marker ends (`prism/iterations.py`,
   the definition `prism calibrate` and the summary use);
 - prism: ``prism launch --mode capture --devices P``, ``prism graph``, ``prism.slices.plan --devices P``;
-  every slice ``prism.slices.run`` (untimed: replayed ranks answer at once), durations and transfers from
-  them (`prism.calibrate.from_slices`), ``prism.calibrate`` -> ``JOB/calibrated``: one pass, what the
+  every measured slice, one after the other, by ``prism.slices.run --all`` (untimed: replayed ranks answer at
+  once), durations and transfers from them (`prism.calibrate.from_slices`), ``prism.calibrate`` -> ``JOB/calibrated``: one pass, what the
   pipeline does. With ``--passes 2`` calibration is iterated once: that first pass goes to
   ``JOB/calibrated_untimed`` and every slice runs again timed by it (``--timed-by``: replayed ranks answer
   at their calibrated times) into ``JOB/slices_timed`` -> ``JOB/calibrated`` (the final prediction; the
@@ -39,6 +39,12 @@ count and min-max. Then the mean and max |error| over the matrix. `--out DIR` al
 
 Everything runs as subprocesses of this Python (``python -m prism.cli``), so it works from a source tree
 with ``PYTHONPATH=.``. A config that fails prints its row as FAILED with the reason and the matrix goes on.
+
+What is not measured is kept short (docs/benchmarks.md, "the fidelity bench's fixed cost per config"): every
+launch forks its zygote from one warm template that the bench starts (`prism.runtime.launch.zygote_template`;
+``--new-zygotes``: a new interpreter a launch, as before), and the truth runs' graphs (``prism graph``, one a
+run: every truth's is kept) are built after the config's last run, in parallel on this process's cores, then
+the prism runs are scored. Nothing runs beside a measured run, on its cores or others.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ from prism.bench.fidelity_table import MODEL, SMALL_MODEL  # noqa: F401  (the be
 from prism.bench.fidelity_table import row
 from prism.bench import core_load, fidelity_sandbox
 from prism import job as job_files
+from prism import settings
+from prism.runtime.launch import launcher, zygote_template
 from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
 
@@ -131,11 +139,68 @@ def _py(module: str, *args: str) -> list[str]:
 WORKLOAD = ["-m", "prism.workloads.moe_gpt"]
 
 
-def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float, graph: bool) -> None:
+def _run_parallel(cmds: list[list[str]], log: Path, timeout: float, jobs: int) -> None:
+    """Run independent steps, at most `jobs` at once; their outputs go to `log` one after the other, in order;
+    StepError (the first failed step's) once all have ended."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    outs = [log.with_name(f".{log.name}.{i}") for i in range(len(cmds))]
+    running: list[tuple[int, subprocess.Popen]] = []
+    codes: dict[int, int | str] = {}
+    started = time.monotonic()
+    try:
+        for i, cmd in enumerate(cmds):
+            while len(running) >= max(jobs, 1):
+                running = _reap(running, codes, started, timeout)
+            with open(outs[i], "wb") as f:
+                running.append((i, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)))
+        while running:
+            running = _reap(running, codes, started, timeout)
+    finally:
+        for _, proc in running:
+            proc.kill()
+            proc.wait()
+        with open(log, "ab") as f:
+            for cmd, out in zip(cmds, outs):
+                f.write(("$ " + " ".join(cmd) + "\n").encode())
+                if out.is_file():
+                    f.write(out.read_bytes())
+                    out.unlink()
+    failed = [(cmds[i], code) for i, code in sorted(codes.items()) if code != 0]
+    if failed:
+        raise StepError(f"{' '.join(failed[0][0][2:5])} ... exited {failed[0][1]} (and {len(failed) - 1} more; "
+                        f"see {log})")
+
+
+def _reap(running: list, codes: dict, started: float, timeout: float) -> list:
+    """The steps of `running` still running, after a short wait; the ended ones' codes into `codes`."""
+    time.sleep(0.02)
+    still = []
+    for i, proc in running:
+        code = proc.poll()
+        if code is None and time.monotonic() - started > timeout:
+            proc.kill()
+            proc.wait()
+            code = "timeout"
+        if code is None:
+            still.append((i, proc))
+        else:
+            codes[i] = code
+    return still
+
+
+def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float) -> None:
     _run(_prism("launch", "--nproc", str(cfg.world), "--mode", "real", "--pin", "--out", str(out),
                 *WORKLOAD, *args), log, timeout)
-    if graph:
-        _run(_prism("graph", "--job", str(out)), log, timeout)
+
+
+def build_truth_graphs(runs: list[Path], log: Path, timeout: float) -> None:
+    """`prism graph` of each truth run, in parallel on this process's cores (once no run is measured), then each
+    run's raw streams removed but the first's (the score reads its iteration ends; a graph keeps the rest)."""
+    _run_parallel([_prism("graph", "--job", str(run)) for run in runs], log, timeout,
+                  jobs=min(len(runs), usable_cores()))
+    for run in runs[1:]:
+        shutil.rmtree(job_files.raw_dir(run), ignore_errors=True)
 
 
 UNTIMED = job_files.UNTIMED_CALIBRATION  # the first pass's calibration (untimed slices), which times the second pass
@@ -172,9 +237,9 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
         load_cores = mine[p:cfg.world] if slice_load != "none" else []
         mirror = [mine[i % p] for i in range(len(load_cores))] if slice_load == "mirror" else None
         with core_load.CoreLoad(load_cores, mirror=mirror) if load_cores else contextlib.nullcontext():
-            for k in slices:
-                _run(_py("prism.slices.run", "--job", str(job), "--slice", str(k),
-                         *(("--timed-by", str(timed)) if timed else ())), log, timeout)
+            if slices:  # every measured slice of the plan, one after the other, from one process
+                _run(_py("prism.slices.run", "--job", str(job), "--all",
+                         *(("--timed-by", str(timed)) if timed else ())), log, timeout * len(slices))
         folder = TIMED if timed else job_files.SLICES
         out = job_files.CALIBRATED if timed or passes == 1 else UNTIMED
         _run(_py("prism.calibrate.from_slices", "--job", str(job), "--slices", folder), log, timeout)
@@ -251,27 +316,35 @@ def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, m
     log = base / "log.txt"
     truth0 = base / "truth0"
     try:
+        labels: dict[int, str] = {}  # prism run -> its variant
+        truths = 0
         for what, i, label in prism_schedule(repeats, prism_runs, variant, alternate):
             if what == "truth":
                 t = time.perf_counter()
-                run_truth(cfg, args, base / f"truth{i}", log, timeout, graph=True)
+                run_truth(cfg, args, base / f"truth{i}", log, timeout)
+                truths += 1
                 res.stage_s[f"truth{i}"] = round(time.perf_counter() - t, 1)
                 res.truth_ms.append(_median_gap_ms(*truth_ends(base / f"truth{i}")))
                 res.truth_rank_ms.append(fidelity_sandbox.rank_iteration_ms(
                     *truth_rank_ends(base / f"truth{i}"), cfg.world))
-                if i > 0:  # its graph stays (a second real run to compare with: fidelity_terms --against)
-                    shutil.rmtree(job_files.raw_dir(base / f"truth{i}"), ignore_errors=True)
             else:
                 job = base / f"prism{i}"
                 res.stage_s.update({f"prism{i}-{k}": round(v, 1)
                                     for k, v in run_prism(cfg, args, p, job, log, timeout, emulate, passes,
                                                           sandbox, *variant_options(label)).items()})
-                t = time.perf_counter()
-                score_prism_run(res, job, truth0 if i == 0 else None)
-                if variant != "none":
-                    res.variant.append(label)
-                res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
+                labels[i] = label
                 shutil.rmtree(job_files.payloads_dir(job_files.capture_dir(job)), ignore_errors=True)
+        # after the last measured run: every truth's graph (each a second real run to compare with:
+        # fidelity_terms --against), then the scores, which read truth0's
+        t = time.perf_counter()
+        build_truth_graphs([base / f"truth{i}" for i in range(truths)], log, timeout)
+        res.stage_s["truth-graphs"] = round(time.perf_counter() - t, 1)
+        for i in sorted(labels):
+            t = time.perf_counter()
+            score_prism_run(res, base / f"prism{i}", truth0 if i == 0 else None)
+            if variant != "none":
+                res.variant.append(labels[i])
+            res.stage_s[f"prism{i}-calibrate"] = round(time.perf_counter() - t, 1)
     except Exception as exc:  # noqa: BLE001 -- one config's failure is reported in its row
         res.error = f"{type(exc).__name__}: {exc}"
     return res
@@ -446,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alternate", action="store_true",
                         help="with --slice-load and/or --plan-keep: between every two truth runs one prism run of "
                              "the defaults and one with them")
+    parser.add_argument("--new-zygotes", action="store_true",
+                        help="every launch starts a new zygote interpreter (default: its zygote is forked from one "
+                             "warm template the bench starts, prism.runtime.launch.zygote_template)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per pipeline step")
     parser.add_argument("--out", type=Path, help="write fidelity.md and fidelity.json here (after every config)")
     parser.add_argument("--budget", type=float, help="seconds: start no config that the slowest so far would "
@@ -506,11 +582,15 @@ def main(argv: list[str] | None = None) -> int:
     intro = [f"prism bench fidelity: {started:%Y-%m-%d %H:%M} UTC, {cores} cores, torch {torch.__version__}, "
              f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{prism_runs} ({args.passes} pass(es), "
              f"sandbox: {args.sandbox}), "
-             f"{args.steps} steps; model {' '.join(model)}", ""] + table([])[:2]
+             f"{args.steps} steps; model {' '.join(model)}; zygotes: "
+             f"{'new ones' if args.new_zygotes else 'forked from a warm template'}", ""] + table([])[:2]
     print("\n".join(intro), flush=True)
     results = []
     t_all = time.perf_counter()
     skipped: list[str] = []
+    template = None if args.new_zygotes else zygote_template.Template.start(launcher.template_environment())
+    if template is not None:  # every launch below (truth, capture, slices, emulate) forks its zygote from it
+        os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
 
     def write(final: bool) -> None:
         tail = [""] + totals(results) + [f"wall: {time.perf_counter() - t_all:.0f} s"]
@@ -539,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
             write(False)
     finally:
         write(True)
+        if template is not None:
+            os.environ.pop(settings.ZYGOTE_TEMPLATE.name, None)
+            template.stop()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if results and all(not r.error for r in results) else 1

@@ -183,15 +183,19 @@ def totals(results: list[Result]) -> list[str]:
     return lines
 
 
-STAGES = ("truth", "capture", "graph+plan", "slices", "calibrate-untimed", "slices-timed", "emulate", "calibrate")
+STAGES = ("truth", "truth-graphs", "capture", "graph+plan", "slices", "calibrate-untimed", "slices-timed", "emulate",
+          "calibrate")
 
 
 def stage_ranges(results: list[Result]) -> str:
-    """Min-max over configs and runs of each stage's wall time (``stage_s``: ``truth<i>``, ``prism<i>-<stage>``)."""
+    """Min-max over configs and runs of each stage's wall time (``stage_s``: ``truth<i>``, ``prism<i>-<stage>``, and
+    ``truth-graphs``: every truth's graph, built after the config's runs; before it, ``truth<i>`` included its
+    run's graph)."""
     seen: dict[str, list[float]] = {}
     for r in results:
         for key, seconds in r.stage_s.items():
-            stage = "truth" if key.startswith("truth") else key.partition("-")[2]
+            stage = "truth" if key[5:].isdigit() and key.startswith("truth") else \
+                key.partition("-")[2] if key.startswith("prism") else key
             seen.setdefault(stage, []).append(float(seconds))
     parts = [f"{s} {min(seen[s]):.1f}-{max(seen[s]):.1f}" for s in STAGES if s in seen]
     return "stage wall times per run (s, min-max): " + (", ".join(parts) if parts else "not recorded")

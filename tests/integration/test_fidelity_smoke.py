@@ -43,6 +43,11 @@ def test_fidelity_smoke(tmp_path):
     assert emulated.get("error") is None and emulated["rank"] == 0 and emulated["sandbox_ranks"] == [0], emulated
     assert emulated["sandbox_ms"] > 0 and not result[0]["pred_untimed_ms"], result[0]  # one pass by default
     assert (tmp_path / "fidelity.md").is_file()
+    # every launch forked its zygote from the bench's warm template (a truth run, the capture, a slice run's own
+    # meta is gone with its staging; the emulation's is kept)
+    for meta in (tmp_path / "dp2" / "truth0" / "raw" / "meta.json", tmp_path / "dp2" / "prism0" / "capture" / "raw" /
+                 "meta.json", tmp_path / "dp2" / "prism0" / "emulation" / "meta.json"):
+        assert json.loads(meta.read_text()).get("zygote") == "template", meta
     # every truth run's graph is kept (its raw events are not): two real runs of one session to compare
     assert (tmp_path / "dp2" / "truth1" / "graph" / "events.parquet").is_file()
     assert not (tmp_path / "dp2" / "truth1" / "raw").exists()

@@ -136,7 +136,8 @@ def test_summarize_computes_the_table_from_the_json_alone(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     # truth median 100 (spread 90-110), prediction median of 3 runs 105: +5.0 %, inside; bare 150: +50.0 %
     one = _record("one", [100, 110, 90], [95, 105, 120], [150, 140, 160])
-    one["stage_s"] = {"truth0": 10.0, "prism0-capture": 6.5, "truth1": 12.0, "prism0-slices": 20.0}
+    one["stage_s"] = {"truth0": 10.0, "prism0-capture": 6.5, "truth1": 12.0, "prism0-slices": 20.0,
+                      "truth-graphs": 2.5}
     a.write_text(json.dumps([one]))
     # truth 200, prediction 180: -10.0 %, outside; bare 210: +5.0 %
     b.write_text(json.dumps([_record("two", [200, 205, 198], [180], [210])]))
@@ -145,7 +146,8 @@ def test_summarize_computes_the_table_from_the_json_alone(tmp_path):
             "| 150.00 | +50.0 | 3, 95.00-120.00 |") in text
     assert "| two | 2 | 1 | --dp 2 | 200.00 | 198.00-205.00 | 180.00 | -10.0 | no |" in text
     assert f"## {a} (predictions scored by: unrecorded)" in text
-    assert "stage wall times per run (s, min-max): truth 10.0-12.0, capture 6.5-6.5, slices 20.0-20.0" in text
+    assert ("stage wall times per run (s, min-max): truth 10.0-12.0, truth-graphs 2.5-2.5, capture 6.5-6.5, "
+            "slices 20.0-20.0") in text
     together = text.split("all 2 files together")[1]
     assert "inside the truth's spread: 1 of 2" in together
     assert "mean |error| 7.5 %, max 10.0 % (two)" in together  # (5 + 10) / 2

@@ -28,6 +28,7 @@ from prism.runtime.launch import limits
 from prism.runtime.launch import progress
 from prism.runtime.launch import stall
 from prism.runtime.launch import run_files
+from prism.runtime.launch import zygote_template
 from prism.runtime.launch.launch_spec import LaunchError, LaunchSpec, parse, timed_graph, validate
 from prism.runtime.launch.zygote_spec import ZygoteSpec
 
@@ -87,7 +88,7 @@ class _SignalForwarder:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | zygote_template.TemplateZygote | None = None
         self.previous = {}
         try:
             for sig in self.SIGNALS:
@@ -175,8 +176,10 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
         spec_file = status_dir / "spec.json"
         zspec.write(spec_file)
         started = time.time()
+        zygote = None
         if signals.received is None:
-            code = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None)
+            code, zygote = _supervise_zygote(spec_file, env, signals, status_dir if mode.stall_watch else None,
+                                             spec.pin, template=hosts_run is None)
         if signals.received is not None:
             code = 128 + signals.received
         if code == oom.EXIT_CODE and spec.out is not None:  # a finding about the program: written down
@@ -192,7 +195,7 @@ def _run(spec: LaunchSpec, run_id: str, signals: _SignalForwarder, hosts_run=Non
                 stats = {"replay": stats, "ranks": {p.stem.removeprefix("emulate-rank"): json.loads(p.read_text())
                                                     for p in status_dir.glob("emulate-rank*.json")}}
             _publish(staging, spec, run_id, started, stats, {**(hosts_run.meta() if hosts_run else {}),
-                                                             "pinned_cores": list(cores)})
+                                                             "pinned_cores": list(cores), "zygote": zygote})
             if payload_staging is not None:
                 _replace_dir(payload_staging, job_paths.payloads_dir(spec.out), run_id)
             if log_staging is not None:
@@ -260,28 +263,45 @@ TORCHRUN_OMP_WARNING = (
     "\n*****************************************")
 
 
-def _torchrun_defaults(env: dict[str, str], nproc: int) -> None:
+def _torchrun_defaults(env: dict[str, str], nproc: int, warn: bool = True) -> None:
     """What torchrun (torch/distributed/run.py and its elastic agent) puts in every rank's environment beyond
     the rank's coordinates: one OpenMP thread for a multi-process job unless the user set it (with torchrun's
     warning), and the agent's restart and error-handling variables."""
     if nproc > 1 and "OMP_NUM_THREADS" not in env:
-        print(TORCHRUN_OMP_WARNING, file=sys.stderr, flush=True)
+        if warn:
+            print(TORCHRUN_OMP_WARNING, file=sys.stderr, flush=True)
         env["OMP_NUM_THREADS"] = "1"
     env.update(TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
 
 
-def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(named_boundaries.ITERATION_ENV, None)
-    env.pop(named_boundaries.MICROBATCH_ENV, None)
-    env.update(boundary_functions(spec))
+def _program_environment(env: dict[str, str]) -> dict[str, str]:
+    """This launcher's environment as its zygote gets it before the launch's own variables: prism's site folder
+    and package first on PYTHONPATH, no variable an outer run set for its ranks."""
+    env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     for var in settings.launcher_clears():  # what an outer run set for its ranks never leaks into these
         env.pop(var, None)
+    return env
+
+
+def template_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a zygote template (`zygote_template.Template.start`) with, so that it fits the
+    multi-rank launches of a launcher whose environment is `env` (default: this process's): the zygote's
+    environment (`_rank_environment`) without the launch's own variables."""
+    env = _program_environment(os.environ if env is None else env)
+    _torchrun_defaults(env, nproc=2, warn=False)
+    return env
+
+
+def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
+    env = _program_environment(os.environ)
+    env.pop(named_boundaries.ITERATION_ENV, None)
+    env.pop(named_boundaries.MICROBATCH_ENV, None)
+    env.update(boundary_functions(spec))
     _torchrun_defaults(env, spec.nproc)
     if spec.hang_timeout is not None:
         env[watchdog.ENV] = str(spec.hang_timeout)
@@ -308,10 +328,15 @@ def _rank_environment(spec: LaunchSpec, status_dir: Path) -> dict[str, str]:
 
 
 def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForwarder,
-                      watched: Path | None = None) -> int:
-    """Start the zygote and wait for it; a signal to the launcher reaches it through `signals`. `watched`: the
-    status folder of a run whose progress is watched (`stall`): stalled, it is named, then stopped (exit 86)."""
-    proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
+                      watched: Path | None = None, pin: bool = False, template: bool = False) -> int:
+    """Start the zygote and wait for it; returns its exit code and which zygote ran ("new", "template"). A signal
+    to the launcher reaches it through `signals`. `watched`: the status folder of a run whose progress is watched
+    (`stall`): stalled, it is named, then stopped (exit 86). `template`: fork it from the warm template
+    PRISM_ZYGOTE_TEMPLATE names where that fits (`zygote_template`), else a new interpreter."""
+    proc = zygote_template.start_zygote(spec_file, env, pin) if template else None
+    kind = "template" if proc is not None else "new"
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", "prism.runtime.launch.zygote", str(spec_file)], env=env)
     signals.proc = proc
     watch = stall.StallWatch(proc, watched, stall.timeout_s()) if watched is not None and stall.timeout_s() else None
     try:
@@ -327,7 +352,7 @@ def _supervise_zygote(spec_file: Path, env: dict[str, str], signals: _SignalForw
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return 128 - code if code < 0 else code  # the zygote died of a signal: report it as a shell would
+    return (128 - code if code < 0 else code), kind  # the zygote died of a signal: as a shell reports it
 
 
 def _replace_dir(staging: Path, final: Path, run_id: str) -> None:

@@ -1,7 +1,8 @@
 """The warm zygote: imports torch once, then forks every rank and supervises them.
 
 Started by `prism launch` as `python -m prism.runtime.launch.zygote SPEC.json` with prism's `sitecustomize` on
-PYTHONPATH (so the interception is installed here, before any fork, and in anything a rank spawns).
+PYTHONPATH (so the interception is installed here, before any fork, and in anything a rank spawns), or forked
+from a warm template that has already imported torch (`zygote_template`, where PRISM_ZYGOTE_TEMPLATE names one).
 Forking from a warm process costs a few MiB per rank instead of ~200 MiB for a fresh interpreter.
 
 Mode `slice`: only the slice's ranks are forked (each with its global RANK), plus one replay server
@@ -31,6 +32,7 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import select
 import signal
 import sys
 import time
@@ -79,7 +81,7 @@ def warm_imports(compute: bool) -> None:
     h = torch.nn.functional.rms_norm(x, (4,)) if hasattr(torch.nn.functional, "rms_norm") else x
     logits = lin(torch.nn.functional.silu(h) * torch.softmax(h, dim=-1))
     loss = torch.nn.functional.cross_entropy(logits.view(-1, 8), torch.tensor([1, 2, 3]))
-    if torch.cuda.is_available():  # NVML's answer (`_keep_cuda_for_the_ranks`): CUDA stays untouched
+    if torch.cuda.is_available():  # NVML's answer (`import_environment`): CUDA stays untouched
         # A backward pass starts autograd's device threads, which count the CUDA devices through the CUDA
         # runtime, and the optimizer's step checks for graph capture on the current accelerator: either
         # initialises the driver here, and every forked rank's first CUDA call then fails
@@ -112,8 +114,15 @@ def _raise_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
 
 
-def supervise(spec: ZygoteSpec) -> int:
-    """Fork the ranks, wait for them; stop all on the first failure. Returns the exit code."""
+def launcher_gone(lifeline: int | None) -> bool:
+    """Whether the launcher of a zygote forked from a template exited: the lifeline, a pipe's read end whose only
+    writer is the launcher, is at its end."""
+    return lifeline is not None and bool(select.select([lifeline], [], [], 0)[0])
+
+
+def supervise(spec: ZygoteSpec, lifeline: int | None = None) -> int:
+    """Fork the ranks, wait for them; stop all on the first failure. Returns the exit code. `lifeline`: see
+    `launcher_gone`."""
     stopping = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -216,6 +225,8 @@ def supervise(spec: ZygoteSpec) -> int:
             out.before_write()
             print(f"[prism] capture stopped: {link.error}", file=sys.stderr, flush=True)
             deadline = _stop(children, time.monotonic())
+        if launcher_gone(lifeline):  # forked from a template (`zygote_template`): its launcher died
+            os.kill(os.getpid(), signal.SIGKILL)  # (what PR_SET_PDEATHSIG does to a zygote the launcher started)
         if stopping["signal"] is not None and deadline is None:
             out.before_write()
             print(f"[prism] launcher got signal {stopping['signal']}: stopping {len(children)} ranks",
@@ -384,11 +395,16 @@ def _stop(children: dict[int, int], now: float) -> float:
     return now + GRACE_S
 
 
-def _keep_cuda_for_the_ranks() -> None:
-    """The zygote never initialises CUDA: the ranks do, after the fork. `torch.cuda.is_available()` asks
-    the CUDA runtime (which marks any later fork bad) unless NVML answers it: make NVML answer here and
-    in the ranks (the answer is the same)."""
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+def import_environment(env, pin: bool) -> dict[str, str]:
+    """The environment the zygote imports torch with: `env` (the launcher's), plus what `main` sets first. CUDA:
+    the zygote never initialises it (the ranks do, after the fork), and `torch.cuda.is_available()` asks the
+    CUDA runtime (which marks any later fork bad) unless NVML answers it: NVML answers here and in the ranks
+    (the answer is the same). Pinned: one OpenMP thread."""
+    env = dict(env)
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    if pin:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def _check_cuda_uninitialised(spec: ZygoteSpec) -> None:
@@ -401,15 +417,15 @@ def _check_cuda_uninitialised(spec: ZygoteSpec) -> None:
                          "import time.")
 
 
-def main() -> int:
+def main(lifeline: int | None = None) -> int:
+    """The zygote of one launch (`python -m prism.runtime.launch.zygote SPEC`, or `zygote_template.become_zygote`
+    in a fork of the template, with the launcher's `lifeline`)."""
     began = time.monotonic()
     spec = ZygoteSpec.read(Path(sys.argv[1]))
     mode = modes.get(spec.mode)
     forked_rank.die_with_parent()
     stall.enable_dumps()  # it and the ranks it forks dump their stacks on the progress watchdog's signal
-    _keep_cuda_for_the_ranks()
-    if spec.pin:
-        os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(import_environment(os.environ, spec.pin))
     warm_imports(compute=mode.coordinator or bool(spec.pin))
     if spec.preload:
         import importlib
@@ -435,7 +451,7 @@ def main() -> int:
             if settings.HEAP_HOLES.get() else {"skipped": f"{settings.HEAP_HOLES.name}=0"}
     gc.freeze()
     spec.warm_s = round(time.monotonic() - began, 3)  # imports, preloads, warm-up, immortalising: before the forks
-    return supervise(spec)
+    return supervise(spec, lifeline)
 
 
 if __name__ == "__main__":
