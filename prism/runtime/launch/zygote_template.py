@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from prism import settings
@@ -94,15 +95,20 @@ def serve(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
-    Path(path + ".ready").write_text(json.dumps(record))
-    waiting: dict[int, socket.socket] = {}  # zygote pid -> the launcher's connection (for its exit status)
+    ready_file = Path(path + ".ready")
+    ready_file.with_suffix(".tmp").write_text(json.dumps(record))
+    ready_file.with_suffix(".tmp").replace(ready_file)
+    # zygote pid -> the launcher's connection (for the exit status) and a pidfd that turns readable at the exit
+    waiting: dict[int, tuple[socket.socket, int | None]] = {}
     while True:
-        ready, _, _ = select.select([listener], [], [], 0.1)
-        if ready:
+        exits = [fd for _, fd in waiting.values() if fd is not None]
+        poll_s = 0.1 if len(exits) < len(waiting) else 1.0  # (no pidfd here: look for exits every 0.1 s)
+        ready, _, _ = select.select([listener, *exits], [], [], poll_s)
+        if listener in ready:
             conn, _ = listener.accept()
             pid = _answer(conn, record, listener, waiting)
             if pid:
-                waiting[pid] = conn
+                waiting[pid] = (conn, _pidfd(pid))
             else:
                 conn.close()
         while waiting:
@@ -112,13 +118,22 @@ def serve(path: str) -> int:
                 break
             if pid == 0:
                 break
-            conn = waiting.pop(pid, None)
+            conn, fd = waiting.pop(pid, (None, None))
+            if fd is not None:
+                os.close(fd)
             if conn is not None:
                 try:
                     conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
                 except OSError:
                     pass  # the launcher is gone
                 conn.close()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3 / Python 3.9: polled
+        return None
 
 
 def _answer(conn: socket.socket, record: dict, listener: socket.socket, waiting: dict) -> int | None:
@@ -137,13 +152,17 @@ def _answer(conn: socket.socket, record: dict, listener: socket.socket, waiting:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():  # (3.12: "multi-threaded, use of fork()": pyarrow's allocator thread, which a
+        warnings.simplefilter("ignore", DeprecationWarning)  # new zygote also has when it forks its ranks)
+        pid = os.fork()
     if pid == 0:
         code = 1
         try:
             listener.close()
-            for other in waiting.values():
+            for other, fd in waiting.values():
                 other.close()
+                if fd is not None:
+                    os.close(fd)
             conn.close()
             code = become_zygote(request, fds, record)
         finally:
