@@ -1,15 +1,17 @@
 """A warm template of the zygote, kept between launches: each launch's zygote is a fork of it instead of a new
 interpreter that imports torch again.
 
-A zygote's start is mostly the import of torch and of prism's interception (which imports torch._dynamo): ~2.8 s
-here, 60 % of a W=2 truth run of the fidelity bench (docs/benchmarks.md, "the fidelity bench's fixed cost per
-config"). Something that launches many jobs in a row (`prism bench fidelity`) starts one template
+A zygote's start is mostly the import of torch and of prism's interception (which imports torch._dynamo): ~2.3 s
+of a 3.9 s W=2 truth run of the fidelity bench here, 6-11 s a launch on the 16-core host (docs/benchmarks.md, "the
+fidelity bench's fixed cost per config"). Something that launches many jobs in a row (`prism bench fidelity`) starts
+one template
 
     python -m prism.runtime.launch.zygote_template SOCKET      (`Template.start` does it)
 
-and sets PRISM_ZYGOTE_TEMPLATE=SOCKET for its launches. The template imports exactly what a new zygote has
-imported when its `sitecustomize` installs the interception (prism's zygote module, torch, the interception
-module), with the environment a new zygote has at that moment, and installs nothing. A launch
+and sets PRISM_ZYGOTE_TEMPLATE=SOCKET for its launches. The template imports what a new zygote has imported when
+its `sitecustomize` installs the interception (prism's zygote module, torch, the interception module) and what
+`zygote.warm_imports` imports next (pyarrow, with its first conversion), with the environment a new zygote has at
+that moment, and installs nothing. A launch
 (`launcher._supervise_zygote`) sends it the zygote's spec file, environment, working folder and cores, its
 stdin/stdout/stderr and a lifeline (a pipe's read end whose writer is the launcher); the template forks, and the
 child becomes the zygote (`become_zygote`): the launcher's descriptors on 0-2, its environment, folder and
@@ -17,8 +19,8 @@ cores, the interception installed for the launch's mode (what `sitecustomize` do
 torch`), then `zygote.main` from its first line. So the zygote, and every rank it forks, is what a new zygote
 would have made; only the imports done before the first fork are not repeated.
 
-It is used only when it fits (`mismatch`): the same Python, a launch on one host, and the same environment at
-the import of torch but for prism's own variables (PRISM_*, read at run time only) and the few torch variables
+It is used only for a launch on one host (the launcher's choice) that fits (`mismatch`): the same Python, a mode
+that records, and the same environment at the import of torch but for prism's own variables (PRISM_*, read at run time only) and the few torch variables
 the launcher sets per mode and torch reads at run time (`PER_RUN`). Otherwise, or when the template is not
 there, the launcher starts a new zygote as always. The zygote's parent is the template: it dies with the
 template (PR_SET_PDEATHSIG) and, through the lifeline, with the launcher; its exit status reaches the launcher
