@@ -5,6 +5,7 @@ into phases by a probe (`scripts/fixed_cost_probe/sitecustomize.py`, on PYTHONPA
         [--devices P] [--rounds 1] [--variants base,new,template --base DIR] [--work DIR] [--json OUT.json]
     python scripts/fidelity_fixed_cost.py --truth-graphs RUN [--copies 5] [--rounds 3]
     python scripts/fidelity_fixed_cost.py --host-stages F [F ...]
+    python scripts/fidelity_fixed_cost.py --world 4 --layout "--tp 2 --dp 2" --truth-ab 20
 
 Each round runs the config once per variant, in turn, each in its own process: `run_config` of the bench (its own
 commands, in its order) of the variant's tree: `base`, the tree --base (the code before the cuts, e.g. `git archive
@@ -19,6 +20,8 @@ its end (the job waits for its slowest rank). Then what each run measured (truth
 `--truth-graphs RUN`: `prism graph` of --copies copies of one truth run (its raw/), one after the other (as the base
 bench built each after its run) against all at once on this process's cores (as the bench builds them now).
 `--host-stages F`: from a bench call's saved runs (its artifacts unpacked), where each config's wall went.
+`--truth-ab N`: N pairs of the config's truth runs, one from a new zygote and one from the template (ABBA): whether
+the template changes what a truth run measures.
 """
 
 from __future__ import annotations
@@ -343,6 +346,46 @@ def _children_cpu_s() -> float:
     return use.ru_utime + use.ru_stime
 
 
+def truth_ab(a, work: Path, command: str) -> int:
+    """--truth-ab N: N pairs of truth runs of the config (the bench's own `run_truth`), one from a new zygote and
+    one from the template, in ABBA order; each run's iteration time (the bench's), and the pairs' differences."""
+    sys.path.insert(0, str(ROOT))
+    from prism import settings
+    from prism.bench import fidelity
+    from prism.bench.fidelity_table import Config
+    from prism.runtime.launch import launcher, zygote_template
+
+    cfg = Config("probe", a.world, tuple(a.layout.split()), a.devices or max(a.world // 2, 1))
+    args = cfg.args(a.steps, fidelity.SMALL_MODEL if a.small else fidelity.MODEL)
+    ms: dict[str, list[float]] = {"new": [], "template": []}
+    with zygote_template.Template.start(launcher.template_environment()) as template:
+        for i in range(a.truth_ab):
+            for way in (("new", "template") if i % 2 == 0 else ("template", "new")):
+                out = work / f"{way}{i}"
+                shutil.rmtree(out, ignore_errors=True)
+                if way == "template":
+                    os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
+                try:
+                    fidelity.run_truth(cfg, args, out, work / "log.txt", 600)
+                finally:
+                    os.environ.pop(settings.ZYGOTE_TEMPLATE.name, None)
+                zygote = json.loads((out / "raw" / "meta.json").read_text())["zygote"]
+                assert zygote == way, (out, zygote)
+                ms[way].append(fidelity._median_gap_ms(*fidelity.truth_ends(out)))
+                shutil.rmtree(out)
+    diff = [t - n for t, n in zip(ms["template"], ms["new"])]
+    print(f"# {command}\n# W={a.world} {a.layout}, {a.steps} steps, {a.truth_ab} pairs (ABBA)\n")
+    print("| truth runs | n | iteration ms: median | mean | min-max |\n|---|---|---|---|---|")
+    for way, xs in ms.items():
+        print(f"| {way} zygote | {len(xs)} | {statistics.median(xs):.2f} | {statistics.mean(xs):.2f} | "
+              f"{min(xs):.2f}-{max(xs):.2f} |")
+    print(f"\npairs, template - new (ms): median {statistics.median(diff):+.2f}, mean {statistics.mean(diff):+.2f}; "
+          f"template lower in {sum(d < 0 for d in diff)} of {len(diff)} pairs")
+    print("runs (ms), new: " + ", ".join(f"{x:.1f}" for x in ms["new"]))
+    print("runs (ms), template: " + ", ".join(f"{x:.1f}" for x in ms["template"]))
+    return 0
+
+
 def host_stages(folders: list[Path], command: str) -> int:
     """Where a config's wall went in a bench call's saved runs (F: its artifacts unpacked, with each stream's
     fidelity.json): the stages (`stage_s`), truth0's launch (meta.json `wall_s`) against its events' span and its
@@ -401,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: time `prism graph` of --copies copies of the truth run RUN (its raw/), one after "
                          "the other against all at once")
     ap.add_argument("--copies", type=int, default=5)
+    ap.add_argument("--truth-ab", type=int, metavar="N",
+                    help="instead: N pairs of truth runs of the config, a new zygote's and the template's, ABBA: "
+                         "their iteration times")
     ap.add_argument("--host-stages", type=Path, nargs="+", metavar="F",
                     help="instead: where each config's wall went in a bench call's saved runs (F: its artifacts "
                          "unpacked, beside each stream's fidelity.json)")
@@ -416,7 +462,11 @@ def main(argv: list[str] | None = None) -> int:
         work = a.work or Path(tempfile.mkdtemp(prefix="prism-truth-graphs-"))
         return truth_graphs(a.truth_graphs, a.copies, a.rounds, work, command)
     if a.world is None or a.layout is None:
-        ap.error("--world and --layout are needed (or --truth-graphs RUN)")
+        ap.error("--world and --layout are needed (or --truth-graphs RUN, --host-stages F)")
+    if a.truth_ab:
+        work = a.work or Path(tempfile.mkdtemp(prefix="prism-truth-ab-"))
+        work.mkdir(parents=True, exist_ok=True)
+        return truth_ab(a, work, command)
     variants = a.variants.split(",")
     if "base" in variants and a.base is None:
         ap.error("variant base needs --base DIR")

@@ -484,6 +484,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def start_template() -> zygote_template.Template | None:
+    """The warm zygote template the bench's launches fork their zygotes from; None (after saying why) when it
+    does not start: the launches then start new zygotes, as with --new-zygotes."""
+    try:
+        return zygote_template.Template.start(launcher.template_environment())
+    except (OSError, RuntimeError) as exc:
+        print(f"prism bench fidelity: the zygote template did not start ({exc}); every launch starts a new zygote",
+              file=sys.stderr, flush=True)
+        return None
+
+
 def _write(out: Path, md_lines: list[str], results: list[Result]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "fidelity.json", results)
@@ -575,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     model = SMALL_MODEL if args.small else MODEL
     work = args.work or Path(tempfile.mkdtemp(prefix="prism-fidelity-"))
     started = datetime.datetime.now(datetime.timezone.utc)
+    t_all = time.perf_counter()  # (the --budget's clock: from here, the template's start included)
+    template = None if args.new_zygotes else start_template()
+    t_template = time.perf_counter() - t_all
+    if template is not None:  # every launch below (truth, capture, slices, emulate) forks its zygote from it
+        os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
     import torch
 
     prism_runs = (f"{2 * (args.repeats - 1)} alternating none/{variant}" if args.alternate
@@ -583,14 +599,11 @@ def main(argv: list[str] | None = None) -> int:
              f"python {sys.version.split()[0]}; truth x{args.repeats}, prism x{prism_runs} ({args.passes} pass(es), "
              f"sandbox: {args.sandbox}), "
              f"{args.steps} steps; model {' '.join(model)}; zygotes: "
-             f"{'new ones' if args.new_zygotes else 'forked from a warm template'}", ""] + table([])[:2]
+             f"{f'forked from a warm template (started in {t_template:.1f} s)' if template else 'new ones'}", ""] \
+        + table([])[:2]
     print("\n".join(intro), flush=True)
     results = []
-    t_all = time.perf_counter()
     skipped: list[str] = []
-    template = None if args.new_zygotes else zygote_template.Template.start(launcher.template_environment())
-    if template is not None:  # every launch below (truth, capture, slices, emulate) forks its zygote from it
-        os.environ[settings.ZYGOTE_TEMPLATE.name] = template.path
 
     def write(final: bool) -> None:
         tail = [""] + totals(results) + [f"wall: {time.perf_counter() - t_all:.0f} s"]

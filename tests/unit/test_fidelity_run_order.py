@@ -65,3 +65,12 @@ def test_a_failed_parallel_step_is_reported_once_all_ended(tmp_path):
         fidelity._run_parallel(cmds, tmp_path / "log.txt", timeout=60, jobs=3)
     assert time.monotonic() - t >= 0.6  # the others were let finish
     assert all(len(s) == 2 for s in _spans(marks))
+
+
+def test_a_template_that_does_not_start_leaves_new_zygotes(monkeypatch, capsys):
+    def fail(env, timeout=120.0):
+        raise RuntimeError("the zygote template did not start (exit 1)")
+
+    monkeypatch.setattr(fidelity.zygote_template.Template, "start", staticmethod(fail))
+    assert fidelity.start_template() is None
+    assert "every launch starts a new zygote" in capsys.readouterr().err

@@ -1,15 +1,17 @@
 """A warm template of the zygote, kept between launches: each launch's zygote is a fork of it instead of a new
 interpreter that imports torch again.
 
-A zygote's start is mostly the import of torch and of prism's interception (which imports torch._dynamo): ~2.8 s
-here, 60 % of a W=2 truth run of the fidelity bench (docs/benchmarks.md, "the fidelity bench's fixed cost per
-config"). Something that launches many jobs in a row (`prism bench fidelity`) starts one template
+A zygote's start is mostly the import of torch and of prism's interception (which imports torch._dynamo): ~2.3 s
+of a 3.9 s W=2 truth run of the fidelity bench here, 6-11 s a launch on the 16-core host (docs/benchmarks.md, "the
+fidelity bench's fixed cost per config"). Something that launches many jobs in a row (`prism bench fidelity`) starts
+one template
 
     python -m prism.runtime.launch.zygote_template SOCKET      (`Template.start` does it)
 
-and sets PRISM_ZYGOTE_TEMPLATE=SOCKET for its launches. The template imports exactly what a new zygote has
-imported when its `sitecustomize` installs the interception (prism's zygote module, torch, the interception
-module), with the environment a new zygote has at that moment, and installs nothing. A launch
+and sets PRISM_ZYGOTE_TEMPLATE=SOCKET for its launches. The template imports what a new zygote has imported when
+its `sitecustomize` installs the interception (prism's zygote module, torch, the interception module) and what
+`zygote.warm_imports` imports next (pyarrow, with its first conversion), with the environment a new zygote has at
+that moment, and installs nothing. A launch
 (`launcher._supervise_zygote`) sends it the zygote's spec file, environment, working folder and cores, its
 stdin/stdout/stderr and a lifeline (a pipe's read end whose writer is the launcher); the template forks, and the
 child becomes the zygote (`become_zygote`): the launcher's descriptors on 0-2, its environment, folder and
@@ -17,8 +19,8 @@ cores, the interception installed for the launch's mode (what `sitecustomize` do
 torch`), then `zygote.main` from its first line. So the zygote, and every rank it forks, is what a new zygote
 would have made; only the imports done before the first fork are not repeated.
 
-It is used only when it fits (`mismatch`): the same Python, a launch on one host, and the same environment at
-the import of torch but for prism's own variables (PRISM_*, read at run time only) and the few torch variables
+It is used only for a launch on one host (the launcher's choice) that fits (`mismatch`): the same Python, a mode
+that records, and the same environment at the import of torch but for prism's own variables (PRISM_*, read at run time only) and the few torch variables
 the launcher sets per mode and torch reads at run time (`PER_RUN`). Otherwise, or when the template is not
 there, the launcher starts a new zygote as always. The zygote's parent is the template: it dies with the
 template (PR_SET_PDEATHSIG) and, through the lifeline, with the launcher; its exit status reaches the launcher
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from prism import settings
@@ -94,15 +97,20 @@ def serve(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
-    Path(path + ".ready").write_text(json.dumps(record))
-    waiting: dict[int, socket.socket] = {}  # zygote pid -> the launcher's connection (for its exit status)
+    ready_file = Path(path + ".ready")
+    ready_file.with_suffix(".tmp").write_text(json.dumps(record))
+    ready_file.with_suffix(".tmp").replace(ready_file)
+    # zygote pid -> the launcher's connection (for the exit status) and a pidfd that turns readable at the exit
+    waiting: dict[int, tuple[socket.socket, int | None]] = {}
     while True:
-        ready, _, _ = select.select([listener], [], [], 0.1)
-        if ready:
+        exits = [fd for _, fd in waiting.values() if fd is not None]
+        poll_s = 0.1 if len(exits) < len(waiting) else 1.0  # (no pidfd here: look for exits every 0.1 s)
+        ready, _, _ = select.select([listener, *exits], [], [], poll_s)
+        if listener in ready:
             conn, _ = listener.accept()
             pid = _answer(conn, record, listener, waiting)
             if pid:
-                waiting[pid] = conn
+                waiting[pid] = (conn, _pidfd(pid))
             else:
                 conn.close()
         while waiting:
@@ -112,13 +120,22 @@ def serve(path: str) -> int:
                 break
             if pid == 0:
                 break
-            conn = waiting.pop(pid, None)
+            conn, fd = waiting.pop(pid, (None, None))
+            if fd is not None:
+                os.close(fd)
             if conn is not None:
                 try:
                     conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
                 except OSError:
                     pass  # the launcher is gone
                 conn.close()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3 / Python 3.9: polled
+        return None
 
 
 def _answer(conn: socket.socket, record: dict, listener: socket.socket, waiting: dict) -> int | None:
@@ -137,13 +154,17 @@ def _answer(conn: socket.socket, record: dict, listener: socket.socket, waiting:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():  # (3.12: "multi-threaded, use of fork()": pyarrow's allocator thread, which a
+        warnings.simplefilter("ignore", DeprecationWarning)  # new zygote also has when it forks its ranks)
+        pid = os.fork()
     if pid == 0:
         code = 1
         try:
             listener.close()
-            for other in waiting.values():
+            for other, fd in waiting.values():
                 other.close()
+                if fd is not None:
+                    os.close(fd)
             conn.close()
             code = become_zygote(request, fds, record)
         finally:
