@@ -61,18 +61,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import MODEL, SMALL_MODEL  # noqa: F401  (the bench's names)
 from prism.bench.fidelity_table import row
 from prism.bench import core_load, fidelity_sandbox
+from prism.bench.fidelity_sandbox import emulated_sandbox  # noqa: F401  (the bench's name)
+from prism.bench.fidelity_schedule import prism_schedule, variant_label, variant_options  # noqa: F401
+from prism.bench.fidelity_steps import WORKLOAD, _prism, _py, _run, _run_parallel  # noqa: F401
 from prism import job as job_files
 from prism import settings
 from prism.runtime.launch import launcher, zygote_template
-from prism.emulate import results as emulation_results
 from prism.iterations import job_iteration_ends
 
 
@@ -110,83 +110,6 @@ BY_NAME = {c.name: c for c in LOCAL + DEVICE}
 
 
 # ------------------------------------------------------------------------------------------ running
-
-
-def _run(cmd: list[str], log: Path, timeout: float) -> None:
-    """Run one pipeline step; its output goes to `log`; StepError with the log's tail on failure."""
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(log, "ab") as f:
-        f.write(("$ " + " ".join(cmd) + "\n").encode())
-        f.flush()
-        try:
-            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    if code != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-6:]
-        raise StepError(f"{' '.join(cmd[2:5])} ... exited {code}: " + " | ".join(tail))
-
-
-def _prism(*args: str) -> list[str]:
-    return [sys.executable, "-m", "prism.cli", *args]
-
-
-def _py(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
-
-
-WORKLOAD = ["-m", "prism.workloads.moe_gpt"]
-
-
-def _run_parallel(cmds: list[list[str]], log: Path, timeout: float, jobs: int) -> None:
-    """Run independent steps, at most `jobs` at once; their outputs go to `log` one after the other, in order;
-    StepError (the first failed step's) once all have ended."""
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    outs = [log.with_name(f".{log.name}.{i}") for i in range(len(cmds))]
-    running: list[tuple[int, subprocess.Popen]] = []
-    codes: dict[int, int | str] = {}
-    started = time.monotonic()
-    try:
-        for i, cmd in enumerate(cmds):
-            while len(running) >= max(jobs, 1):
-                running = _reap(running, codes, started, timeout)
-            with open(outs[i], "wb") as f:
-                running.append((i, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)))
-        while running:
-            running = _reap(running, codes, started, timeout)
-    finally:
-        for _, proc in running:
-            proc.kill()
-            proc.wait()
-        with open(log, "ab") as f:
-            for cmd, out in zip(cmds, outs):
-                f.write(("$ " + " ".join(cmd) + "\n").encode())
-                if out.is_file():
-                    f.write(out.read_bytes())
-                    out.unlink()
-    failed = [(cmds[i], code) for i, code in sorted(codes.items()) if code != 0]
-    if failed:
-        raise StepError(f"{' '.join(failed[0][0][2:5])} ... exited {failed[0][1]} (and {len(failed) - 1} more; "
-                        f"see {log})")
-
-
-def _reap(running: list, codes: dict, started: float, timeout: float) -> list:
-    """The steps of `running` still running, after a short wait; the ended ones' codes into `codes`."""
-    time.sleep(0.02)
-    still = []
-    for i, proc in running:
-        code = proc.poll()
-        if code is None and time.monotonic() - started > timeout:
-            proc.kill()
-            proc.wait()
-            code = "timeout"
-        if code is None:
-            still.append((i, proc))
-        else:
-            codes[i] = code
-    return still
 
 
 def run_truth(cfg: Config, args: list[str], out: Path, log: Path, timeout: float) -> None:
@@ -267,44 +190,6 @@ from prism.bench.fidelity_score import (  # noqa: E402,F401  (re-exported: the b
 # ------------------------------------------------------------------------------------------ a config
 
 
-def variant_label(slice_load: str, keep_whole: str) -> str:
-    """A prism run's variant: "none" (the pipeline's defaults), else its options joined by "+"."""
-    parts = ([slice_load] if slice_load != "none" else []) + ([f"keep={keep_whole}"] if keep_whole else [])
-    return "+".join(parts) or "none"
-
-
-def variant_options(label: str) -> tuple[str, str]:
-    """(slice_load, keep_whole) of a `variant_label`."""
-    load, keep = "none", ""
-    for part in label.split("+"):
-        if part.startswith("keep="):
-            keep = part[5:]
-        elif part != "none":
-            load = part
-    return load, keep
-
-
-def prism_schedule(repeats: int, prism_runs: int, variant: str, alternate: bool = False) -> list[tuple[str, int, str]]:
-    """The runs of a config in order: ("truth", i, "none") and ("prism", j, variant). Default: prism run j after
-    truth run j, every one the `variant` (`variant_label`). `alternate`: between every two truth runs one prism
-    run of the defaults ("none") and one of `variant`, their order swapped from one gap to the next,
-    `prism_runs` ignored (2 x (repeats - 1) prism runs)."""
-    runs: list[tuple[str, int, str]] = []
-    if alternate:
-        for i in range(repeats):
-            runs.append(("truth", i, "none"))
-            if i < repeats - 1:
-                pair = ["none", variant] if i % 2 == 0 else [variant, "none"]
-                runs += [("prism", 2 * i, pair[0]), ("prism", 2 * i + 1, pair[1])]
-        return runs
-    for i in range(max(repeats, prism_runs)):
-        if i < repeats:
-            runs.append(("truth", i, "none"))
-        if i < prism_runs:
-            runs.append(("prism", i, variant))
-    return runs
-
-
 def run_config(cfg: Config, p: int, repeats: int, prism_runs: int, steps: int, model: list[str], work: Path,
                timeout: float, emulate: bool = True, passes: int = 1, sandbox: str = "slice",
                variant: str = "none", alternate: bool = False) -> Result:
@@ -366,55 +251,6 @@ def score_prism_run(res: Result, job: Path, truth0: Path | None) -> None:
                                   job_iteration_ends(*truth_ends_from_graph(truth0)), job_iteration_ends(*ends))
     if job_files.emulation(job).is_dir() or (job / "emulate.failed").is_file():
         res.emulated.append(emulated_sandbox(job, timeline, truth0))
-
-
-def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict:
-    """The emulated sandbox of a prism run (`prism/bench/fidelity_sandbox.py`): its rank, its own and the
-    emulated job's iteration times, the prediction for its rank, per-event errors against `truth0`."""
-    failed = job / "emulate.failed"
-    if failed.is_file():
-        return {"error": failed.read_text()[:500]}
-    em = pq.read_table(job_files.emulation(job, "iterations.parquet"))
-    src = _strings(em.column("source"))
-    rank = em.column("rank").to_numpy()
-    sb = src == "sandbox"
-    ranks = sorted(set(rank[sb].tolist()))
-    if not ranks:
-        return {"error": f"{job_files.emulation(job, 'iterations.parquet')}: no sandbox rows"}
-    r = fidelity_sandbox.sandbox_ranks(job, whole_slice=False)[0]
-    if r not in ranks:
-        return {"error": f"{job_files.emulation(job)}: the default sandbox rank {r} is not among its sandbox "
-                         f"ranks {ranks}"}
-    # the figures the emulation's summary and the report show (prism/emulate/results.py)
-    fig = emulation_results.figures(em, pq.read_table(job_files.calibrated(job, "iterations")))
-    mine = next(x for x in fig.ranks if x.rank == r)
-    out = {"rank": r, "sandbox_ranks": ranks, "sandbox_ms": mine.measured_ms, "job_ms": fig.under_sandbox_ms,
-           "computed_rank_ms": mine.program_ms, "delay_ms": mine.delay_ms, "pred_rank_ms": mine.predicted_ms,
-           "iterations": fig.iterations}
-    if truth0 is not None:
-        cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns"]
-        real = pq.read_table(job_files.graph_file(truth0), columns=cols)
-        real = real.filter(pa.compute.equal(real.column("rank"), r))
-        ev = pq.read_table(job_files.emulation(job, "events.parquet"), columns=["rank", "seq", "iteration",
-                                                                                 "start_ns", "end_ns", "source"])
-        ev = ev.filter(pa.compute.equal(ev.column("rank"), r))
-        ev = ev.filter(pa.array(_strings(ev.column("source")) == "sandbox"))
-        graph = pq.read_table(job_files.graph_file(job), columns=["rank", "seq", "event_id", "iteration"])
-        graph = graph.filter(pa.compute.equal(graph.column("rank"), r))
-        tl = timeline.filter(pa.compute.equal(timeline.column("rank"), r))
-        it_of = dict(zip(graph.column("seq").to_pylist(), graph.column("iteration").to_pylist()))
-        tl_seq = tl.column("seq").to_pylist()
-        compute = {int(s) for s, k in zip(real.column("seq").to_pylist(), _strings(real.column("kind")))
-                   if k == "compute"}
-        out["events"] = fidelity_sandbox.sandbox_event_errors(
-            {"seq": real.column("seq").to_pylist(), "iteration": real.column("iteration").to_pylist(),
-             "start_ns": real.column("t_start_ns").to_pylist(), "end_ns": real.column("t_end_ns").to_pylist()},
-            {"seq": ev.column("seq").to_pylist(), "iteration": ev.column("iteration").to_pylist(),
-             "start_ns": ev.column("start_ns").to_pylist(), "end_ns": ev.column("end_ns").to_pylist()},
-            {"seq": tl_seq, "iteration": [it_of.get(s, -1) for s in tl_seq],
-             "start_ns": tl.column("start_ns").to_pylist(), "end_ns": tl.column("end_ns").to_pylist()},
-            compute)
-    return out
 
 
 def scored_by() -> dict:

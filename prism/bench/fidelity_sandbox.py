@@ -26,9 +26,13 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from prism import job as job_files
+from prism.bench.fidelity_score import _strings
+from prism.emulate import results as emulation_results
 from prism.emulate.sandbox import resolve
 from prism.iterations import iteration_times
 
@@ -175,3 +179,52 @@ def table(results) -> list[str]:
     if not shown:
         return []
     return [HEADER, RULE] + [row(r) for r in shown] + [""] + totals(shown)
+
+
+def emulated_sandbox(job: Path, timeline: pa.Table, truth0: Path | None) -> dict:
+    """The emulated sandbox of a prism run (`prism/bench/fidelity_sandbox.py`): its rank, its own and the
+    emulated job's iteration times, the prediction for its rank, per-event errors against `truth0`."""
+    failed = job / "emulate.failed"
+    if failed.is_file():
+        return {"error": failed.read_text()[:500]}
+    em = pq.read_table(job_files.emulation(job, "iterations.parquet"))
+    src = _strings(em.column("source"))
+    rank = em.column("rank").to_numpy()
+    sb = src == "sandbox"
+    ranks = sorted(set(rank[sb].tolist()))
+    if not ranks:
+        return {"error": f"{job_files.emulation(job, 'iterations.parquet')}: no sandbox rows"}
+    r = sandbox_ranks(job, whole_slice=False)[0]
+    if r not in ranks:
+        return {"error": f"{job_files.emulation(job)}: the default sandbox rank {r} is not among its sandbox "
+                         f"ranks {ranks}"}
+    # the figures the emulation's summary and the report show (prism/emulate/results.py)
+    fig = emulation_results.figures(em, pq.read_table(job_files.calibrated(job, "iterations")))
+    mine = next(x for x in fig.ranks if x.rank == r)
+    out = {"rank": r, "sandbox_ranks": ranks, "sandbox_ms": mine.measured_ms, "job_ms": fig.under_sandbox_ms,
+           "computed_rank_ms": mine.program_ms, "delay_ms": mine.delay_ms, "pred_rank_ms": mine.predicted_ms,
+           "iterations": fig.iterations}
+    if truth0 is not None:
+        cols = ["rank", "seq", "kind", "iteration", "t_start_ns", "t_end_ns"]
+        real = pq.read_table(job_files.graph_file(truth0), columns=cols)
+        real = real.filter(pa.compute.equal(real.column("rank"), r))
+        ev = pq.read_table(job_files.emulation(job, "events.parquet"), columns=["rank", "seq", "iteration",
+                                                                                 "start_ns", "end_ns", "source"])
+        ev = ev.filter(pa.compute.equal(ev.column("rank"), r))
+        ev = ev.filter(pa.array(_strings(ev.column("source")) == "sandbox"))
+        graph = pq.read_table(job_files.graph_file(job), columns=["rank", "seq", "event_id", "iteration"])
+        graph = graph.filter(pa.compute.equal(graph.column("rank"), r))
+        tl = timeline.filter(pa.compute.equal(timeline.column("rank"), r))
+        it_of = dict(zip(graph.column("seq").to_pylist(), graph.column("iteration").to_pylist()))
+        tl_seq = tl.column("seq").to_pylist()
+        compute = {int(s) for s, k in zip(real.column("seq").to_pylist(), _strings(real.column("kind")))
+                   if k == "compute"}
+        out["events"] = sandbox_event_errors(
+            {"seq": real.column("seq").to_pylist(), "iteration": real.column("iteration").to_pylist(),
+             "start_ns": real.column("t_start_ns").to_pylist(), "end_ns": real.column("t_end_ns").to_pylist()},
+            {"seq": ev.column("seq").to_pylist(), "iteration": ev.column("iteration").to_pylist(),
+             "start_ns": ev.column("start_ns").to_pylist(), "end_ns": ev.column("end_ns").to_pylist()},
+            {"seq": tl_seq, "iteration": [it_of.get(s, -1) for s in tl_seq],
+             "start_ns": tl.column("start_ns").to_pylist(), "end_ns": tl.column("end_ns").to_pylist()},
+            compute)
+    return out
