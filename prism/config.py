@@ -79,6 +79,7 @@ class CaptureConfig:
 @dataclass(kw_only=True, slots=True)
 class SlicesConfig:
     keep_whole: tuple[str, ...] = ()  # group descriptions kept whole in a slice (prism slices plan --keep-whole)
+    plan_rule: str = "sync-first"  # the pairs merged first: sync-first or bytes (prism slices plan --rule)
 
     def __post_init__(self) -> None:
         self.keep_whole = tuple(self.keep_whole)

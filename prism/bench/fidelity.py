@@ -132,7 +132,7 @@ TIMED = job_files.TIMED_SLICES  # the second pass's slice runs (prism.slices.run
 
 def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeout: float,
               emulate: bool = True, passes: int = 1, sandbox: str = "slice", slice_load: str = "none",
-              keep_whole: str = "") -> dict:
+              keep_whole: str = "", plan_rule: str = "") -> dict:
     """Capture, graph, plan; slices (untimed), from_slices, calibrate -> JOB/calibrated (with `passes` 2:
     -> JOB/calibrated_untimed, then slices timed by it -> JOB/slices_timed, calibrate -> JOB/calibrated);
     `prism emulate` on that (the sandbox: `fidelity_sandbox.sandbox_ranks`). `slice_load` "full" or
@@ -149,7 +149,8 @@ def run_prism(cfg: Config, args: list[str], p: int, job: Path, log: Path, timeou
     _run(_prism("graph", "--job", str(job), "--raw", str(job_files.raw_dir(job_files.capture_dir(job))),
                 "--out", str(job_files.graph_dir(job))), log, timeout)
     _run(_py("prism.slices.plan", "--job", str(job), "--devices", str(p),
-             *(("--keep-whole", keep_whole) if keep_whole else ())), log, timeout)
+             *(("--keep-whole", keep_whole) if keep_whole else ()),
+             *(("--rule", plan_rule) if plan_rule else ())), log, timeout)
     times["graph+plan"] = time.perf_counter() - t
     plan = pq.read_table(job_files.slice_plan(job))
     slices = sorted(set(plan.filter(plan.column("measured")).column("slice").to_pylist()))
@@ -363,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                              "a slice rank's core does (prism/bench/core_load.py; an experiment)")
     parser.add_argument("--plan-keep", default="", metavar="DESC[,DESC...]",
                         help="the slice plan's --keep-whole: each group of these descriptions (e.g. tp) in one slice")
+    parser.add_argument("--plan-rule", default="", choices=("", "sync-first", "bytes"),
+                        help="the slice plan's --rule (default: the plan's own, sync-first)")
     parser.add_argument("--alternate", action="store_true",
                         help="with --slice-load and/or --plan-keep: between every two truth runs one prism run of "
                              "the defaults and one with them")
@@ -400,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             _write(args.out, lines, results)
         return 0 if results and all(not r.error for r in results) else 1
-    variant = variant_label(args.slice_load, args.plan_keep)
+    variant = variant_label(args.slice_load, args.plan_keep, args.plan_rule)
     if args.alternate and variant == "none":
         print("prism bench fidelity: --alternate alternates prism runs of the defaults with a variant: name it with "
-              "--slice-load full|mirror and/or --plan-keep DESC", file=sys.stderr)
+              "--slice-load full|mirror, --plan-keep DESC and/or --plan-rule RULE", file=sys.stderr)
         return 2
     if args.configs:
         unknown = [n for n in args.configs.split(",") if n not in BY_NAME]

@@ -1,24 +1,27 @@
 """The order of a fidelity config's runs (truth and prism runs) and the prism runs' variants (`prism bench fidelity
---alternate`, `--slice-load`, `--plan-keep`)."""
+--alternate`, `--slice-load`, `--plan-keep`, `--plan-rule`)."""
 
 from __future__ import annotations
 
 
-def variant_label(slice_load: str, keep_whole: str) -> str:
+def variant_label(slice_load: str, keep_whole: str, plan_rule: str = "") -> str:
     """A prism run's variant: "none" (the pipeline's defaults), else its options joined by "+"."""
-    parts = ([slice_load] if slice_load != "none" else []) + ([f"keep={keep_whole}"] if keep_whole else [])
+    parts = (([slice_load] if slice_load != "none" else []) + ([f"keep={keep_whole}"] if keep_whole else [])
+             + ([f"rule={plan_rule}"] if plan_rule else []))
     return "+".join(parts) or "none"
 
 
-def variant_options(label: str) -> tuple[str, str]:
-    """(slice_load, keep_whole) of a `variant_label`."""
-    load, keep = "none", ""
+def variant_options(label: str) -> tuple[str, str, str]:
+    """(slice_load, keep_whole, plan_rule) of a `variant_label` ("" for the plan's defaults)."""
+    load, keep, rule = "none", "", ""
     for part in label.split("+"):
         if part.startswith("keep="):
             keep = part[5:]
+        elif part.startswith("rule="):
+            rule = part[5:]
         elif part != "none":
             load = part
-    return load, keep
+    return load, keep, rule
 
 
 def prism_schedule(repeats: int, prism_runs: int, variant: str, alternate: bool = False) -> list[tuple[str, int, str]]:

@@ -1,15 +1,22 @@
 """Slice planner: split the W ranks into slices of at most P ranks that run for real together.
 
-    prism slices plan --job DIR --devices P [--representative] [--keep-whole DESC[,DESC...]]
+    prism slices plan --job DIR --devices P [--representative] [--rule sync-first|bytes]
+                      [--keep-whole DESC[,DESC...]]
         ->  DIR/slices/plan.parquet
 
-Ranks that communicate most stay together: every pair of ranks gets the bytes they exchange in groups
-small enough to fit in a slice (a TP group, then EP, ...) and in point-to-point messages; clusters are
-merged greedily along the heaviest pairs while they fit in P, then packed into as few slices as possible.
-`--keep-whole tp` first puts every group whose description (`group_desc`, e.g. tp, ep) is named in one slice
-(each group that fits in P), then merges by bytes as above: for the groups whose collectives a rank waits on at once (a TP all-reduce, synchronous, on
-every layer), where the bytes rule may prefer a larger but asynchronous group (the data-parallel gradient
-buckets) and split them across slices (issue 24: tp2dp4 and tp4dp2, docs/fidelity.md "Session 18").
+Ranks that wait on each other stay together first, then those that exchange the most bytes (`--rule
+sync-first`, the default): every pair of ranks gets, from the comms of groups small enough to fit in a slice
+(a TP group, then EP, ...) and from point-to-point messages, (a) how many *synchronous* comms it shares, a comm
+being synchronous when one of the two ranks waits on it at once (its event is not asynchronous: nothing of the
+rank ran between its issue and its wait), and (b) the bytes they exchange; clusters are merged greedily along the
+pairs in that order (most synchronous comms, then most bytes) while they fit in P, then packed into as few slices
+as possible. The reason (issue 24, docs/fidelity.md "Session 18" and "Session 19"): a comm whose members are in
+different slices crosses the replay server, whose service differs from the job's; on a synchronous comm that
+difference is on the rank's path at every op, on an asynchronous one (the data-parallel gradient buckets,
+overlapped with the backward) it is mostly hidden. The bytes rule alone (`--rule bytes`) split every TP group of
+tp2dp4 and tp4dp2 (a DP+EDP pair's bytes above a TP pair's): -26..-35 % on tp4dp2. `--keep-whole tp` first puts
+every group whose description (`group_desc`, e.g. tp, ep) is named in one slice (each group that fits in P),
+then merges by the rule: the user's say over the rule's.
 
 Equivalent ranks: two ranks do the same work when they sit at the same PP stage and issue the same
 sequence of operations (kind, op, bytes); the bytes of a collective whose members contribute different
@@ -43,7 +50,12 @@ class PlanError(Exception):
     pass
 
 
+RULES = ("sync-first", "bytes")
+
+
 def _pair_weights(comms: pl.DataFrame, p: int) -> dict[tuple[int, int], float]:
+    """Bytes a pair of ranks exchanges in comms of at most `p` members (a collective's bytes shared out over
+    its n - 1 partners)."""
     weights: dict[tuple[int, int], float] = defaultdict(float)
     for members, nbytes in zip(comms["members"].to_list(), comms["bytes"].to_list()):
         n = len(members)
@@ -57,10 +69,42 @@ def _pair_weights(comms: pl.DataFrame, p: int) -> dict[tuple[int, int], float]:
     return weights
 
 
-def cluster(world: int, p: int, weights: dict[tuple[int, int], float],
+def _sync_counts(events: pl.DataFrame, comms: pl.DataFrame, p: int) -> dict[tuple[int, int], int]:
+    """Per pair of ranks, the comms of at most `p` members they share in which one of the two waits at once
+    (its event of the comm is not asynchronous)."""
+    waits = (events.filter(pl.col("comm_id") >= 0).filter(~pl.col("is_async"))
+             .group_by("comm_id").agg(pl.col("rank").unique()))
+    waiting = dict(zip(waits["comm_id"].to_list(), (set(r) for r in waits["rank"].to_list())))
+    counts: dict[tuple[int, int], int] = defaultdict(int)
+    for cid, members in zip(comms["comm_id"].to_list(), comms["members"].to_list()):
+        sync = waiting.get(cid)
+        n = len(members)
+        if not sync or n < 2 or n > p:
+            continue
+        for i in range(n):
+            for j in range(i + 1, n):
+                if members[i] in sync or members[j] in sync:
+                    counts[tuple(sorted((members[i], members[j])))] += 1
+    return counts
+
+
+def pair_order(events: pl.DataFrame, comms: pl.DataFrame, p: int, rule: str) -> dict[tuple[int, int], tuple]:
+    """Each pair's merge key under `rule` (larger first): ("sync-first") its synchronous comms, then its bytes;
+    ("bytes") its bytes."""
+    if rule not in RULES:
+        raise PlanError(f"--rule {rule}: unknown; use one of {', '.join(RULES)}")
+    nbytes = _pair_weights(comms, p)
+    if rule == "bytes":
+        return {pair: (w,) for pair, w in nbytes.items()}
+    sync = _sync_counts(events, comms, p)
+    return {pair: (sync.get(pair, 0), nbytes.get(pair, 0.0)) for pair in nbytes.keys() | sync.keys()}
+
+
+def cluster(world: int, p: int, weights: dict[tuple[int, int], float | tuple],
             whole: list[list[int]] = ()) -> list[list[int]]:
-    """Greedy agglomeration along the heaviest pairs, clusters of at most `p` ranks, then packing; the
-    groups of `whole` (member lists) are merged first, each while it fits in `p`."""
+    """Greedy agglomeration along the heaviest pairs (a weight: a number, or a tuple compared in order), clusters
+    of at most `p` ranks, then packing; the groups of `whole` (member lists) are merged first, each while it fits
+    in `p`."""
     parent = list(range(world))
     size = [1] * world
 
@@ -72,7 +116,7 @@ def cluster(world: int, p: int, weights: dict[tuple[int, int], float],
 
     kept = [(a, b) for members in whole for a, b in zip(members, members[1:])]
     # the groups kept whole first, then the heaviest pair; ties broken by rank numbers so plans are deterministic
-    for (a, b) in kept + [pair for pair, _w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))]:
+    for (a, b) in kept + [pair for pair, _w in sorted(weights.items(), key=_heaviest_first)]:
         ra, rb = find(a), find(b)
         if ra != rb and size[ra] + size[rb] <= p:
             parent[rb] = ra
@@ -90,6 +134,11 @@ def cluster(world: int, p: int, weights: dict[tuple[int, int], float],
         else:
             slices.append(list(c))
     return [sorted(s) for s in sorted(slices, key=lambda s: min(s))]
+
+
+def _heaviest_first(kv: tuple[tuple[int, int], float | tuple]) -> tuple:
+    weight = kv[1] if isinstance(kv[1], tuple) else (kv[1],)
+    return (*(-w for w in weight), kv[0])
 
 
 def rank_classes(events: pl.DataFrame, ranks: pl.DataFrame) -> dict[int, str]:
@@ -173,12 +222,15 @@ def representatives_of(slices: list[list[int]], work: dict[int, str], places: Pl
     return classes, measured_by
 
 
-def plan(graph_dir: Path, devices: int, representative: bool = False, keep_whole: tuple[str, ...] = ()) -> pa.Table:
+def plan(graph_dir: Path, devices: int, representative: bool = False, keep_whole: tuple[str, ...] = (),
+         rule: str = "sync-first") -> pa.Table:
     try:
         events = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "events"),
-                                                      columns=["rank", "seq", "kind", "op", "bytes", "comm_id"]))
+                                                      columns=["rank", "seq", "kind", "op", "bytes", "comm_id",
+                                                               "is_async"]))
         comms = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "comms"),
-                                                     columns=["kind", "group_name", "src", "dst", "members", "bytes"]))
+                                                     columns=["comm_id", "kind", "group_name", "src", "dst", "members",
+                                                              "bytes"]))
         ranks = pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "ranks")))
         groups = (pl.from_arrow(artifacts.read_parquet(job_files.graph_table(graph_dir, "groups")))
                   if job_files.graph_table(graph_dir, "groups").is_file() else None)
@@ -186,7 +238,7 @@ def plan(graph_dir: Path, devices: int, representative: bool = False, keep_whole
         raise PlanError(f"cannot read the graph in {graph_dir}: {exc}; run the graph stage first") from None
     if devices < 1:
         raise PlanError(f"--devices must be at least 1 (got {devices})")
-    return plan_tables(events, comms, ranks, groups, devices, representative, keep_whole)
+    return plan_tables(events, comms, ranks, groups, devices, representative, keep_whole, rule)
 
 
 def whole_groups(groups: pl.DataFrame | None, descs: tuple[str, ...], p: int) -> list[list[int]]:
@@ -204,12 +256,14 @@ def whole_groups(groups: pl.DataFrame | None, descs: tuple[str, ...], p: int) ->
 
 
 def plan_tables(events: pl.DataFrame, comms: pl.DataFrame, ranks: pl.DataFrame, groups: pl.DataFrame | None,
-                devices: int, representative: bool = False, keep_whole: tuple[str, ...] = ()) -> pa.Table:
-    """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id), comms (kind, group_name,
-    src, dst, members, bytes), ranks (rank, pp), groups (group_name, group_desc, members) or None; the groups
-    described as one of `keep_whole` merged first."""
+                devices: int, representative: bool = False, keep_whole: tuple[str, ...] = (),
+                rule: str = "sync-first") -> pa.Table:
+    """The plan from the graph's tables: events (rank, seq, kind, op, bytes, comm_id, is_async), comms (comm_id,
+    kind, group_name, src, dst, members, bytes), ranks (rank, pp), groups (group_name, group_desc, members) or
+    None; the groups described as one of `keep_whole` merged first, then the pairs in `rule`'s order."""
     world = ranks.height
-    slices = cluster(world, devices, _pair_weights(comms, devices), whole_groups(groups, keep_whole, devices))
+    slices = cluster(world, devices, pair_order(events, comms, devices, rule),
+                     whole_groups(groups, keep_whole, devices))
     classes, measured_by = representatives_of(slices, rank_classes(events, ranks), Places(comms, groups),
                                               representative)
     rows = {"slice": [], "rank": [], "rank_class": [], "measured_by": [], "measured": []}
@@ -231,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, required=True, help="device slots P: at most P ranks a slice")
     parser.add_argument("--representative", action="store_true",
                         help="measure one slice per class of equivalent slices")
+    parser.add_argument("--rule", choices=RULES, default="sync-first",
+                        help="merge pairs by their synchronous comms, then bytes (sync-first), or by bytes alone")
     parser.add_argument("--keep-whole", default="", metavar="DESC[,DESC...]",
                         help="first put each group of these descriptions (group_desc, e.g. tp) in one slice")
     args = parser.parse_args(argv)
@@ -238,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_id = artifacts.same_run([job_files.graph_file(args.job, name) for name in ("events", "comms", "ranks")])
         table = plan(graph, args.devices, args.representative,
-                     tuple(d for d in args.keep_whole.split(",") if d))
+                     tuple(d for d in args.keep_whole.split(",") if d), args.rule)
         artifacts.write_outputs(job_files.slices_dir(args.job), {"plan": table}, {"plan": schemas.SLICE_PLAN},
                                 run_id=run_id)
     except (PlanError, artifacts.ArtifactError) as exc:

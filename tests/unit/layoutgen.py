@@ -1,7 +1,7 @@
 """The graph tables the slice planner reads, for the reference MoE workload's layout at any W, without a capture.
 
 `moe_graph(tp, pp, dp, ep)` builds what `prism.slices.plan.plan_tables` needs (events: rank, seq, kind, op, bytes,
-comm_id; comms: kind, group_name, src, dst, members, bytes; ranks: rank, pp; groups: group_name, group_desc,
+comm_id, is_async; comms: comm_id, kind, group_name, src, dst, members, bytes; ranks: rank, pp; groups: group_name, group_desc,
 members) with the structure of `prism.workloads.moe_gpt` (rank = t + tp * (d + dp * p); groups tp, dp, pp, ep, edp as
 `prism.workloads.parallel` makes them) and one iteration's operations per rank as a capture of it counts them
 (W=64 tp2·pp2·dp16·ep2, iteration 1: per microbatch and layer the TP all-reduces, the EP count exchange and the
@@ -50,19 +50,19 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
             for i in range(ep):
                 add("edp", [rank(t, b * ep + i, p) for b in range(dp // ep)])
 
-    events = {k: [] for k in ("rank", "seq", "kind", "op", "bytes", "comm_id")}
-    comms = {k: [] for k in ("kind", "group_name", "src", "dst", "members", "bytes")}
+    events = {k: [] for k in ("rank", "seq", "kind", "op", "bytes", "comm_id", "is_async")}
+    comms = {k: [] for k in ("comm_id", "kind", "group_name", "src", "dst", "members", "bytes")}
     seq = [0] * world
     pending: dict[tuple[str, str], int] = {}  # (group, per-group call) -> comm_id
 
-    def emit(r: int, kind: str, op: str, nbytes: int, comm: int) -> None:
-        for k, v in zip(events, (r, seq[r], kind, op, nbytes, comm)):
+    def emit(r: int, kind: str, op: str, nbytes: int, comm: int, is_async: bool = False) -> None:
+        for k, v in zip(events, (r, seq[r], kind, op, nbytes, comm, is_async)):
             events[k].append(v)
         seq[r] += 1
 
     calls: dict[tuple[str, int], int] = {}
 
-    def collective(r: int, desc: str, op: str, nbytes: int) -> None:
+    def collective(r: int, desc: str, op: str, nbytes: int, is_async: bool = False) -> None:
         name = of[desc, r] if desc != "world" else "0"
         n = calls.get((name, r), 0)
         calls[name, r] = n + 1
@@ -70,9 +70,9 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
         if key not in pending:
             pending[key] = len(comms["kind"])
             members = groups[name][1]
-            for k, v in zip(comms, ("collective", name, -1, -1, members, nbytes * len(members))):
+            for k, v in zip(comms, (pending[key], "collective", name, -1, -1, members, nbytes * len(members))):
                 comms[k].append(v)
-        emit(r, "collective", op, nbytes, pending[key])
+        emit(r, "collective", op, nbytes, pending[key], is_async)
 
     p2p: dict[tuple[int, int, int], int] = {}
 
@@ -83,7 +83,7 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
         key = (src, dst, n)
         if key not in p2p:
             p2p[key] = len(comms["kind"])
-            for k, v in zip(comms, ("p2p", of["pp", r], src, dst, [src, dst], nbytes)):
+            for k, v in zip(comms, (p2p[key], "p2p", of["pp", r], src, dst, [src, dst], nbytes)):
                 comms[k].append(v)
         emit(r, kind, "send" if kind == "send" else "recv", nbytes, p2p[key])
 
@@ -106,14 +106,14 @@ def moe_graph(tp: int, pp: int, dp: int, ep: int, seed: int = 0) -> tuple[pl.Dat
                 if direction == "backward" and p > 0:
                     message(r, "send", rank(t, d, p - 1), 2048)
         for _bucket in range(3 if p == 0 else 2):  # the first stage holds the embedding: one bucket more
-            collective(r, "dp", "all_reduce", 83_187 // dp)
-        collective(r, "edp", "all_reduce", 49_152 // max(1, dp // ep))
+            collective(r, "dp", "all_reduce", 83_187 // dp, is_async=True)  # gradient buckets: overlapped
+        collective(r, "edp", "all_reduce", 49_152 // max(1, dp // ep), is_async=True)
         collective(r, "ep", "all_reduce", 8)
         collective(r, "pp", "all_reduce", 6)
         collective(r, "dp", "all_reduce", 4)
     ev = pl.DataFrame(events, schema={"rank": pl.Int32, "seq": pl.Int64, "kind": pl.Utf8, "op": pl.Utf8,
-                                      "bytes": pl.Int64, "comm_id": pl.Int64})
-    cm = pl.DataFrame(comms, schema={"kind": pl.Utf8, "group_name": pl.Utf8, "src": pl.Int32, "dst": pl.Int32,
+                                      "bytes": pl.Int64, "comm_id": pl.Int64, "is_async": pl.Boolean})
+    cm = pl.DataFrame(comms, schema={"comm_id": pl.Int64, "kind": pl.Utf8, "group_name": pl.Utf8, "src": pl.Int32, "dst": pl.Int32,
                                      "members": pl.List(pl.Int32), "bytes": pl.Int64})
     rk = pl.DataFrame({"rank": list(range(world)), "pp": [r // (tp * dp) for r in range(world)]},
                       schema={"rank": pl.Int32, "pp": pl.Int32})

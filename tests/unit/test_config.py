@@ -99,7 +99,7 @@ def test_defaults_come_from_the_schema():
     filled = config.with_defaults({"job": "x", "nproc": 1, "workload": {"module": "m"}})
     assert filled == {"job": "x", "nproc": 1, "workload": {"module": "m"}, "device": "cpu", "results": "results",
                       "baseline": {"run": "auto", "pin": True}, "capture": {"devices": 2, "payloads": True},
-                      "slices": {"keep_whole": []}, "calibrate": {"timed_slices": False}}
+                      "slices": {"keep_whole": [], "plan_rule": "sync-first"}, "calibrate": {"timed_slices": False}}
     assert config.with_defaults({"capture": {"devices": 1}})["capture"] == {"devices": 1, "payloads": True}
 
 
@@ -148,3 +148,11 @@ def test_slices_section_names_the_groups_kept_whole():
         config.from_dict({**base, "slices": {"keep_whole": "tp"}})
     with pytest.raises(config.ConfigError, match="'slices'"):
         config.from_dict({**base, "slices": {"keep": ["tp"]}})
+
+
+def test_slices_section_names_the_plan_rule():
+    base = {"job": "x", "nproc": 2, "workload": {"module": "m"}}
+    assert config.from_dict(base).slices.plan_rule == "sync-first"
+    assert config.from_dict({**base, "slices": {"plan_rule": "bytes"}}).slices.plan_rule == "bytes"
+    with pytest.raises(config.ConfigError, match="'slices.plan_rule'"):
+        config.from_dict({**base, "slices": {"plan_rule": "fastest"}})

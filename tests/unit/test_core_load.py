@@ -95,13 +95,15 @@ def test_alternate_without_a_load_is_refused_with_the_fix(capsys):
     from prism.bench import fidelity
 
     assert fidelity.main(["--alternate", "--configs", "dp2"]) == 2
-    assert "--slice-load full|mirror and/or --plan-keep DESC" in capsys.readouterr().err
+    assert "--slice-load full|mirror, --plan-keep DESC and/or --plan-rule RULE" in capsys.readouterr().err
 
 
 def test_a_variant_label_names_its_options_and_gives_them_back():
     from prism.bench.fidelity import variant_label, variant_options
 
-    assert variant_label("none", "") == "none" and variant_options("none") == ("none", "")
+    assert variant_label("none", "") == "none" and variant_options("none") == ("none", "", "")
     assert variant_label("mirror", "tp") == "mirror+keep=tp"
-    assert variant_options("mirror+keep=tp") == ("mirror", "tp")
-    assert variant_options(variant_label("none", "tp,ep")) == ("none", "tp,ep")
+    assert variant_options("mirror+keep=tp") == ("mirror", "tp", "")
+    assert variant_options(variant_label("none", "tp,ep")) == ("none", "tp,ep", "")
+    assert variant_label("none", "", "bytes") == "rule=bytes"
+    assert variant_options(variant_label("full", "tp", "bytes")) == ("full", "tp", "bytes")

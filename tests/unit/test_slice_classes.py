@@ -4,7 +4,10 @@ A rank's class is its work (PP stage, operation sequence; an all-to-all whose si
 split it) and its place in its slice (for each of its groups, how many members run beside it). The synthetic
 graphs (`layoutgen.moe_graph`) have the reference workload's structure; on real captures of the weak layouts
 (W = 16, 64, 128, 256, 512 on this VM) the planner measured the same counts as here: 1, 2, 1, 1, 1 at P=16,
-2 at P=4 and P=2 (docs/results/scale/s10/slice_counts.txt).
+2 at P=4 and P=2 (docs/results/scale/s10/slice_counts.txt), under the plan's bytes rule (the default then). The
+default rule since session 19 (sync-first: pairs that wait on each other first) keeps a slice's TP, PP and EP
+partners together at W=64 too (the DP gradient buckets are asynchronous): 1 measured slice there, not compared
+with a real capture of that layout.
 """
 
 import polars as pl
@@ -19,11 +22,14 @@ def measured(table) -> int:
     return len(set(table.filter(table["measured"])["slice"].to_pylist()))
 
 
-@pytest.mark.parametrize("w, expected", [(16, 1), (64, 2), (256, 1), (1024, 1), (8192, 1)])
-def test_weak_layouts_need_a_handful_of_slices_at_any_w(w, expected):
-    # tp2·pp2·ep2·dp(W/4) on P=16: at W=64 a DP group (16) fits a slice and the planner keeps it whole, one
-    # slice a stage; from W=256 on a slice holds TP, PP and EP partners of both stages and one stands for all
-    table = slice_plan.plan_tables(*moe_graph(2, 2, w // 4, 2), 16, representative=True)
+@pytest.mark.parametrize("rule, w, expected", [("bytes", 16, 1), ("bytes", 64, 2), ("bytes", 256, 1),
+                                               ("bytes", 1024, 1), ("bytes", 8192, 1),
+                                               *(("sync-first", w, 1) for w in (16, 64, 256, 1024, 8192))])
+def test_weak_layouts_need_a_handful_of_slices_at_any_w(rule, w, expected):
+    # tp2·pp2·ep2·dp(W/4) on P=16: under the bytes rule at W=64 a DP group (16) fits a slice and the planner keeps
+    # it whole, one slice a stage; from W=256 on (at any W under sync-first, the DP buckets being asynchronous) a
+    # slice holds TP, PP and EP partners of both stages and one stands for all
+    table = slice_plan.plan_tables(*moe_graph(2, 2, w // 4, 2), 16, representative=True, rule=rule)
     assert len(set(table["slice"].to_pylist())) == w // 16
     assert measured(table) == expected
     representatives(table.to_pylist())  # every unmeasured slice has its classes in the slice measuring it

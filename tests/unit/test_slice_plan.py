@@ -38,21 +38,53 @@ def test_slices_fit_and_cover_every_rank_once(tmp_path, devices):
     assert len(sizes) == 1 or sizes[0] + sizes[1] > devices
 
 
-def test_the_heaviest_talkers_stay_together(tmp_path):
+def test_the_bytes_rule_keeps_the_heaviest_talkers_together(tmp_path):
     # in this synthetic job a pipeline pair (r, r+4) exchanges 4 x 16 KiB activations and gradients per
     # iteration, more than a TP pair's all-reduces: the PP pairs are kept together
     job = build(tmp_path, tp=2, dp=2, pp=2)
-    assert slice_plan.main(["--job", str(job), "--devices", "2"]) == 0
+    assert slice_plan.main(["--job", str(job), "--devices", "2", "--rule", "bytes"]) == 0
     assert sorted(slices_of(job).values()) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     # with room for 4, a pipeline pair joins its TP partner's pair
-    assert slice_plan.main(["--job", str(job), "--devices", "4"]) == 0
+    assert slice_plan.main(["--job", str(job), "--devices", "4", "--rule", "bytes"]) == 0
     assert sorted(slices_of(job).values()) in ([[0, 1, 4, 5], [2, 3, 6, 7]], [[0, 2, 4, 6], [1, 3, 5, 7]])
 
 
-def test_keep_whole_puts_each_named_group_in_one_slice_before_the_bytes_rule(tmp_path, capsys):
+def test_sync_first_keeps_the_pairs_that_wait_on_each_other_most_together(tmp_path):
+    # per iteration a TP pair shares 3 comms one of them waits on at once (the all-reduce, the broadcast, the halo
+    # whose receive blocks), a PP pair 2 (the activation, whose send is asynchronous but whose receive blocks, and
+    # the gradient): the default rule keeps the TP pairs, though the PP pairs exchange more bytes
+    job = build(tmp_path, tp=2, dp=2, pp=2)
+    assert slice_plan.main(["--job", str(job), "--devices", "2"]) == 0
+    assert sorted(slices_of(job).values()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # with room for 4: each TP pair, then its pipeline partner pair (2 synchronous comms) before its DP partner
+    # (the gradient all-reduce is asynchronous on both members)
+    assert slice_plan.main(["--job", str(job), "--devices", "4"]) == 0
+    assert sorted(slices_of(job).values()) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_a_comm_counts_as_synchronous_when_either_rank_of_the_pair_waits_on_it():
+    import polars as pl
+
+    # comm 0: ranks 0,1 all-reduce, both asynchronous; comm 1: 0 -> 2 isend (async) into a blocking recv;
+    # comm 2: ranks 1,3 blocking; comm 3: a 3-member group larger than p=2 (left out)
+    events = pl.DataFrame({"rank": [0, 1, 0, 2, 1, 3, 0, 1, 2], "comm_id": [0, 0, 1, 1, 2, 2, 3, 3, 3],
+                           "is_async": [True, True, True, False, False, False, False, False, False]})
+    comms = pl.DataFrame({"comm_id": [0, 1, 2, 3], "members": [[0, 1], [0, 2], [1, 3], [0, 1, 2]],
+                          "bytes": [10_000, 10, 10, 10]})
+    assert dict(slice_plan._sync_counts(events, comms, 2)) == {(0, 2): 1, (1, 3): 1}
+    order = slice_plan.pair_order(events, comms, 2, "sync-first")
+    assert order[(0, 1)] == (0, 10_000.0) and order[(0, 2)] == (1, 10.0)
+    # the asynchronous pair's bytes lose to the waiting pairs under sync-first, win under bytes
+    assert slice_plan.cluster(4, 2, order) == [[0, 2], [1, 3]]
+    assert slice_plan.cluster(4, 2, slice_plan.pair_order(events, comms, 2, "bytes")) == [[0, 1], [2, 3]]
+    with pytest.raises(slice_plan.PlanError, match="--rule fastest: unknown; use one of sync-first, bytes"):
+        slice_plan.pair_order(events, comms, 2, "fastest")
+
+
+def test_keep_whole_puts_each_named_group_in_one_slice_before_the_rule(tmp_path, capsys):
     job = build(tmp_path, tp=2, dp=2, pp=2)
     # the bytes rule keeps the pipeline pairs (above); kept whole, the TP pairs win
-    assert slice_plan.main(["--job", str(job), "--devices", "2", "--keep-whole", "tp"]) == 0
+    assert slice_plan.main(["--job", str(job), "--devices", "2", "--rule", "bytes", "--keep-whole", "tp"]) == 0
     assert sorted(slices_of(job).values()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     capsys.readouterr()
     assert slice_plan.main(["--job", str(job), "--devices", "2", "--keep-whole", "tensor"]) == 2

@@ -42,4 +42,12 @@ def test_the_groups_kept_whole_reach_the_slice_plan(tmp_path):
                                "workload": {"module": "prism.workloads.moe_gpt", "args": {"tp": 2}}})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "prism.slices.plan" in out and "--keep-whole=tp,ep" in out
+    assert "prism.slices.plan" in out and "--keep-whole=tp,ep" in out and "--rule=sync-first" in out
+
+
+def test_the_plan_rule_reaches_the_slice_plan(tmp_path):
+    proc = _dry_run(tmp_path, {"job": "k", "nproc": 4, "slices": {"plan_rule": "bytes"},
+                               "workload": {"module": "prism.workloads.moe_gpt", "args": {"tp": 2}}})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "--rule=bytes" in out

@@ -13,6 +13,7 @@ checkpoint slice_plan:
         job=in_job(),
         devices=JOB.capture.devices,
         keep_whole=",".join(JOB.slices.keep_whole),
+        plan_rule=JOB.slices.plan_rule,
     threads: stage_threads("slice_plan")
     resources:
         **rule_resources("slice_plan"),
@@ -22,7 +23,7 @@ checkpoint slice_plan:
         "../envs/analysis.yaml"
     shell:
         "$PY -m prism.slices.plan --job {params.job:q} --devices {params.devices} "
-        "--keep-whole={params.keep_whole:q} >> {log:q} 2>&1"
+        "--keep-whole={params.keep_whole:q} --rule={params.plan_rule:q} >> {log:q} 2>&1"
 
 
 rule slice_run:  # runs alone: its timings must not share the machine with another stage
