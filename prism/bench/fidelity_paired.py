@@ -51,6 +51,24 @@ def config_runs(config_dir: Path, truth_ms: list[float], pred_ms: list[float], l
     return rows
 
 
+def _stream(d: Path) -> str:
+    """A stream's name in the table: its folder, and its parent's where that names a call (callN/a)."""
+    return f"{d.parent.name}/{d.name}" if d.parent.name.startswith("call") else d.name
+
+
+def compute_fit(errors: list[float], ratios: list[float]) -> str:
+    """How much of the runs' errors their slices' compute speed explains: the correlation and least-squares line of
+    error % on (compute ratio - 1) x 100, and what is left of each error once that term is taken off at slope 1
+    (a prediction whose slices computed k % slow is expected ~k % high, the rest being the other terms)."""
+    term = [100.0 * (c - 1.0) for c in ratios]
+    left = [e - t for e, t in zip(errors, term)]
+    tail = f"{statistics.mean(left):+.1f}, {statistics.mean(abs(v) for v in left):.1f}"
+    if len(errors) < 3 or statistics.pstdev(term) == 0 or statistics.pstdev(errors) == 0:
+        return f"- | {tail}"
+    slope, intercept = np.polyfit(term, errors, 1)
+    return f"{np.corrcoef(term, errors)[0, 1]:.2f}, {slope:.2f}, {intercept:+.1f} | {tail}"
+
+
 def report(stream_dirs: list[Path]) -> list[str]:
     lines = ["| stream | config | run | load | slices began s | prism ms | truth there ms | error % | "
              "slices' compute CPU / truth's there |", "|---|---|---|---|---|---|---|---|---|"]
@@ -61,18 +79,19 @@ def report(stream_dirs: list[Path]) -> list[str]:
                 continue
             rows = config_runs(d / r.cfg.name, r.truth_ms, r.pred_ms, r.variant)
             for x in rows:
-                x.update(config=r.cfg.name, stream=d.name)
-                lines.append(f"| {d.name} | {r.cfg.name} | {x['run']} | {x['load']} | {x['began']:.1f} | "
+                x.update(config=r.cfg.name, stream=_stream(d))
+                lines.append(f"| {_stream(d)} | {r.cfg.name} | {x['run']} | {x['load']} | {x['began']:.1f} | "
                              f"{x['pred_ms']:.2f} | {x['truth_ms']:.2f} | {x['error_pct']:+.1f} | {x['cpu']:.3f} |")
             every += rows
-    lines += ["", "| load | prism runs | mean signed error % | mean \\|error\\| % | compute CPU / truth's: mean (min-max) |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| load | prism runs | mean signed error % | mean \\|error\\| % | compute CPU / truth's: mean (min-max) "
+              "| error against the compute term (ratio - 1, %): r, slope, intercept | error minus the compute term: "
+              "mean, mean \\|.\\| % |", "|---|---|---|---|---|---|---|"]
     for load in sorted({x["load"] for x in every}):
         xs = [x for x in every if x["load"] == load]
         errs, cpus = [x["error_pct"] for x in xs], [x["cpu"] for x in xs]
         lines.append(f"| {load} | {len(xs)} | {statistics.mean(errs):+.1f} | "
                      f"{statistics.mean(abs(e) for e in errs):.1f} | {statistics.mean(cpus):.3f} "
-                     f"({min(cpus):.3f}-{max(cpus):.3f}) |")
+                     f"({min(cpus):.3f}-{max(cpus):.3f}) | {compute_fit(errs, cpus)} |")
     pairs = []
     for key in sorted({(x["stream"], x["config"], x["gap"]) for x in every}):
         xs = [x for x in every if (x["stream"], x["config"], x["gap"]) == key]

@@ -46,3 +46,13 @@ def test_a_run_is_scored_against_the_truth_between_the_runs_around_it(tmp_path):
 def test_outside_the_truths_the_nearest_truth_counts():
     assert fidelity_paired.interpolate([0.0, 10.0], [1.0, 2.0], 12.0) == 2.0
     assert fidelity_paired.interpolate([0.0, 10.0], [1.0, 2.0], -1.0) == 1.0
+
+
+def test_the_compute_fit_says_how_much_of_the_error_the_slices_compute_speed_explains():
+    # errors exactly the compute term (slices 5 % slow -> +5 %): r 1, slope 1, nothing left
+    assert fidelity_paired.compute_fit([5.0, -3.0, 0.0], [1.05, 0.97, 1.0]).replace("-0.0", "+0.0") == \
+        "1.00, 1.00, +0.0 | +0.0, 0.0"
+    # a constant 2 % on top of it: the intercept and what is left say so
+    assert fidelity_paired.compute_fit([7.0, -1.0, 2.0], [1.05, 0.97, 1.0]) == "1.00, 1.00, +2.0 | +2.0, 2.0"
+    # too few runs for a line: only what is left
+    assert fidelity_paired.compute_fit([4.0], [1.01]) == "- | +3.0, 3.0"
