@@ -35,3 +35,20 @@ def test_runs_without_variants_are_the_defaults_and_a_config_twice_is_refused(tm
     with pytest.raises(ResultsError, match="tp2 is in both"):
         fidelity_matrix.report([tmp_path / "b.json", tmp_path / "c.json"])
     assert fidelity_matrix.main([str(tmp_path / "b.json"), str(tmp_path / "c.json")]) == 2
+
+
+def test_the_readmes_matrix_figures_are_what_the_committed_files_give():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = " ".join((root / "README.md").read_text().split())
+    claim = re.search(r"mean signed error \*\*([+-][\d.]+) %\*\*, mean \|error\| \*\*([\d.]+) %\*\*, (\d+) of (\d+) "
+                      r"inside the truth's spread.*?`python -m prism\.bench\.fidelity_matrix (docs/\S+)/call\{([^}]*)\}"
+                      r"/fidelity\.json`", text)
+    assert claim, "the README's session-19 matrix sentence"
+    signed, mean_abs, inside, n, folder, calls = claim.groups()
+    files = [root / folder / f"call{c}" / "fidelity.json" for c in calls.split(",")]
+    out = "\n".join(fidelity_matrix.report(files))
+    assert f"mean signed error {signed} %" in out and f"mean |error| {mean_abs} %" in out
+    assert f"inside the truth's spread {inside} of {n}" in out and f"configs {n} " in out
