@@ -54,7 +54,6 @@ import contextlib
 import datetime
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +64,7 @@ import pyarrow.parquet as pq
 
 from prism.bench.fidelity_table import Config, Result, ResultsError, read_json, summarize, table, totals, write_json
 from prism.bench.fidelity_table import MODEL, SMALL_MODEL  # noqa: F401  (the bench's names)
-from prism.bench.fidelity_table import row
+from prism.bench.fidelity_table import row, scored_by, source_digest  # noqa: F401  (scored_by: the bench's name)
 from prism.bench import core_load, fidelity_sandbox
 from prism.bench.fidelity_sandbox import emulated_sandbox  # noqa: F401  (the bench's name)
 from prism.bench.fidelity_schedule import prism_schedule, variant_label, variant_options  # noqa: F401
@@ -254,21 +253,6 @@ def score_prism_run(res: Result, job: Path, truth0: Path | None) -> None:
         res.emulated.append(emulated_sandbox(job, timeline, truth0))
 
 
-def scored_by() -> dict:
-    """Which prism computes a prediction: the UTC time and the git commit of this source tree (null outside
-    a git checkout; ``+dirty`` with uncommitted changes)."""
-    at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "prism"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, ""
-    return {"at": at, "commit": f"{commit}+dirty" if commit and dirty else commit}
-
-
 def rescore(folders: list[Path]) -> list[Result]:
     """Results re-computed from saved runs (`--out DIR --work DIR`): the truth's iteration times from
     DIR/fidelity.json, every prism run's prediction and ablation anew from DIR/<config>/prism<i>, the
@@ -384,7 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print the tables and means of results files (fidelity.json, e.g. "
                              "docs/results/fidelity/*.json)")
+    parser.add_argument("--digest", action="store_true",
+                        help="run nothing: print this tree's prism sources digest (the `scored.digest` of a run)")
     args = parser.parse_args(argv)
+    if args.digest:
+        print(source_digest())
+        return 0
     if args.summarize:
         try:
             print(summarize(args.summarize, BY_NAME), end="")

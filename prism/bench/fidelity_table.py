@@ -18,7 +18,9 @@ prism inside the truth's min-max.
 
 from __future__ import annotations
 
+import datetime
 import json
+import subprocess
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,3 +224,32 @@ def summarize(paths: list[Path], known: dict[str, Config] | None = None) -> str:
         out += [f"## all {len(paths)} files together ({len(every)} configs)", ""] + totals(every)
         out += [stage_ranges(every)] + fidelity_sandbox.totals(every) + [""]
     return "\n".join(out)
+
+
+def source_digest(root: Path | None = None) -> str:
+    """A digest of the prism package's Python sources as they are on disk (every `prism/**/*.py`, by path and
+    content): which code ran where the checkout's git metadata does not say (the device tool's copy of a working
+    tree keeps an older `.git`, so its commit is not the tree's). `python -m prism.bench.fidelity --digest` prints
+    it for this tree; `git stash; ...; git stash pop` or a checkout of a commit gives that commit's."""
+    import hashlib
+
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted((root / "prism").rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def scored_by() -> dict:
+    """Which prism computes a prediction: the UTC time, the git commit of this source tree (null outside
+    a git checkout; ``+dirty`` with uncommitted changes) and `source_digest` (the sources themselves)."""
+    at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "prism"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, ""
+    return {"at": at, "commit": f"{commit}+dirty" if commit and dirty else commit, "digest": source_digest(root)}

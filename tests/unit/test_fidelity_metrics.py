@@ -337,3 +337,19 @@ def test_a_failed_emulation_is_named_in_its_row(tmp_path):
     assert "| dp2 | 104.00 | +4.0 | yes | 80.00 | -20.0 | no | not run: prism emulate ... exited 2: boom |" in out
     (back,) = read_json(tmp_path / "r.json")
     assert back.emulated == [{"error": "prism emulate ... exited 2: boom"}] and back.pred_untimed_ms == [80.0]
+
+
+def test_the_source_digest_follows_the_prism_sources_not_the_git_metadata(tmp_path):
+    from prism.bench.fidelity_table import scored_by, source_digest
+
+    (tmp_path / "prism" / "sub").mkdir(parents=True)
+    (tmp_path / "prism" / "a.py").write_text("x = 1\n")
+    (tmp_path / "prism" / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "prism" / "notes.txt").write_text("not code")
+    first = source_digest(tmp_path)
+    assert len(first) == 16 and source_digest(tmp_path) == first
+    (tmp_path / "prism" / "notes.txt").write_text("changed, not code")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "prism" / "sub" / "b.py").write_text("y = 3\n")
+    assert source_digest(tmp_path) != first
+    assert scored_by()["digest"] == source_digest()
