@@ -6,8 +6,8 @@ A JOB_DIR holds ``graph/`` of a real run (`prism launch --mode real`, then `pris
 ``truth0``; the committed fixtures `tests/data/fidelity/*`). Per run it prints the run's own iteration time
 (`prism.iterations`: median over k >= 1), the sweep's on the same graph with the run's own durations and
 transfers, and the error. ``--rule measured`` (default) takes them as the slice runs do
-(`prism.calibrate.durations.measured_run`: compute its wall span, a comm's transfer its first member's delay,
-a wait its own time after the completion); ``--rule bare`` as before session 9 (`bare_graph` durations:
+(`prism.calibrate.durations.measured_run`: compute and markers their wall span, a comm's transfer its first
+member's delay, a wait its own time after the completion); ``--rule bare`` as before session 9 (`bare_graph` durations:
 compute its CPU time, and each comm's transfer the mean member delay of the slice rule).
 
 What is left of the error is the model's own: the inputs are right by construction.

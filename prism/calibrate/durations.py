@@ -176,12 +176,17 @@ def measured_run(
       spends the span, not only its thread's CPU time (the truths' compute spans are 1.017-1.067x their CPU
       time on the 16-core host: a rank is descheduled, waits on memory); on CUDA the GPU time of its kernels
       (from CUDA events), which a launch's host span does not show;
+    - a marker: the same (the longer of its wall span and its own time): the rank spends the span too. A
+      marker's CPU time is ~0.05 ms, but now and then its thread is off the CPU inside it for milliseconds
+      (session 19: 25 of 111,680 markers of 91 truths over 1 ms, up to 5.9 ms, 23 of them ``bwd_end``; only
+      that rank stopped, the host had idle cores): with its CPU time the sweep ran 2.1 and 2.6 % low on
+      the two truths where one was on an iteration's critical path (`docs/results/fidelity/s19/model/`);
     - a comm's transfer: the *first* member's delay (last issue -> it saw completion: `bare_graph`'s
       rule), unless `transfer` gives it (several slice runs measure one comm);
     - a wait on a collective or a recv: its own time after the comm's completion on this run's clock,
       ``end - max(start, last issue + transfer)`` (`clock_rule.wait_own`): the member's lag behind the
       first member to see the completion, and its copy-out;
-    - everything else as `bare_graph` (ops their issue span, markers and waits on sends their own time).
+    - everything else as `bare_graph` (ops their issue span, waits on sends their own time).
 
     `own`, `comm`, `wait_op`, `n_comms` as for `bare_graph`; events of ranks this run did not measure hold
     -1 times (their durations are meaningless: the caller replaces them); `issues` = (comm, issue time) of
@@ -192,7 +197,7 @@ def measured_run(
     durations, first = bare_graph(kind, comm, wait_op, own, t_start_ns, t_end_ns, t_complete_ns, n_comms)
     transfer = first if transfer is None else np.asarray(transfer, dtype=np.int64)
     span = np.maximum(t_end_ns - t_start_ns, 0)
-    durations = np.where(kind == K_COMPUTE, np.maximum(span, durations), durations)
+    durations = np.where((kind == K_COMPUTE) | (kind == K_MARKER), np.maximum(span, durations), durations)
     is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
     ops = np.flatnonzero(is_op & (t_start_ns >= 0))
     last_start = np.full(n_comms, np.iinfo(np.int64).min // 4, dtype=np.int64)

@@ -12,7 +12,7 @@ import pytest
 from prism import clock_rule, schemas
 from prism.bench.fidelity_model import self_sweep
 from prism.calibrate import durations as rules
-from prism.calibrate.arrays import K_SEND, K_WAIT
+from prism.calibrate.arrays import K_COLLECTIVE, K_COMPUTE, K_MARKER, K_SEND, K_WAIT, SweepGraph
 from prism.calibrate.stage import load_graph
 from prism.calibrate.sweep import discover
 from prism.runtime.replay.clock import TimedReplay
@@ -34,6 +34,30 @@ def test_the_rule_and_its_inverse():
 def test_the_sweep_on_a_truths_own_inputs_gives_its_iteration_time(job):
     truth, swept = self_sweep(job, "measured")
     assert abs(swept - truth) <= 0.01 * truth, (job.name, truth, swept)
+
+
+def test_a_markers_wall_span_is_what_its_rank_spent():
+    """A marker whose thread was off the CPU inside it (session 19: a ``bwd_end`` of 5.8 ms wall, 0.05 ms CPU, on
+    an iteration's critical path made the sweep 2.6 % low): the measured-run rule takes its wall span, as for
+    compute, and the sweep on the run's own inputs then ends every event when the run did. With the marker's CPU
+    time the peer's wait, and the iteration, ended 5.75 ms early."""
+    ms = 1_000_000
+    # rank 0: compute, marker (5.8 ms wall, 0.05 ms CPU), all_reduce, wait, iteration_end marker
+    # rank 1: compute, all_reduce, wait (for rank 0's late issue), iteration_end marker
+    graph = SweepGraph(rank_ptr=np.array([0, 5, 9]),
+                       kind=np.array([K_COMPUTE, K_MARKER, K_COLLECTIVE, K_WAIT, K_MARKER,
+                                      K_COMPUTE, K_COLLECTIVE, K_WAIT, K_MARKER], np.int8),
+                       comm=np.array([-1, -1, 0, -1, -1, -1, 0, -1, -1]),
+                       wait_op=np.array([-1, -1, -1, 2, -1, -1, -1, 6, -1]), comm_p2p=np.array([False]))
+    t_start = np.array([0, 2, 7.8, 7.9, 8.4, 0, 3, 3.1, 8.5]) * ms
+    t_end = np.array([2, 7.8, 7.9, 8.4, 8.45, 3, 3.1, 8.5, 8.55]) * ms
+    cpu = np.array([2, 0.05, 0.1, 0.02, 0.05, 3, 0.1, 0.02, 0.05]) * ms
+    own = rules.own_ns(graph.kind, cpu.astype(np.int64), cpu.astype(np.int64))
+    dur, transfer = rules.measured_run(graph.kind, graph.comm, graph.wait_op, own, t_start.astype(np.int64),
+                                       t_end.astype(np.int64), np.full(9, -1), graph.n_comms)
+    assert dur[1] == 5.8 * ms and dur[4] == 0.05 * ms  # the wall span, not the CPU time; never less than it
+    _, tl = discover(graph, dur, transfer)
+    assert tl.start_ns.tolist() == t_start.tolist() and tl.end_ns.tolist() == t_end.tolist()
 
 
 def test_the_old_rule_misses_where_the_new_one_does_not():
