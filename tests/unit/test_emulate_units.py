@@ -95,6 +95,29 @@ def test_substituted_sweep_delays_what_depends_on_the_sandbox():
     assert t.end_ns.tolist() == [30, 32, 34, 38, 20, 21, 33, 38]
 
 
+def test_a_measured_compute_takes_the_longer_of_its_span_and_its_device_time():
+    """The calibration takes a slice run's compute by the measured-run rule (`durations.measured_run`: the
+    longer of the wall span and the device time); the sandbox's measured compute must be substituted by the
+    same rule, or the emulated job's "program" runs short of the prediction by the sandbox's wall/CPU (on CPU
+    the device time is the thread's CPU time: session 19, 1.02-1.10x) with the program unchanged."""
+    programs = [
+        [("compute", 10), ("coll", "A", 1), ("wait", 1, 0), ("compute", 5)],
+        [("compute", 20), ("coll", "A", 1), ("wait", 1, 0), ("compute", 5)],
+    ]
+    job, dur, xfer = job_of(programs, {"A": 3})
+    rows = np.array([0, 1, 2, 3])
+    # compute 0: CPU 30 in a span of 36 (descheduled 6); compute 3: device 9 in a span of 4 (CUDA: the GPU's
+    # time, past the launch's host span); the wait's own CPU 1 within its span of 68
+    dev = np.array([30, -1, 1, 9])
+    t_start = np.array([500, 536, 538, 606])
+    t_end = np.array([536, 538, 606, 610])
+    new = substitute.substitute_measured(job, dur, rows, dev, t_start, t_end, np.full(4, -1))
+    assert new.tolist() == [36, 2, 1, 9, 20, 1, 0, 5]
+    t = substitute.sweep(job, new, xfer)
+    # rank 0 arrives at 36: completion 39; its wait ends at 39 + its own 1; rank 1 waits until 39
+    assert t.end_ns.tolist() == [36, 38, 40, 49, 20, 21, 39, 44]
+
+
 def test_lengthen_after_marker():
     programs = [[("marker", 0), ("compute", 5), ("marker", 0), ("marker", 0), ("compute", 7), ("compute", 1)],
                 [("compute", 2), ("marker", 0), ("compute", 3)]]

@@ -70,6 +70,12 @@ class Link:
     what: str  # acc | parts | result | root | slices | sync
 
 
+def contribution(tensors) -> list[torch.Tensor]:
+    """A sandbox member's live tensors (detached), not copied: a backend reads an op's input in flight too; a copy
+    here cost each issue 0.1-0.5 ms on the program's thread (session 19, docs/results/fidelity/s19/sandbox)."""
+    return [t.detach() for t in tensors]
+
+
 @dataclass
 class Protocol:
     """One collective of one group: op (event op name), members, sandbox, participants, root position."""

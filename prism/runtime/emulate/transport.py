@@ -85,7 +85,7 @@ def pruning() -> bool:
     return settings.PRUNING.get()
 
 
-participants = pruned.participants
+participants, contribution = pruned.participants, pruned.contribution
 
 
 def emu_store(group: str, base):
@@ -259,7 +259,7 @@ class EmulateTransport(ContributionTransport):
         self.seq += 1
         proto = pruned.Protocol(op, self.members, sandbox_ranks(), self.parts, self._root)
         red = getattr(semantics.RedOp, meta["reduce_op"]) if meta and "reduce_op" in meta else None
-        own = {} if mine is None else {self.me: (dict(meta or {}, op=op), [t.detach().clone() for t in mine])}
+        own = {} if mine is None else {self.me: (dict(meta or {}, op=op), contribution(mine))}
         order = stream_order(list(mine or []) + flat_tensors(result))
         work = EmuWork(result, own_ns)
 
