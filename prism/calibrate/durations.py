@@ -157,6 +157,16 @@ def read_transfers(path: str | Path, comm_ids: np.ndarray) -> np.ndarray:
                   comm_ids, "comm")
 
 
+def spent_span(kind: np.ndarray, durations: np.ndarray, t_start_ns: np.ndarray, t_end_ns: np.ndarray) -> np.ndarray:
+    """`durations` with every compute segment and marker the longer of its wall span and its own time: what its
+    rank spent there (the measured-run rule's, `measured_run`; the emulate stage's sandbox by the same,
+    `substitute.substitute_measured`). Events without times (-1) keep their durations."""
+    timed = (t_start_ns >= 0) & (t_end_ns >= 0)
+    span = np.maximum(t_end_ns - t_start_ns, 0)
+    spent = ((kind == K_COMPUTE) | (kind == K_MARKER)) & timed
+    return np.where(spent, np.maximum(span, durations), durations)
+
+
 def measured_run(
     kind: np.ndarray,
     comm: np.ndarray,
@@ -196,8 +206,7 @@ def measured_run(
 
     durations, first = bare_graph(kind, comm, wait_op, own, t_start_ns, t_end_ns, t_complete_ns, n_comms)
     transfer = first if transfer is None else np.asarray(transfer, dtype=np.int64)
-    span = np.maximum(t_end_ns - t_start_ns, 0)
-    durations = np.where((kind == K_COMPUTE) | (kind == K_MARKER), np.maximum(span, durations), durations)
+    durations = spent_span(kind, durations, t_start_ns, t_end_ns)
     is_op = (kind == K_COLLECTIVE) | (kind == K_SEND) | (kind == K_RECV)
     ops = np.flatnonzero(is_op & (t_start_ns >= 0))
     last_start = np.full(n_comms, np.iinfo(np.int64).min // 4, dtype=np.int64)

@@ -2,9 +2,9 @@
 
 The emulate stage runs a few sandbox ranks for real; the rest of the job's timeline is computed: the
 calibrate sweep with the sandbox's *measured* durations in place of their calibrated ones
-(`substitute_measured`, by the rules of `durations.bare_graph` -- markers their own device time, ops their
-issue time, waits what they spend besides waiting -- but compute by the measured-run rule the calibration
-takes the slices' compute by, `durations.measured_run`: the longer of its wall span and its device time). `lengthen_after_marker` is the
+(`substitute_measured`, by the rules of `durations.bare_graph` -- ops their issue time, waits what they spend
+besides waiting -- but compute and markers by the measured-run rule the calibration takes the slices' by,
+`durations.spent_span`: the longer of its wall span and its device time). `lengthen_after_marker` is the
 what-if a prediction is compared with: a rank's compute lengthened by a fixed time per microbatch.
 
 `calibrated_inputs` gives the durations and transfers the calibrate stage swept: the slice runs'
@@ -50,9 +50,9 @@ def substitute_measured(
     cpu_ns: np.ndarray | None = None,
 ) -> np.ndarray:
     """`durations` with the events at positions `rows` timed by their measurement (arrays aligned with
-    `rows`, on any one clock per row set), by the bare-graph rules, compute by the measured-run rule: the
-    longer of its wall span and its device time, as the calibration took the slice runs' compute
-    (`from_slices`). On CPU the device time is the thread's CPU time, 1.02-1.10x short of the span the
+    `rows`, on any one clock per row set), by the bare-graph rules, compute and markers by the measured-run
+    rule (`durations.spent_span`): the longer of its wall span and its device time, as the calibration took the
+    slice runs' (`from_slices`). On CPU the device time is the thread's CPU time, 1.02-1.10x short of the span the
     rank spent (session 19: the emulate stage's "program" ran 2.6 points of the prediction low on the
     host's 33 runs, and its "delay" as much high, by that alone). Returns a new array. `cpu_ns`: the
     waits' own time (`durations.own_ns`); without it, `device_ns` (the same values on CPU)."""
@@ -66,9 +66,7 @@ def substitute_measured(
         full[rows] = np.asarray(values, dtype=np.int64)
         cols.append(full)
     measured, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, *cols, g.n_comms)
-    span = np.maximum(cols[2] - cols[1], 0)
-    compute = (g.kind == K_COMPUTE) & (cols[1] >= 0) & (cols[2] >= 0)
-    measured = np.where(compute, np.maximum(span, measured), measured)  # `durations.measured_run`'s compute
+    measured = rules.spent_span(g.kind, measured, cols[1], cols[2])  # `durations.measured_run`'s compute and markers
     out = np.array(durations, dtype=np.int64, copy=True)
     out[rows] = measured[rows]
     return out
