@@ -49,7 +49,7 @@ def main() -> int:
     sandbox = sys.argv[3] if len(sys.argv) > 3 else "1"
     ranks = [int(r) for r in sandbox.split(",")]
     graph_job = load_graph(job)
-    durations, transfers, _ = substitute.calibrated_inputs(job, graph_job)
+    durations, transfers, source = substitute.calibrated_inputs(job, graph_job)
     graph = artifacts.read_parquet(job_files.graph_file(job, "events")).sort_by(
         [("rank", "ascending"), ("seq", "ascending")])
     swept = tail.sweep_tails
@@ -61,7 +61,8 @@ def main() -> int:
             for name, fn in (("shifted (before)", lambda g, live, d, x, s, e: (s, e)), ("tail sweep (now)", swept)):
                 tail.sweep_tails = fn
                 try:
-                    em = outputs.build(graph_job, graph, run, ranks, durations, transfers, None)
+                    em = outputs.build(graph_job, graph, run, ranks, durations, transfers, None,
+                                       substitute.measured_by_slices(source))
                 finally:
                     tail.sweep_tails = swept
                 ev = pl.from_arrow(em.tables["events"])

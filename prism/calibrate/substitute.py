@@ -24,8 +24,17 @@ from prism.calibrate.sweep import Timeline, discover
 from prism.job import SLICES, TIMED_SLICES, JobGraph, id_rank, own_durations, slice_transfers
 
 
+SLICE_RUNS = "slice runs"  # how `calibrated_inputs` names durations measured by slice runs
+
+
+def measured_by_slices(source: str) -> bool:
+    """Whether `calibrated_inputs`' source is slice runs (their durations by the measured-run rule: compute and
+    markers their spent span), not the bare graph (their own device time)."""
+    return source.startswith(SLICE_RUNS)
+
+
 def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, np.ndarray, str]:
-    """(durations int64[n] in event order, transfers int64[m], where they came from)."""
+    """(durations int64[n] in event order, transfers int64[m], where they came from: `measured_by_slices`)."""
     job_dir = Path(job_dir)
     g, c = job.graph, job.columns
     dur, xfer = rules.bare_graph(g.kind, g.comm, g.wait_op, c["own_ns"], c["t_start_ns"], c["t_end_ns"],
@@ -35,7 +44,7 @@ def calibrated_inputs(job_dir: str | Path, job: JobGraph) -> tuple[np.ndarray, n
         if d_path.is_file() and t_path.is_file():
             dur = rules.read_durations(d_path, np.sort(job.event_ids))[id_rank(job.event_ids)]
             xfer = rules.read_transfers(t_path, job.comm_ids)
-            return dur, xfer, f"slice runs ({d_path.relative_to(job_dir)}, {t_path.relative_to(job_dir)})"
+            return dur, xfer, f"{SLICE_RUNS} ({d_path.relative_to(job_dir)}, {t_path.relative_to(job_dir)})"
     return dur, xfer, "bare graph (no slice runs)"
 
 
@@ -48,6 +57,7 @@ def substitute_measured(
     t_end_ns: np.ndarray,
     t_complete_ns: np.ndarray,
     cpu_ns: np.ndarray | None = None,
+    spent: bool = True,
 ) -> np.ndarray:
     """`durations` with the events at positions `rows` timed by their measurement (arrays aligned with
     `rows`, on any one clock per row set), by the bare-graph rules, compute and markers by the measured-run
@@ -55,7 +65,9 @@ def substitute_measured(
     slice runs' (`from_slices`). On CPU the device time is the thread's CPU time, 1.02-1.10x short of the span the
     rank spent (session 19: the emulate stage's "program" ran 2.6 points of the prediction low on the
     host's 33 runs, and its "delay" as much high, by that alone). Returns a new array. `cpu_ns`: the
-    waits' own time (`durations.own_ns`); without it, `device_ns` (the same values on CPU)."""
+    waits' own time (`durations.own_ns`); without it, `device_ns` (the same values on CPU). `spent` False: compute
+    and markers by their device time too, for a calibration of the bare graph (no slice runs), whose durations
+    are so (`calibrated_inputs`, `measured_by_slices`)."""
     g = job.graph
     n = g.n_events
     rows = np.asarray(rows, dtype=np.int64)
@@ -66,7 +78,8 @@ def substitute_measured(
         full[rows] = np.asarray(values, dtype=np.int64)
         cols.append(full)
     measured, _ = rules.bare_graph(g.kind, g.comm, g.wait_op, *cols, g.n_comms)
-    measured = rules.spent_span(g.kind, measured, cols[1], cols[2])  # `durations.measured_run`'s compute and markers
+    if spent:  # `durations.measured_run`'s compute and markers, as the slice runs' were taken
+        measured = rules.spent_span(g.kind, measured, cols[1], cols[2])
     out = np.array(durations, dtype=np.int64, copy=True)
     out[rows] = measured[rows]
     return out
@@ -94,4 +107,4 @@ def sweep(job: JobGraph, durations: np.ndarray, transfers: np.ndarray) -> Timeli
     return discover(job.graph, durations, transfers)[1]
 
 
-__all__ = ["calibrated_inputs", "lengthen_after_marker", "substitute_measured", "sweep"]
+__all__ = ["calibrated_inputs", "lengthen_after_marker", "measured_by_slices", "substitute_measured", "sweep"]

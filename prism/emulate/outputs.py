@@ -173,11 +173,13 @@ def one_clock(rank_ptr: np.ndarray, source: np.ndarray, computed: Timeline, star
 
 
 def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], durations: np.ndarray,
-          transfers: np.ndarray, steps: int | None = None) -> Emulation:
+          transfers: np.ndarray, steps: int | None = None, spent: bool = True) -> Emulation:
     """The emulation's tables from the launch's OUT folder (see the module docstring).
 
     `graph` is ``graph/events.parquet`` in (rank, seq) order, `durations` / `transfers` the calibrated
-    ones (`substitute.calibrated_inputs`); `steps` set: the sandbox may have stopped early.
+    ones (`substitute.calibrated_inputs`); `steps` set: the sandbox may have stopped early; `spent`: the
+    sandbox's compute and markers by their spent span, as slice runs' are (False for a bare-graph calibration:
+    `substitute.measured_by_slices`).
     """
     meta = json.loads(job_files.meta_path(out).read_text())
     t0 = int(meta["t0_ns"])
@@ -190,7 +192,7 @@ def build(job: JobGraph, graph: pa.Table, out: Path, sandbox: list[int], duratio
     col = {name: sb[name].to_numpy().astype(np.int64) for name in
            ("device_ns", "cpu_ns", "t_start_ns", "t_end_ns", "t_complete_ns")}
     dur = substitute.substitute_measured(job, durations, sb_rows, col["device_ns"], col["t_start_ns"],
-                                         col["t_end_ns"], col["t_complete_ns"], cpu_ns=col["cpu_ns"])
+                                         col["t_end_ns"], col["t_complete_ns"], cpu_ns=col["cpu_ns"], spent=spent)
     computed = substitute.sweep(job, dur, transfers)
 
     n = job.graph.n_events

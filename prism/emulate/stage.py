@@ -159,7 +159,7 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
     n_events = dict(zip(ranks_table["rank"].to_pylist(), ranks_table["n_events"].to_pylist()))
     inputs.check_ranks_captured(job, ranks, n_events)
     graph_job = load_graph(job_dir)
-    durations, transfers, _ = substitute.calibrated_inputs(job_dir, graph_job)
+    durations, transfers, source = substitute.calibrated_inputs(job_dir, graph_job)
     graph = artifacts.read_parquet(job_files.graph_file(job_dir, "events")).sort_by(
         [("rank", "ascending"), ("seq", "ascending")])
     calibrated = artifacts.read_parquet(job_files.calibrated(job_dir, "iterations"))
@@ -174,8 +174,9 @@ def _emulate(job_dir, spec, devices, steps, pruning, prefetch_mb, force, pin, la
         code = launch(cmd, run_dir) if launch is not None else _run(cmd, launch_log)
         if code != 0:
             raise LaunchFailed(code, ranks)
-        em = outputs.with_figures(outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps),
-                                  calibrated)
+        built = outputs.build(graph_job, graph, run_dir, ranks, durations, transfers, steps,
+                              substitute.measured_by_slices(source))
+        em = outputs.with_figures(built, calibrated)
         result = job_files.emulation(staging)
         artifacts.write_outputs(result, em.tables, outputs.SCHEMAS, run_id=job.meta["run_id"])
         logs = sorted((run_dir / "logs").glob("rank=*.log"))

@@ -113,6 +113,11 @@ def test_a_measured_compute_takes_the_longer_of_its_span_and_its_device_time():
     t_end = np.array([536, 538, 606, 610])
     new = substitute.substitute_measured(job, dur, rows, dev, t_start, t_end, np.full(4, -1))
     assert new.tolist() == [36, 2, 1, 9, 20, 1, 0, 5]
+    # a calibration of the bare graph (no slice runs) took compute by its device time: the sandbox's the same
+    bare = substitute.substitute_measured(job, dur, rows, dev, t_start, t_end, np.full(4, -1), spent=False)
+    assert bare.tolist() == [30, 2, 1, 9, 20, 1, 0, 5]
+    assert substitute.measured_by_slices("slice runs (slices/durations.parquet, ...)")
+    assert not substitute.measured_by_slices("bare graph (no slice runs)")
     t = substitute.sweep(job, new, xfer)
     # rank 0 arrives at 36: completion 39; its wait ends at 39 + its own 1; rank 1 waits until 39
     assert t.end_ns.tolist() == [36, 38, 40, 49, 20, 21, 39, 44]
