@@ -51,7 +51,7 @@ import time
 from datetime import timedelta
 
 import replay_ring_burst as burst
-from replay_ring_burst import _free_port, burst_one, burst_table
+from replay_ring_burst import _free_port, burst_one, burst_table, gather
 
 
 def _cores(text: str) -> list[int]:
@@ -217,19 +217,12 @@ def one(n: int, nbytes: int, reps: int, procs: bool, cores: list[int], server_co
         children.append(subprocess.Popen(me + [spec], stdout=subprocess.PIPE, text=True))
     row = {"layout": "procs" if procs else "neighbours" if neigh else "server", "members": n, "bytes": nbytes, "reps": reps,
            "cores": cores[:1] if not procs else cores[:n], "server_cores": None if procs else server_cores}
-    for p in children:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            row["error"] = "timed out"
-        for line in (out or "").splitlines():
-            d = json.loads(line)
-            who = d.pop("who")
-            row.update({f"{who}_{k}": v for k, v in d.items()})
-        if p.returncode:
-            row["error"] = f"a member exited {p.returncode}"
+
+    def take(d: dict) -> None:
+        who = d.pop("who")
+        row.update({f"{who}_{k}": v for k, v in d.items()})
+
+    gather(children, row, take, "a member")
     if "member0_median_ms" in row:
         row["per_step_us"] = round(row["member0_median_ms"] * 1e3 / (2 * (n - 1)), 1)
     return row

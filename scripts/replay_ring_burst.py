@@ -17,6 +17,22 @@ import time
 from datetime import timedelta
 
 
+def gather(children: list[subprocess.Popen], row: dict, take, what: str) -> None:
+    """Wait for each child (300 s at most, then killed: row["error"]), `take` each JSON line it printed; a child
+    exiting non-zero sets row["error"] naming `what` it was."""
+    for p in children:
+        try:
+            out, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            row["error"] = "timed out"
+        for line in (out or "").splitlines():
+            take(json.loads(line))
+        if p.returncode:
+            row["error"] = f"{what} exited {p.returncode}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -232,18 +248,7 @@ def burst_one(layout: str, n: int, live: list[int], nbytes: int, burst: int, bur
                  "live": live if layout != "gloo" else None, "bytes": nbytes,
                  "dtype": dtype, "burst": burst, "bursts": bursts, "cores": cores, "server_cores":
                  server_cores if layout != "gloo" else None}
-    for p in children:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            row["error"] = "timed out"
-        for line in (out or "").splitlines():
-            d = json.loads(line)
-            row[d.pop("who")] = d
-        if p.returncode:
-            row["error"] = f"a process exited {p.returncode}"
+    gather(children, row, lambda d: row.__setitem__(d.pop("who"), d), "a process")
     ranks = [v for k, v in row.items() if isinstance(v, dict) and (k.startswith("gloo") or k.startswith("slice"))]
     if ranks:
         row["op_us"] = round(max(r["op_us"] for r in ranks), 1)  # (the slowest rank's burst: the group's)
